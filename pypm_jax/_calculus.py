@@ -1,0 +1,402 @@
+"""The core calculus (CorePyPM) as immutable data, printed in the paper's notation.
+
+Grammar (appendix, "Grammar of Terms and Patterns"), with the paper's names:
+
+    p ::= x                        PVar
+        | f(p1, ..., pn)           PApp      (index selects one output of a multi-output op)
+        | c                        PConst    (a literal: a 0-ary function symbol)
+        | p ‖ p'                   PAlt
+        | p ; guard(g)             PGuard
+        | ∃x. p                    PExists   (kind "op" for local operator variables)
+        | p ; (x ≈ p')             PConstr   (match constraint ``x <= p'``)
+        | F(p1, ..., pn)           PFunVar   (operator-variable application)
+        | μP(x1..xn)[y1..yn]. p    PMu       (recursive pattern, instantiated at y1..yn)
+        | P(y1, ..., yn)           PCall     (the recursive reference inside a μ body)
+
+Guards and expressions share one union ``Expr``; a guard is an expression whose value must be
+``True``. Variable names chosen by the machine for fresh copies of bound variables contain
+``#`` and so never clash with names users write.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "Pattern",
+    "PVar",
+    "PApp",
+    "PConst",
+    "PAlt",
+    "PGuard",
+    "PExists",
+    "PConstr",
+    "PFunVar",
+    "PMu",
+    "PCall",
+    "Expr",
+    "EConst",
+    "EAttr",
+    "EOpAttr",
+    "EIndex",
+    "EBin",
+    "EUnary",
+    "ECmp",
+    "EAnd",
+    "EOr",
+    "ENot",
+    "ECall",
+    "ETuple",
+    "Arg",
+    "Param",
+    "PatternDef",
+    "RuleDef",
+    "RuleBranch",
+    "Rhs",
+    "RVar",
+    "RApp",
+    "RConst",
+    "RTuple",
+    "GuardFn",
+    "show",
+    "show_expr",
+    "alts",
+]
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ._errors import SourceLoc
+from ._terms import Operator
+
+# --------------------------------------------------------------------------- expressions
+
+
+@dataclass(frozen=True, slots=True)
+class EConst:
+    value: Any  # int, float, bool, str, DType, OpClass, Operator, tuple, None
+
+
+@dataclass(frozen=True, slots=True)
+class EAttr:
+    """``x.α``: attribute α of the term bound to variable x."""
+
+    var: str
+    attr: str
+
+
+@dataclass(frozen=True, slots=True)
+class EOpAttr:
+    """``F.α``: attribute of the operator bound to operator variable F (``op_class``, ``name``)."""
+
+    var: str
+    attr: str
+
+
+@dataclass(frozen=True, slots=True)
+class EIndex:
+    base: Expr
+    index: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class EBin:
+    op: Literal["+", "-", "*", "/", "//", "%", "**"]
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class EUnary:
+    op: Literal["-", "+"]
+    operand: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class ECmp:
+    op: Literal["==", "!=", "<", "<=", ">", ">=", "in", "not in"]
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class EAnd:
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EOr:
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ENot:
+    operand: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class ETuple:
+    items: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GuardFn:
+    """A pure function guards may call, known by name (``len``, ``min``, kernel predicates).
+
+    Guards stay data: a serialized guard names the function; loading resolves the name among
+    functions registered in the loading process and never runs code from the blob.
+    """
+
+    name: str
+    fn: Any = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ECall:
+    fn: GuardFn
+    args: tuple[Expr, ...]
+
+
+Expr = EConst | EAttr | EOpAttr | EIndex | EBin | EUnary | ECmp | EAnd | EOr | ENot | ECall | ETuple
+
+# ------------------------------------------------------------------------------ patterns
+
+
+@dataclass(frozen=True, slots=True)
+class PVar:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class PApp:
+    op: Operator
+    args: tuple[Pattern, ...]
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PConst:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class PAlt:
+    left: Pattern
+    right: Pattern
+
+
+@dataclass(frozen=True, slots=True)
+class PGuard:
+    pat: Pattern
+    guard: Expr
+    loc: SourceLoc | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PExists:
+    var: str
+    body: Pattern
+    kind: Literal["term", "op"] = "term"
+
+
+@dataclass(frozen=True, slots=True)
+class PConstr:
+    """``p ; (x ≈ p')``: after p matched, the term bound to x must match p'."""
+
+    pat: Pattern
+    var: str
+    constraint: Pattern
+    loc: SourceLoc | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PFunVar:
+    """``F(p1..pn)``: any operator with n inputs (and ``n_out`` outputs, if given)."""
+
+    var: str
+    args: tuple[Pattern, ...]
+    index: int = 0
+    n_out: int | None = None
+
+
+# An argument of a recursive instantiation: a (term or operator) variable name, or a
+# concrete operator passed for an operator parameter.
+Arg = str | Operator
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    name: str
+    kind: Literal["term", "op"] = "term"
+
+
+@dataclass(frozen=True, slots=True)
+class PMu:
+    """``μP(x1..xn)[y1..yn]. body`` — the definition P instantiated at y1..yn."""
+
+    name: str
+    params: tuple[Param, ...]
+    args: tuple[Arg, ...]
+    body: Pattern
+
+
+@dataclass(frozen=True, slots=True)
+class PCall:
+    """``P(y1..yn)``: a reference to the enclosing μ-bound pattern P."""
+
+    name: str
+    args: tuple[Arg, ...]
+
+
+Pattern = PVar | PApp | PConst | PAlt | PGuard | PExists | PConstr | PFunVar | PMu | PCall
+
+
+def alts(p: Pattern) -> list[Pattern]:
+    """The alternates of a right-nested ``PAlt`` chain, in order."""
+    out = []
+    while isinstance(p, PAlt):
+        out.append(p.left)
+        p = p.right
+    out.append(p)
+    return out
+
+
+# ------------------------------------------------------------------- definitions and rules
+
+
+@dataclass(frozen=True, slots=True)
+class PatternDef:
+    """A named pattern: parameters and a closed core pattern (free variables = parameters).
+
+    ``body`` is ``PMu(name, params, params, alternates)`` when the pattern is recursive or
+    calls other patterns, else the alternates themselves.
+    """
+
+    name: str
+    params: tuple[Param, ...]
+    body: Pattern
+    loc: SourceLoc | None = field(default=None, compare=False)
+    alt_locs: tuple[SourceLoc | None, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RVar:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class RConst:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RApp:
+    """A replacement node: ``op(args...)`` with attribute values given as expressions."""
+
+    op: Operator
+    args: tuple[Rhs, ...]
+    attrs: tuple[tuple[str, Expr], ...] = ()
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RTuple:
+    items: tuple[Rhs, ...]
+
+
+Rhs = RVar | RConst | RApp | RTuple
+
+
+@dataclass(frozen=True, slots=True)
+class RuleBranch:
+    """One path through a rule body: its condition (asserts and branch tests) and result."""
+
+    guard: Expr
+    result: Rhs
+    loc: SourceLoc | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleDef:
+    name: str
+    pattern: PatternDef
+    branches: tuple[RuleBranch, ...]
+    single_use: bool = False
+    loc: SourceLoc | None = field(default=None, compare=False)
+
+
+# ------------------------------------------------------------------------------ printing
+
+_PREC = {
+    "or": 1,
+    "and": 2,
+    "not": 3,
+    "cmp": 4,
+    "+": 5,
+    "-": 5,
+    "*": 6,
+    "/": 6,
+    "//": 6,
+    "%": 6,
+    "**": 7,
+}
+
+
+def show_expr(e: Expr) -> str:
+    """An expression in (Python-like) guard notation: ``x.rank == 2 ∧ y.dtype == f32``."""
+    match e:
+        case EConst(value):
+            return repr(value)
+        case EAttr(var, attr) | EOpAttr(var, attr):
+            return f"{var}.{attr}"
+        case EIndex(base, index):
+            return f"{show_expr(base)}[{show_expr(index)}]"
+        case EBin(op, left, right):
+            return f"({show_expr(left)} {op} {show_expr(right)})"
+        case EUnary(op, operand):
+            return f"{op}{show_expr(operand)}"
+        case ECmp(op, left, right):
+            return f"{show_expr(left)} {'=' if op == '==' else op} {show_expr(right)}"
+        case EAnd(items):
+            return "(" + " ∧ ".join(show_expr(i) for i in items) + ")"
+        case EOr(items):
+            return "(" + " ∨ ".join(show_expr(i) for i in items) + ")"
+        case ENot(operand):
+            return f"¬{show_expr(operand)}"
+        case ECall(fn, args):
+            return f"{fn.name}({', '.join(show_expr(a) for a in args)})"
+        case ETuple(items):
+            inner = ", ".join(show_expr(i) for i in items)
+            return f"({inner}{',' if len(items) == 1 else ''})"
+    raise TypeError(f"not an expression: {e!r}")
+
+
+def _show_arg(a: Arg) -> str:
+    return a if isinstance(a, str) else a.name
+
+
+def show(p: Pattern) -> str:
+    """A pattern in the paper's notation."""
+    match p:
+        case PVar(name):
+            return name
+        case PApp(op, args, index):
+            idx = f"#{index}" if op.n_out > 1 else ""
+            return f"{op.name}({', '.join(show(a) for a in args)}){idx}"
+        case PConst(value):
+            return repr(value)
+        case PAlt(left, right):
+            return f"({show(left)} ‖ {show(right)})"
+        case PGuard(pat, guard):
+            return f"{show(pat)} ; guard({show_expr(guard)})"
+        case PExists(var, body, _):
+            return f"∃{var}. {show(body)}"
+        case PConstr(pat, var, constraint):
+            return f"{show(pat)} ; ({var} ≈ {show(constraint)})"
+        case PFunVar(var, args, index, _):
+            return f"{var}({', '.join(show(a) for a in args)}){f'#{index}' if index else ''}"
+        case PMu(name, params, args, body):
+            ps = ", ".join(x.name for x in params)
+            ys = ", ".join(_show_arg(a) for a in args)
+            return f"μ{name}({ps})[{ys}]. {show(body)}"
+        case PCall(name, args):
+            return f"{name}({', '.join(_show_arg(a) for a in args)})"
+    raise TypeError(f"not a pattern: {p!r}")

@@ -1,0 +1,52 @@
+"""Every error pypm-jax raises on purpose derives from :class:`PyPMError`."""
+
+from __future__ import annotations
+
+__all__ = [
+    "PyPMError",
+    "PatternDefinitionError",
+    "FormatError",
+    "RewriteLimitError",
+    "SourceLoc",
+]
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SourceLoc:
+    """Where a pattern, rule, guard or graph node was written (file, line, source text)."""
+
+    file: str
+    line: int
+    text: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+class PyPMError(Exception):
+    """Base class of all pypm-jax errors."""
+
+
+class PatternDefinitionError(PyPMError):
+    """A pattern or rule that cannot be compiled; the message names file and line."""
+
+    def __init__(self, message: str, loc: SourceLoc | None = None):
+        self.loc = loc
+        if loc is not None:
+            text = f"\n    {loc.text.strip()}" if loc.text else ""
+            message = f"{loc.file}:{loc.line}: {message}{text}"
+        super().__init__(message)
+
+
+class FormatError(PyPMError):
+    """Serialized data that is malformed, truncated, of another version, or hostile."""
+
+
+class RewriteLimitError(PyPMError):
+    """Rewriting reached no fixpoint within the iteration limit."""
+
+    def __init__(self, message: str, rules: tuple[str, ...] = ()):
+        self.rules = rules
+        super().__init__(message)
