@@ -21,3 +21,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+# Hypothesis: CI (CI=true, as `.ci/run` sets it) runs the full example counts the acceptance
+# criteria ask for; a developer's default run uses fewer. Tests that need an exact count
+# (the format fuzzer) set it explicitly.
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "ci", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+import os  # noqa: E402
+
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
