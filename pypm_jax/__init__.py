@@ -1,0 +1,132 @@
+"""pypm-jax: the PyPM pattern language (CGO'25), retargeted to JAX.
+
+The public API; everything else lives in private modules. See ``DESIGN.md`` for the contract
+and ``docs/`` for the semantics and the portable format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from ._dtypes import DTYPES, DType, as_dtype
+from ._errors import FormatError, PatternDefinitionError, PyPMError, RewriteLimitError, SourceLoc
+from ._frontend import Op, PatternFunction, Rule, op, opclass, pattern, rule, var
+from ._frontend import as_pattern_def as _as_pattern_def
+from ._frontend import as_rule_def as _as_rule_def
+from ._match import Match
+from ._registry import guard_fn
+from ._terms import OpClass, Operator, Term, const, leaf
+
+__all__ = [
+    # language
+    "op",
+    "pattern",
+    "rule",
+    "var",
+    "Op",
+    "opclass",
+    "guard_fn",
+    "const",
+    "leaf",
+    "Operator",
+    "OpClass",
+    "Term",
+    "PatternFunction",
+    "Rule",
+    "Match",
+    "DType",
+    # matching and rewriting
+    "match",
+    "match_all",
+    "Graph",
+    "rewrite",
+    "explain",
+    # portable format
+    "serialize",
+    "deserialize",
+    # errors
+    "PyPMError",
+    "PatternDefinitionError",
+    "FormatError",
+    "RewriteLimitError",
+    "SourceLoc",
+    # dtypes
+    "f32",
+    "f16",
+    "bf16",
+    "f64",
+    "i8",
+    "i16",
+    "i32",
+    "i64",
+    "u8",
+    "u32",
+    "bool_",
+    "as_dtype",
+]
+
+f32, f16, bf16, f64 = DTYPES["f32"], DTYPES["f16"], DTYPES["bf16"], DTYPES["f64"]
+i8, i16, i32, i64 = DTYPES["i8"], DTYPES["i16"], DTYPES["i32"], DTYPES["i64"]
+u8, u32, bool_ = DTYPES["u8"], DTYPES["u32"], DTYPES["bool"]
+
+
+def match(pattern: Any, term: Any, *, engine: str | None = None) -> Match | None:
+    """The first match of ``pattern`` at ``term`` in the paper's algorithmic order, or None.
+
+    ``engine`` is ``"fast"`` (default) or ``"reference"`` (the paper's small-step machine).
+    """
+    from ._engine import match_first
+
+    return match_first(_as_pattern_def(pattern), term, engine=engine)
+
+
+def match_all(pattern: Any, term: Any, *, engine: str | None = None) -> Iterator[Match]:
+    """Every distinct match of ``pattern`` at ``term``, lazily, in exploration order."""
+    from ._engine import match_all as _match_all
+
+    return _match_all(_as_pattern_def(pattern), term, engine=engine)
+
+
+def _core(item: Any) -> Any:
+    if isinstance(item, PatternFunction):
+        return item.definition
+    if isinstance(item, Rule):
+        return item.definition
+    return item
+
+
+def serialize(items: Iterable[Any]) -> bytes:
+    """Portable, versioned bytes for operators, patterns and rules (no code inside)."""
+    from ._format import serialize as _serialize
+
+    return _serialize([_core(i) for i in items])
+
+
+def deserialize(blob: bytes, *, ops: Any = None) -> list[Any]:
+    """Load what :func:`serialize` wrote; never executes code. Raises :class:`FormatError`."""
+    from ._format import deserialize as _deserialize
+
+    return _deserialize(blob, ops=ops)
+
+
+def rewrite(graph: Any, rules: Sequence[Any], **options: Any) -> Any:
+    """Rewrite ``graph`` greedily and destructively to a fixpoint with ``rules`` (in order)."""
+    from ._rewrite import rewrite as _rewrite
+
+    return _rewrite(graph, [_as_rule_def(r) for r in rules], **options)
+
+
+def explain(pattern: Any, target: Any, **options: Any) -> Any:
+    """Why ``pattern`` does (not) match ``target`` (a term, a graph value or a whole graph)."""
+    from ._explain import explain as _explain
+
+    return _explain(_as_pattern_def(pattern), target, **options)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Graph":
+        from ._graph import Graph
+
+        return Graph
+    raise AttributeError(f"module 'pypm_jax' has no attribute {name!r}")
