@@ -1,0 +1,387 @@
+"""GEMM with a fused elementwise epilogue: ``epilogue(x @ w, *column_vectors)``.
+
+The kernel accumulates ``x @ w`` in f32 over K tiles and applies the epilogue to
+the f32 accumulator tile before the single store, so ``act(x @ w + b)`` costs one
+pass over the output.  ``gemm_fused`` takes any elementwise epilogue (a traced
+chain of pointwise JAX ops); ``gemm_epilogue`` instantiates it for the standard
+activations.  M, N, K that are not tile multiples are zero-padded (padding never
+reaches the result).  Gradients (``custom_vjp``) are computed by XLA: the epilogue
+is differentiated with ``jax.vjp`` on the recomputed accumulator.
+
+Epilogues must be lowerable by Pallas-Triton on GPU: ``jnp`` arithmetic,
+comparisons/``where``, ``exp``/``log``/``tanh``/``sqrt``/... work; ``erf`` has no
+Triton lowering, hence the ``erf`` below for the exact GELU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from . import _dispatch as dsp
+
+ACTIVATIONS: tuple[str, ...] = ("none", "relu", "gelu_tanh", "gelu", "silu", "sigmoid", "tanh")
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+
+
+def erf(x: jax.Array) -> jax.Array:
+    """erf from exp/arith only (Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7).
+
+    ``lax.erf`` has no Pallas-Triton lowering; this keeps exact GELU in-kernel.
+    """
+    ax = jnp.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * ax)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741
+                                                       + t * (-1.453152027 + t * 1.061405429))))
+    y = 1.0 - poly * jnp.exp(-ax * ax)
+    return jnp.where(x < 0, -y, y)
+
+
+def _sigmoid(x: jax.Array) -> jax.Array:
+    return 1.0 / (1.0 + jnp.exp(-x))
+
+
+# Kernel-side activations: only ops with a Triton lowering.
+_KERNEL_ACTS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "none": lambda a: a,
+    "relu": lambda a: jnp.maximum(a, 0.0),
+    "gelu_tanh": lambda a: 0.5 * a * (1.0 + jnp.tanh(_SQRT_2_OVER_PI * (a + 0.044715 * a * a * a))),
+    "gelu": lambda a: 0.5 * a * (1.0 + erf(a * _INV_SQRT2)),
+    "silu": lambda a: a * _sigmoid(a),
+    "sigmoid": _sigmoid,
+    "tanh": jnp.tanh,
+}
+
+# Reference activations: the library functions the original program uses.
+_REF_ACTS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "none": lambda a: a,
+    "relu": jax.nn.relu,
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "silu": jax.nn.silu,
+    "sigmoid": jax.nn.sigmoid,
+    "tanh": jnp.tanh,
+}
+
+
+def _make_epilogue(act: Callable[[jax.Array], jax.Array], with_bias: bool) -> Callable[..., Any]:
+    if with_bias:
+        return lambda acc, b: act(acc + b)
+    return lambda acc: act(acc)
+
+
+# Built once so the functions are stable jit cache keys.
+_KERNEL_EPILOGUES = {(a, wb): _make_epilogue(_KERNEL_ACTS[a], wb)
+                     for a in ACTIVATIONS for wb in (False, True)}
+_REF_EPILOGUES = {(a, wb): _make_epilogue(_REF_ACTS[a], wb)
+                  for a in ACTIVATIONS for wb in (False, True)}
+
+
+# --------------------------------------------------------------------------- #
+# Support predicate
+# --------------------------------------------------------------------------- #
+
+
+def _structure_error(x_shape: Any, w_shape: Any, col_shapes: tuple[Any, ...]) -> str | None:
+    try:
+        xs = tuple(int(d) for d in x_shape)
+        ws = tuple(int(d) for d in w_shape)
+    except TypeError:
+        return f"shapes must be sequences of ints, got {x_shape!r}, {w_shape!r}"
+    if len(xs) < 1:
+        return f"x must have rank >= 1, got shape {xs}"
+    if len(ws) != 2:
+        return f"w must be rank 2 [K, N], got shape {ws}"
+    if xs[-1] != ws[0]:
+        return f"contraction mismatch: x[..., {xs[-1]}] @ w[{ws[0]}, ...]"
+    for i, cs in enumerate(col_shapes):
+        try:
+            cs = tuple(int(d) for d in cs)
+        except TypeError:
+            return f"column operand {i} shape {cs!r} is not a shape"
+        if cs != (ws[1],):
+            return f"column operand {i} must have shape [N] = ({ws[1]},), got {cs}"
+    return None
+
+
+def _kernel_error(x_shape: Any, w_shape: Any, dtype: Any, col_shapes: tuple[Any, ...]) -> str | None:
+    err = _structure_error(x_shape, w_shape, col_shapes)
+    if err is not None:
+        return err
+    name = dsp.dtype_name(dtype)
+    if name not in dsp.SUPPORTED_DTYPES:
+        return f"dtype {name or dtype!r} not supported (expected one of {dsp.SUPPORTED_DTYPES})"
+    if 0 in tuple(x_shape) or 0 in tuple(w_shape):
+        return "empty operands are not supported by the kernel"
+    return None
+
+
+def supports_gemm(x_shape: Any, w_shape: Any, dtype: Any, *, bias_shape: Any = None) -> bool:
+    """True iff the Pallas GEMM handles ``x[..., K] @ w[K, N] (+ bias[N])`` in ``dtype``.
+
+    Pure Python; ``dtype`` may be a name or a dtype.  Any M, N, K >= 1 work (padded
+    to tiles); dtype must be float32, bfloat16 or float16.
+    """
+    cols = () if bias_shape is None else (bias_shape,)
+    return _kernel_error(x_shape, w_shape, dtype, cols) is None
+
+
+# --------------------------------------------------------------------------- #
+# Kernel
+# --------------------------------------------------------------------------- #
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmBlocks:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+def default_gemm_blocks(m: int, n: int, k: int, dtype: Any, interpret: bool) -> GemmBlocks:
+    """Tile defaults (tuned on an H100, see benchmarks/RESULTS.md); 16-wide tiles in
+    interpret mode so tiny test shapes still cover multi-tile grids and K loops."""
+    if interpret:
+        cfg = GemmBlocks(16, 16, 16, 2, 4, 2)
+    elif jnp.dtype(dtype) == jnp.float32:
+        cfg = GemmBlocks(128, 128, 32, 8, 8, 3)
+    else:
+        cfg = GemmBlocks(128, 256, 64, 8, 8, 3)
+    return clamp_gemm_blocks(cfg, m, n, k)
+
+
+def clamp_gemm_blocks(cfg: GemmBlocks, m: int, n: int, k: int) -> GemmBlocks:
+    return dataclasses.replace(
+        cfg,
+        block_m=min(cfg.block_m, max(16, dsp.next_pow2(m))),
+        block_n=min(cfg.block_n, max(16, dsp.next_pow2(n))),
+        block_k=min(cfg.block_k, max(16, dsp.next_pow2(k))),
+    )
+
+
+def _tile_ids(pid: Any, nm: int, nn: int, group_m: int) -> tuple[Any, Any]:
+    """Grouped ("swizzled") tile order: consecutive programs share x row-panels and
+    w column-panels in L2."""
+    width = group_m * nn
+    first_m = lax.div(pid, width) * group_m
+    size_m = jnp.minimum(nm - first_m, group_m)
+    within = lax.rem(pid, width)
+    return first_m + lax.rem(within, size_m), lax.div(within, size_m)
+
+
+def _gemm_kernel(x_ref: Any, w_ref: Any, *refs: Any, epilogue: Callable[..., Any], n_cols: int,
+                 block_k: int, precision: Any) -> None:
+    col_refs, o_ref = refs[:n_cols], refs[n_cols]
+    bm, bn = o_ref.shape
+    k_steps = x_ref.shape[1] // block_k
+
+    def body(kk: Any, acc: jax.Array) -> jax.Array:
+        a = x_ref[:, pl.ds(kk * block_k, block_k)]
+        b = w_ref[pl.ds(kk * block_k, block_k), :]
+        return acc + dsp.dot(a, b, precision=precision)
+
+    acc = lax.fori_loop(0, k_steps, body, jnp.zeros((bm, bn), jnp.float32))
+    cols = []
+    for c in col_refs:
+        tile = c[...]
+        cols.append(tile.astype(jnp.float32) if jnp.issubdtype(tile.dtype, jnp.floating) else tile)
+    out = epilogue(acc, *cols)
+    if jnp.shape(out) != (bm, bn):
+        raise ValueError(
+            f"gemm_fused: epilogue must be elementwise (tile {(bm, bn)} -> {(bm, bn)}), "
+            f"it returned shape {jnp.shape(out)}"
+        )
+    o_ref[...] = out.astype(o_ref.dtype)
+
+
+def _pad2(x: jax.Array, rows: int, cols: int) -> jax.Array:
+    if x.shape == (rows, cols):
+        return x
+    return jnp.pad(x, ((0, rows - x.shape[0]), (0, cols - x.shape[1])))
+
+
+def _gemm_pallas(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...],
+                 epilogue: Callable[..., Any], out_dtype: Any, interpret: bool,
+                 blocks: GemmBlocks | None, precision: Any) -> jax.Array:
+    m, k = x.shape
+    n = w.shape[1]
+    if blocks is None:
+        blocks = default_gemm_blocks(m, n, k, x.dtype, interpret)
+    else:
+        blocks = clamp_gemm_blocks(blocks, m, n, k)
+    bm, bn, bk = blocks.block_m, blocks.block_n, blocks.block_k
+    mp, np_, kp = dsp.round_up(m, bm), dsp.round_up(n, bn), dsp.round_up(k, bk)
+    xp = _pad2(x, mp, kp)
+    wp = _pad2(w, kp, np_)
+    colsp = tuple(c if n == np_ else jnp.pad(c, (0, np_ - n)) for c in cols)
+    nm, nn = mp // bm, np_ // bn
+    gm = max(1, min(blocks.group_m, nm))
+
+    def m_of(pid: Any) -> Any:
+        return _tile_ids(pid, nm, nn, gm)[0]
+
+    def n_of(pid: Any) -> Any:
+        return _tile_ids(pid, nm, nn, gm)[1]
+
+    out = pl.pallas_call(
+        functools.partial(_gemm_kernel, epilogue=epilogue, n_cols=len(cols), block_k=bk,
+                          precision=precision),
+        grid=(nm * nn,),
+        in_specs=[pl.BlockSpec((bm, kp), lambda p: (m_of(p), 0)),
+                  pl.BlockSpec((kp, bn), lambda p: (0, n_of(p)))]
+        + [pl.BlockSpec((bn,), lambda p: (n_of(p),)) for _ in cols],
+        out_specs=pl.BlockSpec((bm, bn), lambda p: (m_of(p), n_of(p))),
+        out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
+        name="gemm_fused",
+        **dsp.pallas_call_kwargs(interpret, blocks.num_warps, blocks.num_stages),
+    )(xp, wp, *colsp)
+    if (mp, np_) != (m, n):
+        out = out[:m, :n]
+    return out
+
+
+def _apply_epilogue(epilogue: Callable[..., Any], acc: jax.Array, cols: tuple[jax.Array, ...],
+                    out_dtype: Any) -> jax.Array:
+    cols32 = [c.astype(jnp.float32) if jnp.issubdtype(c.dtype, jnp.floating) else c for c in cols]
+    return jnp.asarray(epilogue(acc, *cols32)).astype(out_dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _gemm_core(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...],
+               epilogue: Callable[..., Any], cfg: tuple[Any, ...]) -> jax.Array:
+    out_dtype, interpret, blocks, precision = cfg
+    return _gemm_pallas(x, w, cols, epilogue, out_dtype, interpret, blocks, precision)
+
+
+def _gemm_core_fwd(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...],
+                   epilogue: Callable[..., Any], cfg: tuple[Any, ...]) -> tuple[jax.Array, Any]:
+    return _gemm_core(x, w, cols, epilogue, cfg), (x, w, cols)
+
+
+def _gemm_core_bwd(epilogue: Callable[..., Any], cfg: tuple[Any, ...], res: Any,
+                   g: jax.Array) -> tuple[Any, ...]:
+    out_dtype, _, _, precision = cfg
+    x, w, cols = res
+    acc = dsp.dot(x, w, precision=precision)
+    _, vjp = jax.vjp(lambda a, *c: _apply_epilogue(epilogue, a, c, out_dtype), acc, *cols)
+    dacc, *dcols = vjp(g)
+    dacc = dacc.astype(x.dtype)
+    dx = dsp.dot(dacc, w, trans_b=True, precision=precision).astype(x.dtype)
+    dw = dsp.dot(x, dacc, trans_a=True, precision=precision).astype(w.dtype)
+    return dx, dw, tuple(dcols)
+
+
+_gemm_core.defvjp(_gemm_core_fwd, _gemm_core_bwd)
+
+
+@functools.partial(jax.jit, static_argnames=("epilogue", "interpret", "blocks", "precision"))
+def _gemm_kernel_path(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...], *,
+                      epilogue: Callable[..., Any], interpret: bool,
+                      blocks: GemmBlocks | None, precision: Any) -> jax.Array:
+    lead = x.shape[:-1]
+    x2 = x.reshape(math.prod(lead), x.shape[-1])
+    out_dtype = jnp.result_type(x.dtype, w.dtype)
+    out = _gemm_core(x2, w, tuple(cols), epilogue, (out_dtype, interpret, blocks, precision))
+    return out.reshape(*lead, w.shape[1])
+
+
+# --------------------------------------------------------------------------- #
+# References and public entry points
+# --------------------------------------------------------------------------- #
+
+
+def gemm_fused_reference(x: jax.Array, w: jax.Array, epilogue: Callable[..., Any],
+                         *col_operands: jax.Array) -> jax.Array:
+    """Plain JAX: ``epilogue(dot(x, w) in f32, *[c in f32]).astype(result dtype)``."""
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    cols = tuple(jnp.asarray(c) for c in col_operands)
+    _validate(x, w, cols, "gemm_fused_reference")
+    acc = jnp.dot(x, w, preferred_element_type=jnp.float32)
+    return _apply_epilogue(epilogue, acc, cols, jnp.result_type(x.dtype, w.dtype))
+
+
+_gemm_reference_jit = jax.jit(gemm_fused_reference, static_argnums=(2,))
+
+
+def gemm_epilogue_reference(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *,
+                            activation: str = "none") -> jax.Array:
+    """Plain JAX ``act(x @ w + bias)`` with f32 accumulation and f32 epilogue."""
+    _check_activation(activation)
+    cols = () if bias is None else (bias,)
+    return gemm_fused_reference(x, w, _REF_EPILOGUES[(activation, bias is not None)], *cols)
+
+
+def _check_activation(activation: Any) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def _validate(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...], who: str) -> None:
+    err = _structure_error(x.shape, w.shape, tuple(c.shape for c in cols))
+    if err is not None:
+        raise ValueError(f"{who}: {err}")
+    for name, a in (("x", x), ("w", w)):
+        if not jnp.issubdtype(a.dtype, jnp.floating):
+            raise TypeError(f"{who}: {name} must be floating point, got {a.dtype}")
+
+
+def gemm_fused(x: jax.Array, w: jax.Array, epilogue: Callable[..., Any], *col_operands: jax.Array,
+               impl: str | None = None, _blocks: GemmBlocks | None = None) -> jax.Array:
+    """``epilogue(x @ w, *col_operands)`` with the epilogue fused into the GEMM.
+
+    Args:
+      x: ``[..., K]``; leading dims are flattened into M.
+      w: ``[K, N]``.
+      epilogue: elementwise ``fn(acc_f32_tile, *col_tiles) -> tile``; ``acc`` is the
+        f32 accumulator ``[bm, bn]`` and each column tile is that operand's ``[bn]``
+        slice (floats upcast to f32).  It is traced into the kernel, so it must be a
+        pure elementwise JAX function; it is a static (hashable) argument.
+      *col_operands: ``[N]`` vectors (bias-like).
+      impl: None (auto), "xla", "interpret" or "pallas".
+
+    Returns ``[..., N]`` in ``result_type(x, w)``.  Differentiable (XLA backward).
+    """
+    epilogue = dsp.as_callable(epilogue, "epilogue")
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    cols = tuple(jnp.asarray(c) for c in col_operands)
+    _validate(x, w, cols, "gemm_fused")
+    reason = _kernel_error(x.shape, w.shape, x.dtype, tuple(c.shape for c in cols))
+    if reason is None and x.dtype != w.dtype:
+        reason = f"x and w must share a dtype, got {x.dtype} and {w.dtype}"
+    impl = dsp.resolve_impl(impl, reason, "gemm_fused")
+    if impl == "xla":
+        return _gemm_reference_jit(x, w, epilogue, *cols)
+    return _gemm_kernel_path(x, w, cols, epilogue=epilogue, interpret=impl == "interpret",
+                             blocks=_blocks, precision=dsp.matmul_precision(x.dtype))
+
+
+def gemm_epilogue(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *,
+                  activation: str = "none", impl: str | None = None,
+                  _blocks: GemmBlocks | None = None) -> jax.Array:
+    """``act(x @ w + bias)``: f32 accumulation, f32 epilogue, result in x's dtype.
+
+    ``activation`` is one of :data:`ACTIVATIONS` ("gelu" is the exact erf form,
+    "gelu_tanh" the tanh approximation).  Built on :func:`gemm_fused`; the "xla"
+    implementation is :func:`gemm_epilogue_reference` (library activations).
+    """
+    _check_activation(activation)
+    cols = () if bias is None else (bias,)
+    x_arr = jnp.asarray(x)
+    reason = _kernel_error(x_arr.shape, jnp.shape(w), x_arr.dtype, tuple(jnp.shape(c) for c in cols))
+    chosen = dsp.resolve_impl(impl, reason, "gemm_epilogue")
+    table = _REF_EPILOGUES if chosen == "xla" else _KERNEL_EPILOGUES
+    return gemm_fused(x, w, table[(activation, bias is not None)], *cols, impl=chosen,
+                      _blocks=_blocks)
