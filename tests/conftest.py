@@ -37,3 +37,18 @@ settings.register_profile(
 import os  # noqa: E402
 
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+def _engines() -> list[str]:
+    import importlib.util
+
+    names = ["reference"]
+    if importlib.util.find_spec("pypm_jax._fast") is not None:
+        names.append("fast")
+    return names
+
+
+@pytest.fixture(params=_engines())
+def engine(request) -> str:
+    """Every matcher test runs against the paper's machine and against the fast engine."""
+    return request.param

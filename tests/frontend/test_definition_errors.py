@@ -1,0 +1,201 @@
+"""Bad patterns and rules raise PatternDefinitionError naming the file and offending line."""
+
+import pytest
+
+import pypm_jax as pm
+
+from .paper_patterns import Add, MatMul, Relu
+
+HERE = __file__
+
+
+def line_of(marker: str) -> int:
+    with open(HERE) as f:
+        for i, text in enumerate(f, 1):
+            if marker in text and "line_of(" not in text:
+                return i
+    raise AssertionError(marker)
+
+
+def expect_error(p, marker: str, fragment: str):
+    with pytest.raises(pm.PatternDefinitionError) as info:
+        p.definition
+    err = info.value
+    assert err.loc is not None
+    assert err.loc.file == HERE
+    assert err.loc.line == line_of(marker), str(err)
+    assert f"{HERE}:{line_of(marker)}" in str(err)
+    assert fragment in str(err)
+
+
+def test_loop_over_symbolic_values():
+    @pm.pattern
+    def Loop(x):
+        for d in x.shape:  # MARK-loop
+            assert d > 0
+        return Relu(x)
+
+    expect_error(Loop, "MARK-loop", "cannot loop over a symbolic value")
+
+
+def test_while_loop_is_rejected():
+    @pm.pattern
+    def W(x):
+        while x.rank > 2:  # MARK-while
+            pass
+        return Relu(x)
+
+    expect_error(W, "MARK-while", "`while` loops")
+
+
+def test_call_to_unknown_function():
+    def helper(t):
+        return t
+
+    @pm.pattern
+    def Unknown(x):
+        return Relu(helper(x))  # MARK-unknown
+
+    expect_error(Unknown, "MARK-unknown", "unknown function")
+
+
+def test_print_is_a_side_effect_call():
+    @pm.pattern
+    def Printing(x):
+        print(x)  # MARK-print
+        return Relu(x)
+
+    expect_error(Printing, "MARK-print", "unknown function")
+
+
+def test_attribute_assignment_is_a_side_effect():
+    box = type("Box", (), {})()
+
+    @pm.pattern
+    def Mutating(x):
+        box.seen = x  # MARK-setattr
+        return Relu(x)
+
+    expect_error(Mutating, "MARK-setattr", "side effects")
+
+
+def test_global_statement_is_rejected():
+    @pm.pattern
+    def G(x):
+        global COUNTER  # MARK-global
+        return Relu(x)
+
+    expect_error(G, "MARK-global", "`global`")
+
+
+def test_recursion_that_consumes_nothing():
+    @pm.pattern
+    def Loopy(x):
+        return Loopy(x)  # MARK-rec
+
+    @pm.pattern
+    def Loopy(x):  # noqa: F811
+        return Relu(x)
+
+    with pytest.raises(pm.PatternDefinitionError, match="without consuming"):
+        Loopy.definition
+
+
+def test_recursion_through_a_match_constraint_without_application():
+    @pm.pattern
+    def C(x):
+        y = pm.var()
+        x <= C(y)
+        return x
+
+    @pm.pattern
+    def C(x):  # noqa: F811
+        return Relu(x)
+
+    with pytest.raises(pm.PatternDefinitionError, match="without consuming"):
+        C.definition
+
+
+def test_symbolic_truth_value_outside_if_and_assert():
+    @pm.pattern
+    def Truthy(x):
+        r = [1][0] if True else 0
+        s = bool(x.rank == r)  # MARK-bool
+        return Relu(x) if s else Relu(x)
+
+    expect_error(Truthy, "MARK-bool", "unknown function")
+
+
+def test_parameter_used_as_term_and_operator():
+    @pm.pattern
+    def Both(x, f):
+        return Add(f(x), f)  # MARK-both
+
+    with pytest.raises(pm.PatternDefinitionError, match="both as a term and as an operator"):
+        Both.definition
+
+
+def test_alternates_must_agree_on_parameters():
+    @pm.pattern
+    def Alt(x):
+        return Relu(x)
+
+    @pm.pattern
+    def Alt(x, y):  # noqa: F811  MARK-params
+        return MatMul(x, y)
+
+    expect_error(Alt, "MARK-params", "has parameters")
+
+
+def test_wrong_arity():
+    @pm.pattern
+    def Arity(x):
+        return MatMul(x)  # MARK-arity
+
+    expect_error(Arity, "MARK-arity", "takes 2 inputs")
+
+
+def test_guard_on_alias_outside_the_pattern():
+    @pm.pattern
+    def Dangling(x):
+        t = Relu(x)
+        assert t.rank == 2  # MARK-alias
+        return MatMul(x, x)
+
+    with pytest.raises(pm.PatternDefinitionError, match="not part of the returned pattern"):
+        Dangling.definition
+
+
+def test_constraint_left_side_must_be_a_variable():
+    @pm.pattern
+    def BadConstraint(x):
+        Relu(x) <= Relu(x)  # MARK-constraint
+        return x
+
+    expect_error(BadConstraint, "MARK-constraint", "must be a pattern variable")
+
+
+def test_rule_parameters_must_be_pattern_parameters():
+    @pm.pattern
+    def R(x):
+        return Relu(x)
+
+    @pm.rule(R)
+    def bad(z):
+        return z
+
+    with pytest.raises(pm.PatternDefinitionError, match="not parameters of pattern R"):
+        bad.definition
+
+
+def test_op_must_return_an_output_count():
+    with pytest.raises(pm.PatternDefinitionError, match="positive int"):
+
+        @pm.op
+        def Broken(x):
+            return "one"
+
+
+def test_var_outside_a_pattern_body():
+    with pytest.raises(pm.PatternDefinitionError, match="inside @pattern"):
+        pm.var()
