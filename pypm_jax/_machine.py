@@ -1,0 +1,314 @@
+"""The paper's algorithmic semantics: a small-step backtracking machine.
+
+This module transcribes the appendix figures "Algorithmic Semantics Part 1/2" of the PyPM
+paper. A state is ``Running(θ, φ, stk, k)``, ``Success(θ, φ)`` or ``Failure``; the
+continuation ``k`` is a list of actions and the stack ``stk`` holds backtrack nodes
+``⟨θ, φ, k⟩`` saved at alternates. :func:`step` applies exactly one ST-* rule.
+
+Everything a state holds is persistent: the continuation and the stack are cons lists
+(``(head, tail)`` pairs, ``None`` for the empty list) and substitutions are dicts that are
+never mutated (binding copies: ``θ ∪ {x ↦ t}``). So a stack entry is a real snapshot, as in
+the figures, and backtracking is just "continue from the saved state".
+
+Decisions the figures leave open follow ``docs/SEMANTICS.md``: ``checkName(x)`` and
+``matchConstr(x, p)`` with ``x`` unbound backtrack; a literal is a 0-ary symbol matched by
+``const_equal``; operator variables check arity, output index and (when given) output count.
+
+The driver loop is iterative, so the depth of the term never reaches the Python stack; this
+is the reference engine behind ``pypm_jax._engine`` (``engine="reference"``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AMatch",
+    "AGuard",
+    "ACheckName",
+    "AMatchConstr",
+    "Action",
+    "Cont",
+    "Frame",
+    "Stack",
+    "Running",
+    "Success",
+    "Failure",
+    "FAILURE",
+    "State",
+    "initial",
+    "backtrack",
+    "step",
+    "run",
+    "solutions",
+    "match_first",
+    "match_all",
+]
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+from ._calculus import (
+    Expr,
+    PAlt,
+    PApp,
+    Pattern,
+    PatternDef,
+    PCall,
+    PConst,
+    PConstr,
+    PExists,
+    PFunVar,
+    PGuard,
+    PMu,
+    PVar,
+    show,
+)
+from ._errors import PatternDefinitionError
+from ._guards import guard_holds
+from ._match import Match
+from ._subst import FreshNames, unfold
+from ._terms import Operator, const_equal
+
+Subst: TypeAlias = Mapping[str, Any]
+"""θ: term variables to terms. Never mutated once built."""
+
+OpSubst: TypeAlias = Mapping[str, Operator]
+"""φ: operator (function) variables to operators. Never mutated once built."""
+
+# ------------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True, slots=True)
+class AMatch:
+    """``match(p, t)``: match pattern p against term t."""
+
+    pat: Pattern
+    term: Any
+
+
+@dataclass(frozen=True, slots=True)
+class AGuard:
+    """``guard(g)``: the guard g must hold under the current θ, φ."""
+
+    guard: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class ACheckName:
+    """``checkName(x)``: the existential x must have been bound (in θ, or φ for kind "op")."""
+
+    var: str
+    kind: Literal["term", "op"] = "term"
+
+
+@dataclass(frozen=True, slots=True)
+class AMatchConstr:
+    """``matchConstr(x, p)``: the term bound to x must match p."""
+
+    var: str
+    pat: Pattern
+
+
+Action: TypeAlias = AMatch | AGuard | ACheckName | AMatchConstr
+
+Cont: TypeAlias = "tuple[Action, Cont] | None"
+"""k ::= [] | a :: k, as nested pairs; ``None`` is the empty continuation."""
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A backtrack node ⟨θ, φ, k⟩: where to resume when the current path fails."""
+
+    theta: Subst
+    phi: OpSubst
+    k: Cont
+
+
+Stack: TypeAlias = "tuple[Frame, Stack] | None"
+"""stk ::= · | stk, ⟨θ, φ, k⟩ as nested pairs, top first; ``None`` is the empty stack."""
+
+# -------------------------------------------------------------------------------- states
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    theta: Subst
+    phi: OpSubst
+    stack: Stack
+    k: Cont
+
+
+@dataclass(frozen=True, slots=True)
+class Success:
+    """``Success(θ, φ)``. The stack at success is kept beside it (not part of the paper's
+    state) so that :func:`solutions` can resume by backtracking into it."""
+
+    theta: Subst
+    phi: OpSubst
+    stack: Stack = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    pass
+
+
+FAILURE = Failure()
+
+State: TypeAlias = Running | Success | Failure
+
+
+def initial(p: Pattern, t: Any) -> Running:
+    """``Running(∅, ∅, ·, [match(p, t)])``."""
+    return Running({}, {}, None, (AMatch(p, t), None))
+
+
+def backtrack(stk: Stack) -> Running | Failure:
+    """backtrack(·) = Failure; backtrack(stk, ⟨θ, φ, k⟩) = Running(θ, φ, stk, k)."""
+    if stk is None:
+        return FAILURE
+    frame, rest = stk
+    return Running(frame.theta, frame.phi, rest, frame.k)
+
+
+def _matches(pats: tuple[Pattern, ...], terms: tuple[Any, ...], k: Cont) -> Cont:
+    """``[match(p1, t1), ..., match(pn, tn)] ++ k``."""
+    for p, t in zip(reversed(pats), reversed(terms), strict=True):
+        k = (AMatch(p, t), k)
+    return k
+
+
+# ---------------------------------------------------------------------------------- step
+
+
+def step(st: Running, fresh: FreshNames) -> State:
+    """One transition ``st ↦ st'`` by the ST-* rule that applies to the head of ``k``.
+
+    ``fresh`` names the existentials of each unfolding (ST-Match-Mu); one supply serves a
+    whole match run, so the names are deterministic.
+    """
+    theta, phi, stk = st.theta, st.phi, st.stack
+    if st.k is None:
+        return Success(theta, phi, stk)  # ST-Success
+    action, k = st.k
+    match action:
+        case AMatch(PVar(x), t):
+            bound = theta.get(x)
+            if bound is None:
+                return Running({**theta, x: t}, phi, stk, k)  # ST-Match-Var-Bind
+            if bound is t:
+                return Running(theta, phi, stk, k)  # ST-Match-Var-Bound
+            return backtrack(stk)  # ST-Match-Var-Conflict
+
+        case AMatch(PApp(f, args, index), t):
+            if t.op is f and t.index == index and len(t.inputs) == len(args):
+                return Running(theta, phi, stk, _matches(args, t.inputs, k))  # ST-Match-Fun
+            return backtrack(stk)  # ST-Match-Fun-Conflict
+
+        case AMatch(PConst(value), t):
+            # A literal is a 0-ary function symbol: ST-Match-Fun / ST-Match-Fun-Conflict.
+            if const_equal(value, t):
+                return Running(theta, phi, stk, k)
+            return backtrack(stk)
+
+        case AMatch(PAlt(p, p2), t):  # ST-Match-Alt
+            saved = Frame(theta, phi, (AMatch(p2, t), k))
+            return Running(theta, phi, (saved, stk), (AMatch(p, t), k))
+
+        case AMatch(PGuard(p, g), t):  # ST-Match-Guard
+            return Running(theta, phi, stk, (AMatch(p, t), (AGuard(g), k)))
+
+        case AGuard(g):
+            if guard_holds(g, theta, phi):
+                return Running(theta, phi, stk, k)  # ST-CheckGuard-Continue
+            return backtrack(stk)  # ST-CheckGuard-Backtrack (False or undefined)
+
+        case ACheckName(x, kind):
+            if x in (phi if kind == "op" else theta):
+                return Running(theta, phi, stk, k)  # ST-CheckName
+            return backtrack(stk)  # unbound existential: SEMANTICS.md §3
+
+        case AMatchConstr(x, p):
+            bound = theta.get(x)
+            if bound is not None:
+                return Running(theta, phi, stk, (AMatch(p, bound), k))  # ST-MatchConstr
+            return backtrack(stk)  # unbound: SEMANTICS.md §3
+
+        case AMatch(PExists(x, p, kind), t):  # ST-Match-Exists
+            return Running(theta, phi, stk, (AMatch(p, t), (ACheckName(x, kind), k)))
+
+        case AMatch(PConstr(p, x, p2), t):  # ST-Match-MatchConstr
+            return Running(theta, phi, stk, (AMatch(p, t), (AMatchConstr(x, p2), k)))
+
+        case AMatch(PFunVar(var, args, index, n_out), t):
+            f = t.op
+            if (
+                len(t.inputs) != len(args)
+                or t.index != index
+                or (n_out is not None and f.n_out != n_out)
+            ):
+                return backtrack(stk)  # ST-Match-Fun-Var-Conflict (m ≠ n)
+            bound = phi.get(var)
+            if bound is None:  # ST-Match-Fun-Var-Bind
+                return Running(theta, {**phi, var: f}, stk, _matches(args, t.inputs, k))
+            if bound is f:  # ST-Match-Fun-Var-Bound
+                return Running(theta, phi, stk, _matches(args, t.inputs, k))
+            return backtrack(stk)  # ST-Match-Fun-Var-Conflict (φ(F) ≠ f)
+
+        case AMatch(PMu() as mu, t):  # ST-Match-Mu
+            return Running(theta, phi, stk, (AMatch(unfold(mu, fresh), t), k))
+
+        case AMatch(PCall() as call, _):
+            raise PatternDefinitionError(
+                f"recursive reference {show(call)} outside a definition μ{call.name}"
+            )
+    raise TypeError(f"not a machine action: {action!r}")
+
+
+# ------------------------------------------------------------------------------- driving
+
+
+def _drive(st: State, fresh: FreshNames) -> Success | Failure:
+    """Step until a terminal state. A loop, never recursion: depth costs heap, not stack."""
+    while isinstance(st, Running):
+        st = step(st, fresh)
+    return st
+
+
+def run(p: Pattern, t: Any) -> Success | Failure:
+    """``Running(∅, ∅, ·, [match(p, t)]) ↦⁺ Success(θ, φ) | Failure``."""
+    return _drive(initial(p, t), FreshNames())
+
+
+def solutions(p: Pattern, t: Any) -> Iterator[tuple[dict[str, Any], dict[str, Operator]]]:
+    """Every ``(θ, φ)`` the machine reaches, in exploration order.
+
+    After each success the machine resumes by backtracking into the stack saved beside it,
+    which is what trying the remaining alternates means. Solutions may repeat.
+    """
+    fresh = FreshNames()
+    st: State = initial(p, t)
+    while True:
+        st = _drive(st, fresh)
+        if not isinstance(st, Success):
+            return
+        yield dict(st.theta), dict(st.phi)
+        st = backtrack(st.stack)
+
+
+def match_first(pdef: PatternDef, t: Any) -> Match | None:
+    """The machine's first solution for ``pdef`` at ``t``, or None."""
+    for theta, phi in solutions(pdef.body, t):
+        return Match(pdef, t, theta, phi)
+    return None
+
+
+def match_all(pdef: PatternDef, t: Any) -> Iterator[Match]:
+    """Every solution in exploration order, dropping those whose parameters repeat."""
+    seen: set[tuple[tuple[str, int], ...]] = set()
+    for theta, phi in solutions(pdef.body, t):
+        m = Match(pdef, t, theta, phi)
+        key = m.key()
+        if key not in seen:
+            seen.add(key)
+            yield m
