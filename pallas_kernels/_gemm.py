@@ -35,7 +35,8 @@ _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 
 def erf(x: jax.Array) -> jax.Array:
-    """erf from exp/arith only (Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7).
+    """erf from exp/arith only: Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7) for
+    |x| >= 0.5, Maclaurin series below (avoids cancellation near 0).
 
     ``lax.erf`` has no Pallas-Triton lowering; this keeps exact GELU in-kernel.
     """
@@ -44,7 +45,12 @@ def erf(x: jax.Array) -> jax.Array:
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741
                                                        + t * (-1.453152027 + t * 1.061405429))))
     y = 1.0 - poly * jnp.exp(-ax * ax)
-    return jnp.where(x < 0, -y, y)
+    y = jnp.where(x < 0, -y, y)
+    x2 = x * x
+    series = x * (1.1283791670955126 + x2 * (-0.37612638903183754 + x2 * (
+        0.11283791670955126 + x2 * (-0.026866170645131252 + x2 * (
+            0.005223977625442188 + x2 * -0.0008548327023450852)))))
+    return jnp.where(ax < 0.5, series, y)
 
 
 def _sigmoid(x: jax.Array) -> jax.Array:

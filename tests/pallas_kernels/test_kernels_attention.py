@@ -1,0 +1,172 @@
+"""Flash attention in Pallas interpret mode vs the plain-JAX reference (CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from kernels_testutil import (
+    GRAD_TOL,
+    assert_close,
+    attention_inputs,
+    hf_padding_bias,
+    padding_mask,
+    rnd,
+)
+
+from pallas_kernels import attention_reference, flash_attention
+from pallas_kernels._attention import AttentionBlocks
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    layout: str = "BSHD"
+    b: int = 2
+    sq: int = 32
+    skv: int = 32
+    hq: int = 2
+    hkv: int = 2
+    d: int = 32
+    dtype: str = "float32"
+    causal: bool = False
+    bias: str | None = None   # None | "pad" [B,1,1,Skv] | "full" [B,Hq,Sq,Skv] | "hf" | "head" [1,Hq,1,1]
+    mask: str | None = None   # None | "pad" [B,1,1,Skv] | "full" | "left" (fully masked rows) | "int"
+    scale: float | None = None
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _operands(c: Case, seed: int = 0):
+    q, k, v = attention_inputs(seed, c.layout, c.b, c.sq, c.skv, c.hq, c.hkv, c.d, c.dtype)
+    lengths = [max(1, c.skv - 7 * (i + 1)) for i in range(c.b)]
+    bias = mask = None
+    if c.bias == "pad":
+        bias = rnd(seed + 10, (c.b, 1, 1, c.skv))
+    elif c.bias == "full":
+        bias = rnd(seed + 10, (c.b, c.hq, c.sq, c.skv), c.dtype)
+    elif c.bias == "head":
+        bias = rnd(seed + 10, (1, c.hq, 1, 1))
+    elif c.bias == "hf":
+        bias = hf_padding_bias(c.b, c.skv, [c.skv] + [0] * (c.b - 1))  # batch 1 fully padded
+    if c.mask == "pad":
+        mask = padding_mask(c.b, c.skv, lengths)
+    elif c.mask == "full":
+        mask = jax.random.bernoulli(jax.random.PRNGKey(seed + 20), 0.8, (c.b, c.hq, c.sq, c.skv))
+    elif c.mask == "int":
+        mask = jax.random.bernoulli(jax.random.PRNGKey(seed + 20), 0.8, (c.sq, c.skv)).astype(jnp.int32)
+    elif c.mask == "left":
+        # Left padding: the first `pad` keys are masked, so with causal the first
+        # `pad` query rows see nothing (fully masked rows); batch 1 is all padding.
+        starts = jnp.asarray([5] + [c.skv] * (c.b - 1))
+        mask = (jnp.arange(c.skv)[None, :] >= starts[:, None])[:, None, None, :]
+    return q, k, v, bias, mask
+
+
+FWD_CASES = [
+    Case("bshd_f32_plain"),
+    Case("bhsd_f32_causal_d64", layout="BHSD", sq=48, skv=48, d=64, causal=True),
+    Case("bshd_bf16_gqa_causal_padmask_ragged", sq=37, skv=45, hq=4, hkv=2, dtype="bfloat16",
+         causal=True, mask="pad"),
+    Case("bhsd_f16_fullbias_ragged_d128", layout="BHSD", b=1, sq=20, skv=33, d=128,
+         dtype="float16", bias="full"),
+    Case("bshd_f32_mqa_d256", b=1, sq=16, skv=24, hq=4, hkv=1, d=256, bias="pad"),
+    Case("bhsd_bf16_hf_bias_causal", layout="BHSD", sq=40, skv=40, dtype="bfloat16",
+         causal=True, bias="hf"),
+    Case("bshd_f32_left_padding_causal_fully_masked_rows", sq=33, skv=33, causal=True,
+         mask="left"),
+    Case("bhsd_f32_left_padding_fully_masked_rows", layout="BHSD", sq=24, skv=40, mask="left"),
+    Case("bshd_f32_causal_sq_gt_skv", sq=40, skv=24, causal=True),
+    Case("bhsd_f32_causal_sq_lt_skv_mask_bias", layout="BHSD", sq=20, skv=50, causal=True,
+         mask="full", bias="pad"),
+    Case("bshd_f32_d48_scale_headbias", sq=19, skv=21, hq=4, hkv=4, d=48, scale=0.3, bias="head"),
+    Case("bshd_f16_int_mask_decode_sq1", sq=1, skv=37, hq=4, hkv=1, dtype="float16", mask="int"),
+    Case("bhsd_bf16_gqa_d64_full_mask", layout="BHSD", sq=32, skv=48, hq=4, hkv=2, d=64,
+         dtype="bfloat16", mask="full"),
+]
+
+
+@pytest.mark.parametrize("c", FWD_CASES, ids=str)
+def test_forward_matches_reference(c: Case) -> None:
+    q, k, v, bias, mask = _operands(c)
+    kw = dict(scale=c.scale, causal=c.causal, layout=c.layout)
+    out = flash_attention(q, k, v, bias, mask, impl="interpret", **kw)
+    ref = attention_reference(q, k, v, bias, mask, **kw)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert bool(jnp.all(jnp.isfinite(out.astype(jnp.float32))))
+    assert_close(out, ref, c.dtype, what=c.name)
+
+
+def test_fully_masked_rows_average_all_values() -> None:
+    """Reference semantics: a row with every score masked averages v over all keys."""
+    c = Case("left", sq=33, skv=33, causal=True, mask="left")
+    q, k, v, _, mask = _operands(c)
+    out = flash_attention(q, k, v, mask=mask, causal=True, impl="interpret")
+    mean_v = jnp.mean(v, axis=1)  # [B, H, D]
+    np.testing.assert_allclose(out[0, :5], jnp.broadcast_to(mean_v[0], (5,) + mean_v.shape[1:]),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out[1], jnp.broadcast_to(mean_v[1], out[1].shape),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_gpu_block_defaults_in_interpret() -> None:
+    """The GPU tile configuration (clamped to the shape) is also correct."""
+    c = Case("gpu_blocks", sq=70, skv=130, hq=4, hkv=2, d=64, causal=True, mask="pad")
+    q, k, v, bias, mask = _operands(c)
+    blocks = AttentionBlocks(128, 64, 4, 3, 64, 64, 4, 2)
+    out = flash_attention(q, k, v, bias, mask, causal=True, impl="interpret", _blocks=blocks)
+    ref = attention_reference(q, k, v, bias, mask, causal=True)
+    assert_close(out, ref, c.dtype)
+
+
+GRAD_CASES = [
+    Case("grad_bshd_f32_gqa_causal_ragged", sq=37, skv=45, hq=4, hkv=2, causal=True),
+    Case("grad_bhsd_f32_padbias_fullmask", layout="BHSD", sq=32, skv=32, bias="pad", mask="full"),
+    Case("grad_bshd_f32_fully_masked_rows_causal", sq=33, skv=33, causal=True, mask="left",
+         bias="pad"),
+    Case("grad_bhsd_bf16_mqa_causal", layout="BHSD", b=1, sq=40, skv=40, hq=4, hkv=1,
+         dtype="bfloat16", causal=True),
+    Case("grad_bshd_f32_fullbias_causal_sq_ne_skv", b=1, sq=24, skv=40, causal=True, bias="full",
+         d=64),
+]
+
+
+def _f32(x):
+    return None if x is None else x.astype(jnp.float32)
+
+
+@pytest.mark.parametrize("c", GRAD_CASES, ids=str)
+def test_gradients_match_reference(c: Case) -> None:
+    q, k, v, bias, mask = _operands(c, seed=3)
+    kw = dict(scale=c.scale, causal=c.causal, layout=c.layout)
+    cot = rnd(99, q.shape, jnp.float32)
+
+    def loss(fn, q, k, v, bias):
+        return jnp.sum(fn(q, k, v, bias, mask, **kw).astype(jnp.float32) * cot)
+
+    def kernel(*a, **k_):
+        return flash_attention(*a, impl="interpret", **k_)
+
+    argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
+    got = jax.grad(lambda *a: loss(kernel, *a), argnums=argnums)(q, k, v, bias)
+    # Ground truth: reference gradients in f32 from the same (possibly rounded) inputs.
+    want = jax.grad(lambda *a: loss(attention_reference, *a), argnums=argnums)(
+        _f32(q), _f32(k), _f32(v), _f32(bias))
+    for name, g, w in zip("q k v bias".split(), got, want, strict=False):
+        assert bool(jnp.all(jnp.isfinite(g.astype(jnp.float32)))), name
+        assert_close(g, w, c.dtype, tol_table=GRAD_TOL, what=f"{c.name}: d{name}")
+
+
+def test_jit_and_vmap_compose() -> None:
+    c = Case("compose", sq=20, skv=20, causal=True)
+    q, k, v, _, _ = _operands(c)
+    f = jax.jit(lambda q, k, v: flash_attention(q, k, v, causal=True, impl="interpret"))
+    assert_close(f(q, k, v), attention_reference(q, k, v, causal=True), "float32")
+    vm = jax.vmap(lambda q, k, v: flash_attention(q, k, v, causal=True, impl="interpret"))
+    ref = jax.vmap(lambda q, k, v: attention_reference(q, k, v, causal=True))
+    qs, ks, vs = (jnp.stack([x, x * 0.5]) for x in (q, k, v))
+    assert_close(vm(qs, ks, vs), ref(qs, ks, vs), "float32")

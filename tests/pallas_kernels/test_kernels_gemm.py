@@ -1,0 +1,124 @@
+"""GEMM + fused epilogue in Pallas interpret mode vs the plain-JAX reference (CPU)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from kernels_testutil import GRAD_TOL, assert_close, rnd
+
+from pallas_kernels import (
+    ACTIVATIONS,
+    gemm_epilogue,
+    gemm_epilogue_reference,
+    gemm_fused,
+    gemm_fused_reference,
+)
+from pallas_kernels._gemm import GemmBlocks, erf
+
+# M=37, K=50, N=45: none divides the 16-wide interpret tiles.
+RAGGED = ((3, 37 // 3 + 1, 50), (50, 45))
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_every_activation_with_bias_ragged_batched(activation: str) -> None:
+    x = rnd(0, (3, 13, 50), scale=0.5)
+    w = rnd(1, (50, 45), scale=0.3)
+    b = rnd(2, (45,))
+    out = gemm_epilogue(x, w, b, activation=activation, impl="interpret")
+    ref = gemm_epilogue_reference(x, w, b, activation=activation)
+    assert out.shape == (3, 13, 45) and out.dtype == x.dtype
+    assert_close(out, ref, "float32", what=activation)
+
+
+@pytest.mark.parametrize(
+    "dtype,activation,with_bias",
+    [("bfloat16", "gelu_tanh", True), ("float16", "silu", True), ("bfloat16", "gelu", False),
+     ("float16", "none", False), ("float32", "relu", False)],
+)
+def test_dtypes_accumulate_in_f32(dtype: str, activation: str, with_bias: bool) -> None:
+    x = rnd(3, (37, 70), dtype)
+    w = rnd(4, (70, 33), dtype, scale=0.2)
+    b = rnd(5, (33,), dtype) if with_bias else None
+    out = gemm_epilogue(x, w, b, activation=activation, impl="interpret")
+    ref = gemm_epilogue_reference(x, w, b, activation=activation)
+    assert out.dtype == jnp.dtype(dtype)
+    assert_close(out, ref, dtype, what=f"{dtype}/{activation}")
+
+
+def test_leading_dims_and_vector_input() -> None:
+    w = rnd(6, (24, 40))
+    b = rnd(7, (40,))
+    x4 = rnd(8, (2, 3, 5, 24))
+    assert_close(gemm_epilogue(x4, w, b, activation="tanh", impl="interpret"),
+                 gemm_epilogue_reference(x4, w, b, activation="tanh"), "float32")
+    x1 = rnd(9, (24,))
+    out = gemm_epilogue(x1, w, b, activation="relu", impl="interpret")
+    assert out.shape == (40,)
+    assert_close(out, gemm_epilogue_reference(x1, w, b, activation="relu"), "float32")
+
+
+def test_templated_epilogue_custom_chains() -> None:
+    x = rnd(10, (37, 50))
+    w = rnd(11, (50, 45), scale=0.2)
+    b, s = rnd(12, (45,)), rnd(13, (45,))
+
+    def chain(a, b):
+        return jnp.tanh(a + b) * 0.5
+
+    def affine_leaky(a, s, t):
+        y = a * s + t
+        return jnp.where(y > 0, y, 0.1 * y)
+
+    def no_cols(a):
+        return jnp.exp(-a * a) + jnp.sqrt(jnp.abs(a))
+
+    for fn, cols in ((chain, (b,)), (affine_leaky, (s, b)), (no_cols, ())):
+        out = gemm_fused(x, w, fn, *cols, impl="interpret")
+        assert_close(out, gemm_fused_reference(x, w, fn, *cols), "float32", what=fn.__name__)
+
+
+def test_templated_epilogue_bf16_output_cast_and_f32_tiles() -> None:
+    """The epilogue sees f32 tiles (accumulator and column operands)."""
+    seen = []
+
+    def probe(a, b):
+        seen.append((a.dtype, b.dtype))
+        return a * b
+
+    x, w, b = rnd(14, (16, 32), "bfloat16"), rnd(15, (32, 16), "bfloat16"), rnd(16, (16,), "bfloat16")
+    out = gemm_fused(x, w, probe, b, impl="interpret")
+    assert out.dtype == jnp.bfloat16
+    assert all(dt == (jnp.float32, jnp.float32) for dt in seen)
+    assert_close(out, gemm_fused_reference(x, w, probe, b), "bfloat16")
+
+
+def test_non_elementwise_epilogue_is_rejected() -> None:
+    x, w = rnd(17, (16, 16)), rnd(18, (16, 16))
+    with pytest.raises(ValueError, match="elementwise"):
+        gemm_fused(x, w, lambda a: jnp.sum(a, axis=0), impl="interpret")
+
+
+def test_larger_tiles_and_k_loop() -> None:
+    x, w, b = rnd(19, (100, 200)), rnd(20, (200, 70), scale=0.1), rnd(21, (70,))
+    out = gemm_epilogue(x, w, b, activation="gelu", impl="interpret",
+                        _blocks=GemmBlocks(32, 32, 64, 2, 4, 2))
+    assert_close(out, gemm_epilogue_reference(x, w, b, activation="gelu"), "float32")
+
+
+def test_gradients_through_gemm_epilogue() -> None:
+    x, w, b = rnd(22, (2, 19, 30)), rnd(23, (30, 21), scale=0.3), rnd(24, (21,))
+    cot = rnd(25, (2, 19, 21))
+    for act in ("gelu", "silu"):
+        got = jax.grad(lambda x, w, b: jnp.sum(
+            gemm_epilogue(x, w, b, activation=act, impl="interpret") * cot), argnums=(0, 1, 2))(x, w, b)
+        want = jax.grad(lambda x, w, b: jnp.sum(
+            gemm_epilogue_reference(x, w, b, activation=act) * cot), argnums=(0, 1, 2))(x, w, b)
+        for name, g, r in zip("xwb", got, want, strict=True):
+            assert_close(g, r, "float32", tol_table=GRAD_TOL, what=f"{act} d{name}")
+
+
+def test_in_kernel_erf_is_accurate() -> None:
+    xs = jnp.linspace(-6, 6, 2001)
+    np.testing.assert_allclose(erf(xs), jax.scipy.special.erf(xs), rtol=1e-6, atol=5e-7)
