@@ -1,0 +1,190 @@
+"""The one place that touches JAX internals (STYLE.md, practice 10).
+
+Everything the bridge needs from JAX beyond its documented API goes through a function here,
+and ``tests/jax/test_compat.py`` exercises each of them, so a JAX upgrade that moves one fails
+loudly in one test instead of silently degrading lifting (e.g. losing source lines).
+
+Used here: ``jax.extend.core`` (Jaxpr, ClosedJaxpr, Literal, Var, Primitive, the primitive
+objects), ``Primitive.get_bind_params`` (how ``eval_jaxpr`` re-binds call primitives),
+``jax._src.source_info_util`` (user frames, name stacks) and
+``jax._src.interpreters.partial_eval.convert_constvars_jaxpr`` (hoisting a body's consts).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClosedJaxpr",
+    "Jaxpr",
+    "JaxprEqn",
+    "Literal",
+    "Var",
+    "Primitive",
+    "primitive_by_name",
+    "remember_primitive",
+    "bind",
+    "user_frame",
+    "name_stack",
+    "literal_value",
+    "convert_constvars",
+    "is_extended_dtype",
+    "closed_jaxpr",
+]
+
+import linecache
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.extend.core as _jex
+import jax.extend.core.primitives as _jex_prims
+from jax._src import source_info_util as _siu
+from jax._src.interpreters import partial_eval as _pe
+
+from .._errors import SourceLoc
+
+ClosedJaxpr = _jex.ClosedJaxpr
+Jaxpr = _jex.Jaxpr
+JaxprEqn = _jex.JaxprEqn
+Literal = _jex.Literal
+Var = _jex.Var
+Primitive = _jex.Primitive
+
+# ------------------------------------------------------------------------------ primitives
+
+_PRIMS: dict[str, Primitive] = {}
+for _attr in dir(_jex_prims):
+    _p = getattr(_jex_prims, _attr)
+    if isinstance(_p, Primitive):
+        _PRIMS.setdefault(_p.name, _p)
+
+
+def remember_primitive(prim: Primitive) -> None:
+    """Record a primitive met while lifting, so ops built by rules can be lowered by name."""
+    _PRIMS.setdefault(prim.name, prim)
+
+
+def primitive_by_name(name: str) -> Primitive | None:
+    """The JAX primitive object named ``name`` (``"dot_general"``, ``"scatter-add"``)."""
+    return _PRIMS.get(name)
+
+
+def bind(
+    prim: Primitive,
+    args: Sequence[Any],
+    params: dict[str, Any],
+    source_info: Any = None,
+    ctx: Any = None,
+) -> Any:
+    """Apply ``prim`` to ``args`` with an equation's ``params``, exactly as ``eval_jaxpr``.
+
+    Call-like primitives (jit, custom_jvp_call, ...) take their callee as a bind param
+    (``subfuns``), which ``get_bind_params`` builds. ``source_info`` and the equation context
+    ``ctx``, when given, are re-established so the re-traced program keeps source lines and
+    name stacks (visible in profiles and HLO metadata).
+    """
+    bind_params = prim.get_bind_params(params)
+    if source_info is None:
+        if ctx is None:
+            return prim.bind(*args, **bind_params)
+        with ctx.manager:
+            return prim.bind(*args, **bind_params)
+    stack = _siu.current_name_stack() + source_info.name_stack
+    with _siu.user_context(source_info.traceback, name_stack=stack):
+        if ctx is None:
+            return prim.bind(*args, **bind_params)
+        with ctx.manager:
+            return prim.bind(*args, **bind_params)
+
+
+# ------------------------------------------------------------------------------ sources
+
+# JAX's own notion of "user frame" excludes JAX and the stdlib; we also exclude Flax and
+# this package, so a node's source is the line of the model (or test) that produced it.
+_EXTRA_EXCLUDED: list[str] = []
+
+
+def _package_dir(module_name: str) -> str | None:
+    try:
+        mod = __import__(module_name)
+    except ImportError:
+        return None
+    path = getattr(mod, "__file__", None)
+    return os.path.dirname(path) + os.sep if path else None
+
+
+for _name in ("flax", "pypm_jax", "jaxlib", "optax", "chex"):
+    _d = _package_dir(_name)
+    if _d is not None:
+        _EXTRA_EXCLUDED.append(_d)
+
+
+def _frames(traceback: Any) -> Iterator[Any]:
+    return _siu.user_frames(traceback)
+
+
+def user_frame(source_info: Any) -> SourceLoc | None:
+    """The innermost frame of the equation's traceback in user code (not JAX/Flax/pypm)."""
+    tb = getattr(source_info, "traceback", None)
+    if tb is None:
+        return None
+    for frame in _frames(tb):
+        fname = frame.file_name
+        if any(fname.startswith(d) for d in _EXTRA_EXCLUDED):
+            continue
+        text = linecache.getline(fname, frame.start_line).strip()
+        return SourceLoc(fname, frame.start_line, text)
+    return None
+
+
+def name_stack(source_info: Any) -> Any:
+    """The equation's name stack object (scopes from ``jax.named_scope`` and Flax modules)."""
+    return getattr(source_info, "name_stack", None)
+
+
+def name_stack_scopes(stack: Any) -> tuple[str, ...]:
+    """The scope names of a name stack, outermost first; transforms (``jvp(...)``) dropped."""
+    if stack is None:
+        return ()
+    out = []
+    for elem in stack.stack:
+        if isinstance(elem, _siu.Scope):
+            out.append(elem.name)
+    return tuple(out)
+
+
+def join_name_stacks(outer: Any, inner: Any) -> Any:
+    """The name stack of an equation inlined from a callee (``outer + inner``)."""
+    if outer is None:
+        return inner
+    if inner is None:
+        return outer
+    return outer + inner
+
+
+def with_name_stack(source_info: Any, stack: Any) -> Any:
+    return source_info.replace(name_stack=stack)
+
+
+# ------------------------------------------------------------------------------ jaxprs
+
+
+def literal_value(lit: Any) -> Any:
+    """A literal's value as a numpy array or scalar (``Literal.val`` may be a jax array)."""
+    import numpy as np
+
+    return np.asarray(lit.val)
+
+
+def convert_constvars(jaxpr: Any) -> Any:
+    """Turn a jaxpr's constvars into leading invars (to pass a body's consts as operands)."""
+    return _pe.convert_constvars_jaxpr(jaxpr)
+
+
+def closed_jaxpr(jaxpr: Any, consts: Sequence[Any]) -> Any:
+    return ClosedJaxpr(jaxpr, list(consts))
+
+
+def is_extended_dtype(dtype: Any) -> bool:
+    """PRNG key types and other extended dtypes have no numpy equivalent."""
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
