@@ -71,6 +71,10 @@ def _check_layout(layout: Any) -> str:
     return layout
 
 
+def _head_axis(layout: str) -> int:
+    return 2 if layout == "BSHD" else 1
+
+
 def _split(shape: tuple[int, ...], layout: str) -> tuple[int, int, int, int]:
     """(batch, seq, heads, head_dim) of a rank-4 activation in ``layout``."""
     b, x1, x2, d = shape
@@ -174,9 +178,9 @@ def attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Arra
                         causal: bool = False, layout: str = "BSHD") -> jax.Array:
     """Plain-JAX attention (einsum + f32 softmax) with the module's semantics.
 
-    This is also the ``impl="xla"`` fallback, so it is written the way XLA likes the
-    original program: no k/v head repetition for grouped heads, one fused
-    mask/bias/softmax pass.
+    This is also the ``impl="xla"`` fallback, so it is written the way XLA compiles
+    best (plain 4-D einsums, one fused scale/bias/mask/softmax pass): on CPU it is
+    at least as fast as the usual Flax-style original program.
     """
     _check_layout(layout)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
@@ -187,15 +191,17 @@ def attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Arra
     _, skv, hkv, _ = _split(k.shape, layout)
     g = hq // hkv
     scale = 1.0 / math.sqrt(d) if scale is None else dsp.static_float(scale, "scale")
-    if layout == "BSHD":
-        qg = q.reshape(b, sq, hkv, g, d)
-        logits = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32)
-    else:
-        qg = q.reshape(b, hkv, g, sq, d)
-        logits = jnp.einsum("bhgqd,bhkd->bhgqk", qg, k, preferred_element_type=jnp.float32)
-    logits = logits.reshape(b, hq, sq, skv) * jnp.float32(scale)
+    # Grouped kv heads are repeated up to Hq: XLA:CPU runs the plain 4-D einsums
+    # markedly faster than a grouped 5-D contraction (measured; see
+    # benchmarks/RESULTS.md), and the copy is O(S*D) next to the O(S^2) scores.
+    if g > 1:
+        k = jnp.repeat(k, g, axis=_head_axis(layout))
+        v = jnp.repeat(v, g, axis=_head_axis(layout))
+    f32 = jnp.float32
+    eq = "bqhd,bkhd->bhqk" if layout == "BSHD" else "bhqd,bhkd->bhqk"
+    logits = jnp.einsum(eq, q, k, preferred_element_type=f32) * f32(scale)
     if bias is not None:
-        logits = logits + bias.astype(jnp.float32)
+        logits = logits + bias.astype(f32)
     keep = None
     if mask is not None:
         keep = mask if mask.dtype == jnp.bool_ else mask != 0
@@ -204,13 +210,9 @@ def attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Arra
         keep = tri if keep is None else jnp.logical_and(keep, tri)
     if keep is not None:
         logits = jnp.where(keep, logits, MASK_VALUE)
-    weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype).reshape(b, hkv, g, sq, skv)
-    if layout == "BSHD":
-        out = jnp.einsum("bhgqk,bkhd->bqhgd", weights, v, preferred_element_type=jnp.float32)
-        out = out.reshape(b, sq, hq, d)
-    else:
-        out = jnp.einsum("bhgqk,bhkd->bhgqd", weights, v, preferred_element_type=jnp.float32)
-        out = out.reshape(b, hq, sq, d)
+    weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    eq = "bhqk,bkhd->bqhd" if layout == "BSHD" else "bhqk,bhkd->bhqd"
+    out = jnp.einsum(eq, weights, v, preferred_element_type=f32)
     return out.astype(q.dtype)
 
 
