@@ -1,0 +1,867 @@
+"""The fast matching engine: each pattern compiled once, patterns indexed by root operator.
+
+It returns exactly what the reference machine (:mod:`pypm_jax._machine`) returns: the same
+first solution, the same ``match_all`` order, the same θ and φ (fresh names included). It
+gets there by running that machine ahead of time instead of at match time:
+
+* **Generated code** (patterns without recursion, i.e. without ``PCall``). The compiler
+  executes the machine *symbolically*: the continuation is known statically, so every match
+  action becomes a line of straight Python (``if t3.op is not MatMul: break``) and every
+  alternate becomes a ``while True:`` block that a failure leaves with ``break`` — which is
+  exactly "pop the backtrack stack". Along each generated path it is statically known which
+  variables are bound, so a binding is a Python local, a nonlinear check is ``is``, and
+  backtracking undoes nothing. Calls to other patterns (non-recursive ``PMu``) are unfolded
+  at compile time with :func:`pypm_jax._subst.unfold`; the fresh-name counter the machine
+  keeps at run time becomes a local integer, so fresh names match the reference exactly.
+  Guards become small generated functions with the evaluation rules of
+  :mod:`pypm_jax._guards`.
+* **An iterative machine** (recursive patterns, and patterns too branchy to generate): the
+  paper's machine with a trail instead of copied substitutions, so backtracking costs the
+  bindings it undoes, and an explicit continuation and stack, so a 100 000-deep chain never
+  touches the Python stack.
+
+:class:`Matcher` indexes many patterns by the operators their root can have; a value is only
+tried against the patterns of its operator (plus those whose root can be anything), and most
+values of a graph cost one dict lookup.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CompiledPattern",
+    "Matcher",
+    "compile_pattern",
+    "match_first",
+    "match_all",
+    "solutions",
+    "root_operators",
+]
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._calculus import (
+    EAnd,
+    EAttr,
+    EBin,
+    ECall,
+    ECmp,
+    EConst,
+    EIndex,
+    ENot,
+    EOpAttr,
+    EOr,
+    ETuple,
+    EUnary,
+    Expr,
+    PAlt,
+    PApp,
+    Pattern,
+    PatternDef,
+    PCall,
+    PConst,
+    PConstr,
+    PExists,
+    PFunVar,
+    PGuard,
+    PMu,
+    PVar,
+    show,
+)
+from ._errors import PatternDefinitionError
+from ._guards import guard_holds, op_attr
+from ._match import Match
+from ._subst import FreshNames, unfold
+from ._terms import CONST, UNDEFINED, Operator, const_equal, term_attr
+
+Solution = tuple[dict[str, Any], dict[str, Operator]]
+
+# Python refuses more than 20 statically nested blocks in one function; each alternate on a
+# generated path opens one. Patterns deeper than this run on the iterative machine.
+_MAX_BLOCKS = 18
+# Generated paths duplicate the continuation after an alternate; cap the code size.
+_MAX_LINES = 6000
+
+
+# ----------------------------------------------------------------------- runtime helpers
+
+
+class _Undef(Exception):
+    """A guard has no value (the generated counterpart of ``_guards.Undefined``)."""
+
+
+def _truth(v: Any) -> bool:
+    if v is True:
+        return True
+    if v is False:
+        return False
+    if isinstance(v, bool | int | np.bool_ | np.integer):
+        return bool(v)
+    raise _Undef
+
+
+def _undef() -> Any:
+    raise _Undef
+
+
+def _attr(t: Any, name: str) -> Any:
+    v = term_attr(t, name)
+    if v is UNDEFINED:
+        raise _Undef
+    return v
+
+
+def _rank(t: Any) -> int:
+    s = t.shape
+    if s is None:
+        raise _Undef
+    return len(s)
+
+
+def _dtype(t: Any) -> Any:
+    d = t.dtype
+    if d is None:
+        raise _Undef
+    return d
+
+
+_RUNTIME = {
+    "CONST": CONST,
+    "const_equal": const_equal,
+    "_T": _truth,
+    "_undef": _undef,
+    "_attr": _attr,
+    "_rank": _rank,
+    "_dtype": _dtype,
+    "op_attr": op_attr,
+}
+
+
+# ------------------------------------------------------------------- compile-time names
+
+
+class _Fresh(str):
+    """A fresh name whose number is known only at run time: ``base#(b<k> + offset)``.
+
+    It is a ``str`` so that :func:`pypm_jax._subst.unfold` and ``rename_expr`` treat it as
+    an ordinary variable name; its text is unique per unfolding site and never clashes with
+    a user's name (user names never contain ``#`` on this path).
+    """
+
+    base: str
+    counter: str
+    offset: int
+
+
+class _FreshSupply:
+    """The compile-time stand-in for ``FreshNames`` during one unfolding."""
+
+    def __init__(self, counter: str):
+        self.counter = counter
+        self.count = 0
+
+    def __call__(self, name: str) -> str:
+        base = name.split("#", 1)[0]
+        f = _Fresh(f"{base}#{{{self.counter}+{self.count}}}")
+        f.base, f.counter, f.offset = base, self.counter, self.count
+        self.count += 1
+        return f
+
+
+class _Unsupported(Exception):
+    """This pattern is left to the iterative machine."""
+
+
+def _plain_names(p: Pattern, out: set[str]) -> None:
+    """Collect every variable name written in a pattern (to check none contains ``#``)."""
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        match q:
+            case PVar(name):
+                out.add(name)
+            case PApp(_, args, _):
+                stack.extend(args)
+            case PFunVar(var, args, _, _):
+                out.add(var)
+                stack.extend(args)
+            case PAlt(left, right):
+                stack += [left, right]
+            case PGuard(pat, _):
+                stack.append(pat)
+            case PExists(var, body, _):
+                out.add(var)
+                stack.append(body)
+            case PConstr(pat, var, constraint):
+                out.add(var)
+                stack += [pat, constraint]
+            case PMu(_, params, args, body):
+                out.update(x.name for x in params)
+                out.update(a for a in args if isinstance(a, str))
+                stack.append(body)
+            case PCall(_, args):
+                out.update(a for a in args if isinstance(a, str))
+        if isinstance(q, PGuard):
+            _expr_names(q.guard, out)
+
+
+def _expr_names(e: Expr, out: set[str]) -> None:
+    """Collect the variable names a guard reads."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        match x:
+            case EAttr(var, _) | EOpAttr(var, _):
+                out.add(var)
+            case EIndex(base, index):
+                stack += [base, index]
+            case EBin(_, left, right) | ECmp(_, left, right):
+                stack += [left, right]
+            case EUnary(_, operand) | ENot(operand):
+                stack.append(operand)
+            case EAnd(items) | EOr(items) | ETuple(items) | ECall(_, items):
+                stack.extend(items)
+
+
+def _has_call(p: Pattern) -> bool:
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        match q:
+            case PCall():
+                return True
+            case PApp(_, args, _) | PFunVar(_, args, _, _):
+                stack.extend(args)
+            case PAlt(left, right):
+                stack += [left, right]
+            case PGuard(pat, _) | PExists(_, pat, _) | PMu(_, _, _, pat):
+                stack.append(pat)
+            case PConstr(pat, _, constraint):
+                stack += [pat, constraint]
+    return False
+
+
+# ------------------------------------------------------------------------ code generation
+
+
+class _State:
+    """What is statically known on one generated path: bound variables and matched terms."""
+
+    __slots__ = ("tvars", "ovars", "struct")
+
+    def __init__(self) -> None:
+        self.tvars: dict[str, str] = {}  # θ name -> Python local holding the term
+        self.ovars: dict[str, str] = {}  # φ name -> Python local holding the operator
+        self.struct: list[str] = []  # locals of terms matched by applications/literals
+
+    def copy(self) -> _State:
+        s = _State()
+        s.tvars, s.ovars, s.struct = dict(self.tvars), dict(self.ovars), list(self.struct)
+        return s
+
+
+def _name_expr(name: str) -> str:
+    """Python source for the run-time θ/φ key of a (possibly fresh) name."""
+    if isinstance(name, _Fresh):
+        return f"{name.base + '#'!r} + str({name.counter} + {name.offset})"
+    return repr(str(name))
+
+
+class _Codegen:
+    """Emits one Python function that runs the machine on a fixed pattern.
+
+    ``mode`` is ``"first"`` (return the first solution or None) or ``"all"`` (a generator of
+    ``(θ, φ, matched terms)`` in exploration order).
+    """
+
+    def __init__(self, mode: str, ns: dict[str, Any], counter: itertools.count):
+        self.mode = mode
+        self.ns = ns
+        self.counter = counter
+        self.lines: list[str] = []
+        self.helpers: list[str] = []
+        self._consts: dict[int, str] = {}
+
+    # -- small utilities
+
+    def local(self, prefix: str) -> str:
+        return f"{prefix}{next(self.counter)}"
+
+    def const(self, value: Any) -> str:
+        key = id(value)
+        name = self._consts.get(key)
+        if name is None:
+            name = f"K{next(self.counter)}"
+            self._consts[key] = name
+            self.ns[name] = value
+        return name
+
+    def line(self, indent: int, text: str) -> None:
+        self.lines.append("    " * indent + text)
+        if len(self.lines) > _MAX_LINES:
+            raise _Unsupported("generated code too large")
+
+    # -- the machine, symbolically
+
+    def function(self, body: Pattern) -> str:
+        name = "_first" if self.mode == "first" else "_all"
+        self.lines.append(f"def {name}(t0):")
+        self.line(1, "ctr = 1")
+        fail = "return None" if self.mode == "first" else "return"
+        self.emit([("m", body, "t0")], _State(), 1, fail, 0)
+        if self.mode == "all":
+            self.line(1, "yield  # unreachable; makes this a generator even with no solution")
+        return "\n".join(self.helpers + self.lines) + "\n"
+
+    def emit(self, k: list[tuple], st: _State, ind: int, fail: str, depth: int) -> None:
+        """Emit code for continuation ``k`` (a stack, head last) on the current path."""
+        line = self.line
+        while k:
+            act = k.pop()
+            tag = act[0]
+            if tag == "m":
+                p, t = act[1], act[2]
+                cls = type(p)
+                if cls is PVar:
+                    name = p.name
+                    bound = st.tvars.get(name)
+                    if bound is None:
+                        st.tvars[name] = t  # ST-Match-Var-Bind
+                    elif bound != t:
+                        line(ind, f"if {t} is not {bound}: {fail}")  # -Bound / -Conflict
+                elif cls is PApp:
+                    op = self.const(p.op)
+                    n = len(p.args)
+                    st.struct.append(t)
+                    if n == 0:
+                        line(
+                            ind,
+                            f"if {t}.op is not {op} or {t}.index != {p.index} or {t}.inputs: {fail}",
+                        )
+                    else:
+                        cond = f"{t}.op is not {op} or {t}.index != {p.index}"
+                        line(ind, f"if {cond} or len(a := {t}.inputs) != {n}: {fail}")
+                        self._unpack(p.args, k, ind)
+                elif cls is PConst:
+                    st.struct.append(t)
+                    c = self.const(p.value)
+                    line(ind, f"if {t}.op is not CONST or not const_equal({c}, {t}): {fail}")
+                elif cls is PAlt:  # ST-Match-Alt: a block the left path leaves by `break`
+                    if depth >= _MAX_BLOCKS:
+                        raise _Unsupported("too many nested alternates")
+                    line(ind, "while True:")
+                    left = k.copy()
+                    left.append(("m", p.left, t))
+                    self.emit(left, st.copy(), ind + 1, "break", depth + 1)
+                    k.append(("m", p.right, t))
+                elif cls is PGuard:  # ST-Match-Guard
+                    k.append(("g", p.guard))
+                    k.append(("m", p.pat, t))
+                elif cls is PExists:  # ST-Match-Exists
+                    k.append(("c", p.var, p.kind))
+                    k.append(("m", p.body, t))
+                elif cls is PConstr:  # ST-Match-MatchConstr
+                    k.append(("k", p.var, p.constraint))
+                    k.append(("m", p.pat, t))
+                elif cls is PFunVar:
+                    st.struct.append(t)
+                    n = len(p.args)
+                    cond = f"len(a := {t}.inputs) != {n} or {t}.index != {p.index}"
+                    if p.n_out is not None:
+                        cond += f" or {t}.op.n_out != {p.n_out}"
+                    bound = st.ovars.get(p.var)
+                    if bound is None:  # ST-Match-Fun-Var-Bind
+                        line(ind, f"if {cond}: {fail}")
+                        o = self.local("o")
+                        line(ind, f"{o} = {t}.op")
+                        st.ovars[p.var] = o
+                    else:  # ST-Match-Fun-Var-Bound / -Conflict
+                        line(ind, f"if {cond} or {t}.op is not {bound}: {fail}")
+                    if n:
+                        self._unpack(p.args, k, ind)
+                elif cls is PMu:  # ST-Match-Mu, unfolded now; fresh numbers at run time
+                    counter = self.local("b")
+                    supply = _FreshSupply(counter)
+                    try:
+                        q = unfold(p, supply)  # type: ignore[arg-type]
+                    except TypeError as exc:  # the machine raises this at run time
+                        raise _Unsupported(str(exc)) from None
+                    if supply.count:
+                        line(ind, f"{counter} = ctr")
+                        line(ind, f"ctr += {supply.count}")
+                    k.append(("m", q, t))
+                else:  # PCall, or something unknown: the machine decides
+                    raise _Unsupported(f"cannot generate code for {type(p).__name__}")
+            elif tag == "g":  # checkGuard
+                line(ind, f"if not {self.guard(act[1], st)}: {fail}")
+            elif tag == "c":  # checkName
+                var, kind = act[1], act[2]
+                if var not in (st.ovars if kind == "op" else st.tvars):
+                    line(ind, fail)
+                    return
+            else:  # matchConstr
+                var, pat = act[1], act[2]
+                bound = st.tvars.get(var) if isinstance(var, str) else None
+                if bound is None:
+                    line(ind, fail)
+                    return
+                k.append(("m", pat, bound))
+        self.success(st, ind, fail)
+
+    def _unpack(self, args: tuple[Pattern, ...], k: list[tuple], ind: int) -> None:
+        locs = [self.local("t") for _ in args]
+        self.line(ind, f"{', '.join(locs)}, = a")
+        for arg, loc in zip(reversed(args), reversed(locs), strict=True):
+            k.append(("m", arg, loc))
+
+    def success(self, st: _State, ind: int, fail: str) -> None:
+        theta = ", ".join(f"{_name_expr(n)}: {v}" for n, v in st.tvars.items())
+        phi = ", ".join(f"{_name_expr(n)}: {v}" for n, v in st.ovars.items())
+        if self.mode == "first":
+            self.line(ind, f"return {{{theta}}}, {{{phi}}}")
+        else:
+            struct = "".join(f"{s}, " for s in st.struct)
+            self.line(ind, f"yield {{{theta}}}, {{{phi}}}, ({struct})")
+            self.line(ind, fail)  # resume = backtrack into the innermost alternate
+
+    # -- guards
+
+    def guard(self, g: Expr, st: _State) -> str:
+        """A call to a generated function deciding ⟦g[θ, φ]⟧ = True on this path."""
+        refs: dict[str, None] = {}
+        src = self.expr(g, st, refs)
+        name = self.local("_g")
+        params = ", ".join(refs)
+        self.helpers.append(
+            f"def {name}({params}):\n    try:\n        return _T({src})\n"
+            "    except Exception:\n        return False\n"
+        )
+        return f"{name}({params})"
+
+    def expr(self, e: Expr, st: _State, refs: dict[str, None]) -> str:
+        """Python source with the semantics of ``_guards.eval_expr`` (undefined = raise)."""
+        rec = self.expr
+        match e:
+            case EConst(value):
+                return self.const(value)
+            case EAttr(var, attr):
+                t = st.tvars.get(var) if isinstance(var, str) else None
+                if t is None:
+                    return "_undef()"
+                refs[t] = None
+                if attr == "rank":
+                    return f"_rank({t})"
+                if attr in ("dtype", "eltType"):
+                    return f"_dtype({t})"
+                return f"_attr({t}, {attr!r})"
+            case EOpAttr(var, attr):
+                o = st.ovars.get(var) if isinstance(var, str) else None
+                if o is None:
+                    return "_undef()"
+                refs[o] = None
+                return f"op_attr({o}, {attr!r})"
+            case EIndex(base, index):
+                return f"({rec(base, st, refs)})[{rec(index, st, refs)}]"
+            case EBin(op, left, right):
+                return f"(({rec(left, st, refs)}) {op} ({rec(right, st, refs)}))"
+            case EUnary(op, operand):
+                return f"({op}({rec(operand, st, refs)}))"
+            case ECmp(op, left, right):
+                src = f"({rec(left, st, refs)}) {op} ({rec(right, st, refs)})"
+                return f"({src})" if op in ("in", "not in") else f"bool({src})"
+            case EAnd(items):
+                if not items:
+                    return "True"
+                return "(" + " and ".join(f"_T({rec(i, st, refs)})" for i in items) + ")"
+            case EOr(items):
+                if not items:
+                    return "False"
+                return "(" + " or ".join(f"_T({rec(i, st, refs)})" for i in items) + ")"
+            case ENot(operand):
+                return f"(not _T({rec(operand, st, refs)}))"
+            case ECall(fn, args):
+                f = self.const(fn.fn)
+                return f"{f}({', '.join(rec(a, st, refs) for a in args)})"
+            case ETuple(items):
+                return "(" + "".join(f"{rec(i, st, refs)}, " for i in items) + ")"
+        raise _Unsupported(f"not an expression: {e!r}")
+
+
+def _generate(body: Pattern) -> tuple[Callable, Callable, str]:
+    """Generated ``first`` and ``all`` functions for a recursion-free pattern."""
+    names: set[str] = set()
+    _plain_names(body, names)
+    if any("#" in n for n in names):
+        raise _Unsupported("user variable names contain '#'")
+    ns: dict[str, Any] = dict(_RUNTIME)
+    counter = itertools.count(1)
+    src_first = _Codegen("first", ns, counter).function(body)
+    src_all = _Codegen("all", ns, counter).function(body)
+    source = src_first + "\n" + src_all
+    try:
+        code = compile(source, "<pypm-fast>", "exec")
+    except (SyntaxError, RecursionError, MemoryError) as exc:
+        raise _Unsupported(f"generated code does not compile: {exc}") from None
+    exec(code, ns)
+    return ns["_first"], ns["_all"], source
+
+
+# ------------------------------------------------------------------ the iterative machine
+
+# Actions: (tag, a, b) with tag 0 = match(a, b), 1 = guard(a), 2 = checkName(a, kind b),
+# 3 = matchConstr(a, b). The continuation is a cons list (action, rest) | None.
+_MATCH, _GUARD, _CHECK, _CONSTR = 0, 1, 2, 3
+
+
+def _count_exists(p: Pattern) -> int:
+    """How many fresh names one unfolding of a body with this pattern draws."""
+    n = 0
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        match q:
+            case PExists(_, body, _):
+                n += 1
+                stack.append(body)
+            case PApp(_, args, _) | PFunVar(_, args, _, _):
+                stack.extend(args)
+            case PAlt(left, right):
+                stack += [left, right]
+            case PGuard(pat, _):
+                stack.append(pat)
+            case PConstr(pat, _, constraint):
+                stack += [pat, constraint]
+    return n
+
+
+def _machine(body: Pattern, t0: Any) -> Iterator[tuple[dict, dict, tuple]]:
+    """The paper's machine with a trail: yields ``(θ, φ, matched terms)`` per solution.
+
+    Bindings live in two dicts that are changed in place; the trail records each binding so
+    that backtracking to a saved point undoes exactly the bindings made since.
+    """
+    fresh = FreshNames()
+    theta: dict[str, Any] = {}
+    phi: dict[str, Operator] = {}
+    trail: list[tuple[dict, str]] = []
+    struct: list[Any] = []
+    stack: list[tuple[int, int, Any]] = []  # (trail length, struct length, continuation)
+    unfolded: dict[tuple, tuple[Pattern, Pattern]] = {}  # one run: unfoldings without ∃
+    n_exists: dict[int, tuple[Pattern, int]] = {}
+    k: Any = ((_MATCH, body, t0), None)
+
+    while True:
+        if k is None:  # ST-Success
+            yield dict(theta), dict(phi), tuple(struct)
+            ok = False
+        else:
+            (tag, a, b), k = k
+            ok = True
+            if tag == _MATCH:
+                cls = type(a)
+                t = b
+                if cls is PVar:
+                    bound = theta.get(a.name)
+                    if bound is None:
+                        theta[a.name] = t
+                        trail.append((theta, a.name))
+                    elif bound is not t:
+                        ok = False
+                elif cls is PApp:
+                    ins = t.inputs
+                    args = a.args
+                    if t.op is a.op and t.index == a.index and len(ins) == len(args):
+                        struct.append(t)
+                        for i in range(len(args) - 1, -1, -1):
+                            k = ((_MATCH, args[i], ins[i]), k)
+                    else:
+                        ok = False
+                elif cls is PConst:
+                    if const_equal(a.value, t):
+                        struct.append(t)
+                    else:
+                        ok = False
+                elif cls is PAlt:
+                    stack.append((len(trail), len(struct), ((_MATCH, a.right, t), k)))
+                    k = ((_MATCH, a.left, t), k)
+                elif cls is PGuard:
+                    k = ((_MATCH, a.pat, t), ((_GUARD, a.guard, None), k))
+                elif cls is PExists:
+                    k = ((_MATCH, a.body, t), ((_CHECK, a.var, a.kind), k))
+                elif cls is PConstr:
+                    k = ((_MATCH, a.pat, t), ((_CONSTR, a.var, a.constraint), k))
+                elif cls is PFunVar:
+                    f = t.op
+                    ins = t.inputs
+                    args = a.args
+                    if (
+                        len(ins) != len(args)
+                        or t.index != a.index
+                        or (a.n_out is not None and f.n_out != a.n_out)
+                    ):
+                        ok = False
+                    else:
+                        bound = phi.get(a.var)
+                        if bound is None:
+                            phi[a.var] = f
+                            trail.append((phi, a.var))
+                        elif bound is not f:
+                            ok = False
+                        if ok:
+                            struct.append(t)
+                            for i in range(len(args) - 1, -1, -1):
+                                k = ((_MATCH, args[i], ins[i]), k)
+                elif cls is PMu:
+                    body_id = id(a.body)
+                    entry = n_exists.get(body_id)
+                    if entry is None or entry[0] is not a.body:
+                        entry = (a.body, _count_exists(a.body))
+                        n_exists[body_id] = entry
+                    if entry[1]:
+                        q = unfold(a, fresh)
+                    else:  # no fresh names drawn: the unfolding depends on (body, args) only
+                        key = (body_id, a.name, a.params, a.args)
+                        hit = unfolded.get(key)
+                        if hit is None or hit[0] is not a.body:
+                            hit = (a.body, unfold(a, fresh))
+                            unfolded[key] = hit
+                        q = hit[1]
+                    k = ((_MATCH, q, t), k)
+                elif cls is PCall:
+                    raise PatternDefinitionError(
+                        f"recursive reference {show(a)} outside a definition μ{a.name}"
+                    )
+                else:
+                    raise TypeError(f"not a pattern: {a!r}")
+            elif tag == _GUARD:
+                ok = guard_holds(a, theta, phi)
+            elif tag == _CHECK:
+                ok = a in (phi if b == "op" else theta)
+            else:  # _CONSTR
+                bound = theta.get(a)
+                if bound is None:
+                    ok = False
+                else:
+                    k = ((_MATCH, b, bound), k)
+        if not ok:  # backtrack(stk)
+            if not stack:
+                return
+            n_trail, n_struct, k = stack.pop()
+            while len(trail) > n_trail:
+                d, name = trail.pop()
+                del d[name]
+            del struct[n_struct:]
+
+
+# -------------------------------------------------------------------- compiled patterns
+
+
+def _root_ops(p: Pattern, budget: list[int]) -> frozenset[Operator] | None:
+    """The operators a term matched by ``p`` can have at its root; None = any."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return None
+    match p:
+        case PApp(op, _, _):
+            return frozenset((op,))
+        case PConst():
+            return frozenset((CONST,))
+        case PAlt(left, right):
+            a = _root_ops(left, budget)
+            b = _root_ops(right, budget) if a is not None else None
+            return None if a is None or b is None else a | b
+        case PGuard(pat, _) | PExists(_, pat, _) | PConstr(pat, _, _):
+            return _root_ops(pat, budget)
+        case PMu():
+            try:
+                return _root_ops(unfold(p, FreshNames()), budget)
+            except TypeError:
+                return None
+    return None  # PVar, PFunVar, PCall: anything
+
+
+def root_operators(pdef: PatternDef) -> frozenset[Operator] | None:
+    """Operators a match of ``pdef`` can be rooted at, or None when it can be any."""
+    return _root_ops(pdef.body, [256])
+
+
+class CompiledPattern:
+    """A pattern ready to match: ``first(t)`` and ``solutions(t)`` on raw (θ, φ).
+
+    ``backend`` says which engine runs it ("generated" or "machine"); ``source`` holds the
+    generated Python for inspection (empty for the machine).
+    """
+
+    __slots__ = ("pdef", "backend", "source", "root_ops", "_first", "_all")
+
+    def __init__(self, pdef: PatternDef, *, backend: str | None = None):
+        self.pdef = pdef
+        self.root_ops = root_operators(pdef)
+        self.source = ""
+        self.backend = "machine"
+        body = pdef.body
+        if backend != "machine" and not _has_call(body):
+            try:
+                self._first, self._all, self.source = _generate(body)
+                self.backend = "generated"
+            except _Unsupported:
+                if backend == "generated":
+                    raise
+        if self.backend == "machine":
+            self._all = lambda t, _b=body: _machine(_b, t)
+            self._first = self._machine_first
+
+    def _machine_first(self, t: Any) -> Solution | None:
+        for theta, phi, _ in _machine(self.pdef.body, t):
+            return theta, phi
+        return None
+
+    def first(self, t: Any) -> Solution | None:
+        """The machine's first (θ, φ) at ``t``, or None."""
+        return self._first(t)
+
+    def solutions(self, t: Any) -> Iterator[tuple[dict, dict, tuple]]:
+        """Every (θ, φ, matched terms) in exploration order, repeats included.
+
+        The matched terms are those the pattern's applications and literals matched (the
+        match's structure, used by the rewrite driver to know which nodes a match covers).
+        """
+        return self._all(t)
+
+    def __repr__(self) -> str:
+        return f"<CompiledPattern {self.pdef.name} ({self.backend})>"
+
+
+_by_id: dict[int, tuple[PatternDef, CompiledPattern]] = {}
+_by_value: dict[PatternDef, CompiledPattern] = {}
+_CACHE_LIMIT = 4096
+
+
+def compile_pattern(pdef: PatternDef) -> CompiledPattern:
+    """The compiled form of ``pdef``, built once per pattern (cached by identity and value)."""
+    hit = _by_id.get(id(pdef))
+    if hit is not None and hit[0] is pdef:
+        return hit[1]
+    try:
+        cp = _by_value.get(pdef)
+        hashable = True
+    except TypeError:  # a guard constant that cannot be hashed
+        cp, hashable = None, False
+    if cp is None:
+        cp = CompiledPattern(pdef)
+        if hashable:
+            if len(_by_value) >= _CACHE_LIMIT:
+                _by_value.clear()
+            _by_value[pdef] = cp
+    if len(_by_id) >= _CACHE_LIMIT:
+        _by_id.clear()
+    _by_id[id(pdef)] = (pdef, cp)
+    return cp
+
+
+# ------------------------------------------------------------------------- the public API
+
+
+def match_first(pdef: PatternDef, t: Any) -> Match | None:
+    """The reference machine's first solution for ``pdef`` at ``t``, or None."""
+    sol = compile_pattern(pdef).first(t)
+    return None if sol is None else Match(pdef, t, sol[0], sol[1])
+
+
+def match_all(pdef: PatternDef, t: Any) -> Iterator[Match]:
+    """Every solution in the machine's exploration order, dropping repeated parameters."""
+    seen: set[tuple[tuple[str, int], ...]] = set()
+    for theta, phi, _ in compile_pattern(pdef).solutions(t):
+        m = Match(pdef, t, theta, phi)
+        key = m.key()
+        if key not in seen:
+            seen.add(key)
+            yield m
+
+
+def solutions(p: Pattern, t: Any) -> Iterator[tuple[dict[str, Any], dict[str, Operator]]]:
+    """Every (θ, φ) of a bare pattern in exploration order, as ``_machine.solutions``."""
+    cp = compile_pattern(PatternDef("<pattern>", (), p))
+    for theta, phi, _ in cp.solutions(t):
+        yield theta, phi
+
+
+# ------------------------------------------------------------------------------ the index
+
+Candidate = tuple[int, PatternDef, CompiledPattern]
+
+
+class Matcher:
+    """Many patterns, indexed by the operator their root can have.
+
+    ``candidates(op)`` lists, in pattern order, the patterns that can match a value whose
+    operator is ``op``: those rooted at ``op`` and those whose root can be anything (a
+    variable, an operator variable, or an alternate with such a branch). Finding that list
+    is one dict lookup, so values no pattern can match cost almost nothing.
+    """
+
+    __slots__ = ("patterns", "compiled", "_table", "_wild")
+
+    def __init__(self, patterns: Sequence[PatternDef]):
+        self.patterns = tuple(patterns)
+        self.compiled = tuple(compile_pattern(p) for p in self.patterns)
+        entries = [
+            (i, p, c) for i, (p, c) in enumerate(zip(self.patterns, self.compiled, strict=True))
+        ]
+        self._wild: tuple[Candidate, ...] = tuple(e for e in entries if e[2].root_ops is None)
+        table: dict[Operator, list[Candidate]] = {}
+        for e in entries:
+            for op in e[2].root_ops or ():
+                table.setdefault(op, []).append(e)
+        self._table: dict[Operator, tuple[Candidate, ...]] = {
+            op: tuple(sorted(es + list(self._wild), key=lambda e: e[0])) for op, es in table.items()
+        }
+
+    def candidates(self, op: Operator) -> tuple[Candidate, ...]:
+        """Patterns (index, definition, compiled) that can match a value of operator ``op``."""
+        return self._table.get(op, self._wild)
+
+    @property
+    def table(self) -> dict[Operator, tuple[Candidate, ...]]:
+        """The index itself: operator -> candidates (operators not in it get the wildcards)."""
+        return self._table
+
+    @property
+    def wildcards(self) -> tuple[Candidate, ...]:
+        return self._wild
+
+    def match_first(self, value: Any) -> tuple[int, Match] | None:
+        """The first pattern (in order) matching ``value``, with its first match."""
+        for i, pdef, cp in self._table.get(value.op, self._wild):
+            sol = cp.first(value)
+            if sol is not None:
+                return i, Match(pdef, value, sol[0], sol[1])
+        return None
+
+    def match_all(self, value: Any) -> Iterator[tuple[int, Match]]:
+        """Every pattern's every match at ``value``: patterns in order, matches in order."""
+        for i, pdef, _ in self._table.get(value.op, self._wild):
+            for m in match_all(pdef, value):
+                yield i, m
+
+    def scan(self, values: Any) -> list[tuple[Any, int, Match]]:
+        """The first match of each value (a Graph's values or any iterable of terms)."""
+        nodes = getattr(values, "nodes", None)
+        if callable(nodes):
+            values = [v for n in nodes() for v in n.outputs]
+        get = self._table.get
+        wild = self._wild
+        found = []
+        for v in values:
+            cands = get(v.op, wild)
+            if not cands:
+                continue
+            for i, pdef, cp in cands:
+                sol = cp._first(v)
+                if sol is not None:
+                    found.append((v, i, Match(pdef, v, sol[0], sol[1])))
+                    break
+        return found

@@ -1,0 +1,216 @@
+"""Operators, terms and Hypothesis strategies shared by the engine tests.
+
+The strategies draw random DAGs (hash-consed terms with sharing, multi-output and variadic
+operators, literals, typed and untyped leaves) and random patterns that use every construct
+of the calculus — alternates, guards (true, false and undefined ones), existentials, match
+constraints, operator variables, calls of sub-patterns with term and operator arguments,
+and recursion that consumes structure (directly and through a match constraint, with
+existentials that force fresh names at each unfolding).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from hypothesis import strategies as st
+
+from pypm_jax._calculus import (
+    EAnd,
+    EAttr,
+    EBin,
+    ECall,
+    ECmp,
+    EConst,
+    ENot,
+    EOpAttr,
+    EOr,
+    Expr,
+    PAlt,
+    PApp,
+    Param,
+    Pattern,
+    PatternDef,
+    PCall,
+    PConst,
+    PConstr,
+    PExists,
+    PFunVar,
+    PGuard,
+    PMu,
+    PVar,
+)
+from pypm_jax._dtypes import as_dtype
+from pypm_jax._registry import GUARD_FNS
+from pypm_jax._terms import Operator, Term, const, leaf
+
+F32, I8 = as_dtype("f32"), as_dtype("i8")
+
+
+def _same_type(*xs: Any, **_: Any) -> tuple[Any, Any]:
+    return (xs[0].shape, xs[0].dtype) if xs else ((), None)
+
+
+def _split_type(x: Any, **_: Any) -> list[tuple[Any, Any]]:
+    return [(x.shape, x.dtype), (x.shape, x.dtype)]
+
+
+F1 = Operator("f1", 1, infer=_same_type, namespace="engine_tests")
+F2 = Operator("f2", 1, infer=_same_type, namespace="engine_tests", op_class="unary")
+G2 = Operator("g2", 2, infer=_same_type, namespace="engine_tests")
+H2 = Operator("h2", 2, infer=_same_type, namespace="engine_tests", op_class="binary")
+SPLIT = Operator("split", 1, 2, infer=_split_type, namespace="engine_tests")
+CAT = Operator("cat", None, infer=_same_type, namespace="engine_tests")
+OPS = (F1, F2, G2, H2, SPLIT, CAT)
+
+A = leaf("a", shape=(2, 3), dtype="f32")
+B = leaf("b", shape=(3,), dtype="i8")
+C = leaf("c")
+HALF = const(0.5, dtype="f32")
+TWO = const(2)
+LEAVES = (A, B, C, HALF, TWO)
+
+
+# ----------------------------------------------------------------------------- random DAGs
+
+
+@st.composite
+def dags(draw: Any, max_nodes: int = 10) -> list[Term]:
+    """A list of terms built bottom-up; later terms use earlier ones (so they share)."""
+    pool: list[Term] = list(LEAVES)
+    for _ in range(draw(st.integers(1, max_nodes))):
+        op = draw(st.sampled_from(OPS))
+        recent = st.integers(0, len(pool) - 1).map(lambda i: pool[i])
+        if op is CAT:
+            args = draw(st.lists(recent, min_size=1, max_size=3))
+        else:
+            args = [draw(recent) for _ in range(op.n_in or 0)]
+        out = op(*args)
+        if isinstance(out, tuple):
+            pool.extend(out)
+        else:
+            pool.append(out)
+    return pool
+
+
+# ------------------------------------------------------------------------- random patterns
+
+TERM_VARS = ("x", "y", "z")
+OP_VARS = ("F", "G")
+PARAMS = (Param("x"), Param("y"), Param("F", "op"))
+
+
+@st.composite
+def guards(draw: Any, names: tuple[str, ...], op_names: tuple[str, ...]) -> Expr:
+    """A guard: an atom (true, false or undefined on a given match), maybe combined."""
+
+    def atom() -> Expr:
+        v = draw(st.sampled_from(names))
+        kind = draw(st.integers(0, 7))
+        if kind == 0:
+            return ECmp("==", EAttr(v, "rank"), EConst(draw(st.integers(0, 2))))
+        if kind == 1:
+            return ECmp("==", EAttr(v, "dtype"), EConst(F32))
+        if kind == 2:
+            return ECmp("<", EAttr(v, "rank"), EBin("+", EConst(1), EConst(1)))
+        if kind == 3:
+            return ECmp("==", EAttr(v, "missing"), EConst(1))  # undefined
+        if kind == 4:
+            return ECmp(">", ECall(GUARD_FNS["len"], (EAttr(v, "shape"),)), EConst(1))
+        if kind == 5:
+            return ECmp("==", EOpAttr(draw(st.sampled_from(op_names)), "name"), EConst("f1"))
+        if kind == 6:
+            return EConst(True)
+        return EConst(1.5)  # not a truth value: undefined
+
+    combine = draw(st.integers(0, 5))
+    if combine == 0:
+        return EAnd((atom(), atom()))
+    if combine == 1:
+        return EOr((atom(), atom()))
+    if combine == 2:
+        return ENot(atom())
+    return atom()
+
+
+_mu_names = itertools.count()
+
+
+@st.composite
+def patterns(
+    draw: Any,
+    depth: int = 3,
+    names: tuple[str, ...] = TERM_VARS,
+    op_names: tuple[str, ...] = OP_VARS,
+    exist_names: tuple[str, ...] = ("e", "x"),
+) -> Pattern:
+    """A random pattern over the given variable names (every construct but bare PCall)."""
+    sub = lambda d=depth - 1: patterns(d, names, op_names, exist_names)  # noqa: E731
+    leafy = ["var", "var", "const"]
+    kinds = leafy if depth <= 0 else leafy + [
+        "app", "app", "app", "alt", "alt", "guard", "exists", "constr", "funvar",
+        "mu", "mu_op", "rec", "rec_constr",
+    ]  # fmt: skip
+    kind = draw(st.sampled_from(kinds))
+    if kind == "var":
+        return PVar(draw(st.sampled_from(names)))
+    if kind == "const":
+        return PConst(draw(st.sampled_from([0.5, 2, 2.0, 3])))
+    if kind == "app":
+        op = draw(st.sampled_from(OPS))
+        n = draw(st.integers(1, 3)) if op is CAT else op.n_in
+        index = draw(st.integers(0, 1)) if op is SPLIT else 0
+        return PApp(op, tuple(draw(sub()) for _ in range(n)), index)
+    if kind == "alt":
+        return PAlt(draw(sub()), draw(sub()))
+    if kind == "guard":
+        return PGuard(draw(sub()), draw(guards(names, op_names)))
+    if kind == "exists":
+        v = draw(st.sampled_from(exist_names))
+        inner = patterns(depth - 1, tuple({*names, v}), op_names, exist_names)
+        return PExists(v, draw(inner))
+    if kind == "constr":
+        return PConstr(draw(sub()), draw(st.sampled_from(names)), draw(sub()))
+    if kind == "funvar":
+        n = draw(st.integers(0, 2))
+        n_out = draw(st.sampled_from([None, 1, 2]))
+        index = draw(st.integers(0, 1)) if n_out == 2 else 0
+        return PFunVar(draw(st.sampled_from(op_names)), tuple(draw(sub()) for _ in range(n)),
+                       index, n_out)  # fmt: skip
+    if kind in ("mu", "mu_op"):  # a call of a sub-pattern: μS(p, H)[args]. body
+        name = f"S{next(_mu_names)}"
+        params = (Param("p"), Param("H", "op"))
+        body = draw(patterns(depth - 1, ("p",), ("H",), ("e",)))
+        op_arg = draw(st.sampled_from(op_names)) if kind == "mu" else draw(st.sampled_from(OPS[:4]))
+        return PMu(name, params, (draw(st.sampled_from(names)), op_arg), body)
+    # recursion that consumes structure: μR(u). op(R(u)) ‖ base, in either order
+    name = f"R{next(_mu_names)}"
+    base = draw(patterns(min(depth - 1, 1), ("u",), op_names, ("e",)))
+    op = draw(st.sampled_from([F1, F2]))
+    if kind == "rec":
+        step: Pattern = PApp(op, (PCall(name, ("u",)),))
+        if draw(st.booleans()):
+            step = PFunVar(draw(st.sampled_from(op_names)), (PCall(name, ("u",)),))
+    else:  # through a match constraint on an existential: fresh names per unfolding
+        step = PExists("e", PConstr(PApp(op, (PVar("e"),)), "e", PCall(name, ("u",))))
+    body = PAlt(step, base) if draw(st.booleans()) else PAlt(base, step)
+    return PMu(name, (Param("u"),), (draw(st.sampled_from(names)),), body)
+
+
+@st.composite
+def pattern_defs(draw: Any, depth: int = 3) -> PatternDef:
+    body = draw(patterns(depth))
+    if draw(st.booleans()):
+        body = PGuard(body, draw(guards(TERM_VARS, OP_VARS)))
+    return PatternDef("P", PARAMS, body)
+
+
+# ------------------------------------------------------------------------------- comparing
+
+
+def solution_key(theta: dict[str, Any], phi: dict[str, Any]) -> tuple:
+    """θ and φ compared by identity of what they bind (terms and values are identities)."""
+    return (
+        tuple(sorted((k, id(v)) for k, v in theta.items())),
+        tuple(sorted((k, id(v)) for k, v in phi.items())),
+    )

@@ -1,0 +1,319 @@
+"""Matching, construct by construct, against both engines (the shared ``engine`` fixture)."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+from engine_helpers import CAT, F1, F2, F32, G2, H2, SPLIT, A, B, C
+
+from pypm_jax import _fast
+from pypm_jax._calculus import (
+    EAttr,
+    ECmp,
+    EConst,
+    EOpAttr,
+    PAlt,
+    PApp,
+    Param,
+    PatternDef,
+    PCall,
+    PConst,
+    PConstr,
+    PExists,
+    PFunVar,
+    PGuard,
+    PMu,
+    PVar,
+)
+from pypm_jax._engine import match_all, match_first
+from pypm_jax._errors import PatternDefinitionError
+from pypm_jax._fast import CompiledPattern, Matcher, compile_pattern
+from pypm_jax._graph import Graph
+from pypm_jax._terms import Operator, const, leaf
+
+X, Y, Z = PVar("x"), PVar("y"), PVar("z")
+
+
+def pdef(body, *params: str | tuple[str, str]) -> PatternDef:
+    ps = tuple(Param(p) if isinstance(p, str) else Param(*p) for p in params)
+    return PatternDef("P", ps, body)
+
+
+def rank_is(var: str, r: int) -> ECmp:
+    return ECmp("==", EAttr(var, "rank"), EConst(r))
+
+
+def chain_pattern() -> PatternDef:
+    """μU(x, f). f(U(x, f)) ‖ f(x): a chain of one unary operator."""
+    body = PMu(
+        "U",
+        (Param("x"), Param("f", "op")),
+        ("x", "f"),
+        PAlt(PFunVar("f", (PCall("U", ("x", "f")),)), PFunVar("f", (X,))),
+    )
+    return PatternDef("UnaryChain", (Param("x"), Param("f", "op")), body)
+
+
+# ------------------------------------------------------------------------------ constructs
+
+
+def test_variables_bind_and_nonlinear_means_same_value(engine):
+    p = pdef(PApp(G2, (X, X)), "x")
+    assert match_first(p, G2(A, A), engine=engine)["x"] is A
+    assert match_first(p, G2(A, B), engine=engine) is None
+
+
+def test_operator_mismatch_arity_and_index(engine):
+    assert match_first(pdef(PApp(F1, (X,)), "x"), F2(A), engine=engine) is None
+    s0, s1 = SPLIT(A)
+    p1 = pdef(PApp(SPLIT, (X,), 1), "x")
+    assert match_first(p1, s1, engine=engine)["x"] is A
+    assert match_first(p1, s0, engine=engine) is None
+    p_cat = pdef(PApp(CAT, (X, Y)), "x", "y")
+    assert match_first(p_cat, CAT(A, B), engine=engine)["y"] is B
+    assert match_first(p_cat, CAT(A, B, C), engine=engine) is None
+
+
+def test_alternates_are_tried_left_to_right(engine):
+    p = pdef(PAlt(PApp(G2, (X, Y)), PApp(G2, (Y, X))), "x", "y")
+    t = G2(A, B)
+    first = match_first(p, t, engine=engine)
+    assert (first["x"], first["y"]) == (A, B)
+    assert [(m["x"], m["y"]) for m in match_all(p, t, engine=engine)] == [(A, B), (B, A)]
+
+
+def test_match_all_drops_repeated_parameters(engine):
+    # both alternates bind the same x: one visible solution
+    p = pdef(PAlt(PApp(F1, (X,)), PApp(F1, (X,))), "x")
+    assert len(list(match_all(p, F1(A), engine=engine))) == 1
+
+
+def test_backtracking_across_siblings(engine):
+    # the first alternate of the first argument binds x wrongly for the second argument
+    p = pdef(PApp(G2, (PAlt(PApp(F1, (X,)), X), X)), "x")
+    t = G2(F1(A), F1(A))
+    assert match_first(p, t, engine=engine)["x"] is F1(A)
+
+
+def test_guards_false_and_undefined_do_not_hold(engine):
+    p = pdef(PGuard(PApp(F1, (X,)), rank_is("x", 2)), "x")
+    assert match_first(p, F1(A), engine=engine)["x"] is A  # a: rank 2
+    assert match_first(p, F1(B), engine=engine) is None  # b: rank 1
+    assert match_first(p, F1(C), engine=engine) is None  # c: no shape: undefined
+
+
+def test_guard_runs_where_the_machine_puts_it(engine):
+    # the guard on x reads y, which is bound only later: undefined, so no match
+    inner = PGuard(X, rank_is("y", 2))
+    p = pdef(PApp(G2, (inner, Y)), "x", "y")
+    assert match_first(p, G2(A, A), engine=engine) is None
+    p_late = pdef(PGuard(PApp(G2, (X, Y)), rank_is("y", 2)), "x", "y")
+    assert match_first(p_late, G2(A, A), engine=engine) is not None
+
+
+def test_existentials_must_be_bound(engine):
+    p = pdef(PExists("e", PApp(F1, (PVar("e"),))))
+    m = match_first(p, F1(A), engine=engine)
+    assert m is not None and m.theta["e"] is A
+    unbound = pdef(PExists("e", PApp(F1, (X,))), "x")
+    assert match_first(unbound, F1(A), engine=engine) is None
+
+
+def test_match_constraints(engine):
+    p = pdef(PExists("e", PConstr(PApp(F1, (PVar("e"),)), "e", PApp(F2, (X,)))), "x")
+    assert match_first(p, F1(F2(A)), engine=engine)["x"] is A
+    assert match_first(p, F1(F1(A)), engine=engine) is None
+    unbound = pdef(PConstr(PApp(F1, (Y,)), "x", PApp(F2, (Z,))), "y")
+    assert match_first(unbound, F1(F2(A)), engine=engine) is None
+
+
+def test_operator_variables(engine):
+    p = pdef(PFunVar("F", (PFunVar("F", (X,)),)), "x", ("F", "op"))
+    m = match_first(p, F1(F1(A)), engine=engine)
+    assert m["F"] is F1 and m["x"] is A
+    assert match_first(p, F1(F2(A)), engine=engine) is None
+    s0, _ = SPLIT(A)
+    assert match_first(pdef(PFunVar("F", (X,), 0, 2), "x"), s0, engine=engine) is not None
+    assert match_first(pdef(PFunVar("F", (X,), 0, 1), "x"), s0, engine=engine) is None
+    assert match_first(pdef(PFunVar("F", (X, Y, Z)), "x"), CAT(A, B, C), engine=engine)
+    guard = ECmp("==", EOpAttr("F", "op_class"), EConst(F2.op_class))
+    q = pdef(PGuard(PFunVar("F", (X,)), guard), "x", ("F", "op"))
+    assert match_first(q, F2(A), engine=engine)["F"] is F2
+    assert match_first(q, F1(A), engine=engine) is None
+
+
+def test_literals_round_to_the_terms_float_type(engine):
+    p = pdef(PApp(G2, (X, PConst(1.4142135623730951))), "x")
+    assert match_first(p, G2(A, const(1.4142135, dtype="f32")), engine=engine) is not None
+    assert match_first(p, G2(A, const(1.5, dtype="f32")), engine=engine) is None
+    two = pdef(PApp(H2, (X, PConst(2))), "x")
+    assert match_first(two, H2(A, const(2.0)), engine=engine) is not None
+
+
+def test_sub_pattern_calls_name_their_locals_freshly(engine):
+    # Half(p) = ∃e. (Div-like(p, 2) ‖ Mul-like(p, 0.5)) with e bound by a constraint
+    half_body = PExists(
+        "e",
+        PConstr(
+            PVar("e"),
+            "e",
+            PAlt(PApp(G2, (PVar("p"), PConst(2))), PApp(H2, (PVar("p"), PConst(0.5)))),
+        ),
+    )
+    half = PMu("Half", (Param("p"),), ("x",), half_body)
+    p = pdef(PApp(F1, (half,)), "x")
+    t = F1(H2(A, const(0.5)))
+    m = match_first(p, t, engine=engine)
+    assert m is not None and m["x"] is A
+    assert set(m.theta) == {"x", "e#1"} and m.theta["e#1"] is H2(A, const(0.5))
+    # two calls: two unfoldings, two fresh names
+    twice = pdef(PApp(G2, (half, half)), "x")
+    m2 = match_first(twice, G2(H2(A, const(0.5)), G2(A, const(2))), engine=engine)
+    assert m2 is not None and set(m2.theta) == {"x", "e#1", "e#2"}
+
+
+def test_sub_pattern_with_operator_argument(engine):
+    body = PFunVar("H", (PVar("p"),))
+    call = PMu("S", (Param("p"), Param("H", "op")), ("x", F2), body)
+    p = pdef(PApp(F1, (call,)), "x")
+    assert match_first(p, F1(F2(A)), engine=engine)["x"] is A
+    assert match_first(p, F1(F1(A)), engine=engine) is None
+
+
+def test_recursive_chain(engine):
+    p = chain_pattern()
+    t = A
+    for _ in range(300):
+        t = F1(t)
+    m = match_first(p, t, engine=engine)
+    assert m["x"] is A and m["f"] is F1
+    assert match_first(p, F1(F2(A)), engine=engine)["x"] is F2(A)
+    solutions = list(match_all(p, F1(F1(F1(A))), engine=engine))
+    assert [s["x"] for s in solutions] == [A, F1(A), F1(F1(A))]
+
+
+def test_reference_outside_its_definition_is_an_error(engine):
+    with pytest.raises(PatternDefinitionError):
+        match_first(pdef(PApp(F1, (PCall("Q", ("x",)),)), "x"), F1(A), engine=engine)
+
+
+def test_graph_values_match_like_terms(engine):
+    t = G2(F1(A), const(2))
+    g = Graph([t])
+    (v,) = g.outputs
+    p = pdef(PApp(G2, (PApp(F1, (X,)), PConst(2))), "x")
+    m = match_first(p, v, engine=engine)
+    assert m is not None and m["x"] is g.inputs[0]
+    assert m.root is v
+
+
+# ---------------------------------------------------------------------- deep recursion
+
+
+def test_100k_deep_chain_fast_engine_no_recursion_error():
+    t = A
+    for _ in range(100_000):
+        t = F1(t)
+    m = _fast.match_first(chain_pattern(), t)
+    assert m is not None and m["x"] is A and m["f"] is F1
+
+
+def test_chain_memory_is_linear_in_depth():
+    p = chain_pattern()
+    peaks = []
+    for n in (10_000, 20_000):
+        t = A
+        for _ in range(n):
+            t = F1(t)
+        tracemalloc.start()
+        assert _fast.match_first(p, t) is not None
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    per_level = [peak / n for peak, n in zip(peaks, (10_000, 20_000), strict=True)]
+    assert per_level[1] < 1.3 * per_level[0]  # twice as deep: about twice the memory
+    assert per_level[1] < 2000  # bytes per level of the chain
+
+
+def test_deep_graph_chain_matches():
+    t = A
+    for _ in range(20_000):
+        t = F2(t)
+    g = Graph([t])
+    m = _fast.match_first(chain_pattern(), g.outputs[0])
+    assert m is not None and m["f"] is F2 and m["x"] is g.inputs[0]
+
+
+# ---------------------------------------------------------------------- compiled patterns
+
+
+def test_compiled_once_and_shared_between_equal_definitions():
+    p = pdef(PApp(F1, (X,)), "x")
+    assert compile_pattern(p) is compile_pattern(p)
+    assert compile_pattern(pdef(PApp(F1, (X,)), "x")) is compile_pattern(p)
+
+
+def test_backends():
+    assert compile_pattern(pdef(PApp(F1, (X,)), "x")).backend == "generated"
+    assert compile_pattern(chain_pattern()).backend == "machine"
+    # more alternates in a row than Python can nest: the machine takes over, same answers
+    body = X
+    for _ in range(25):
+        body = PApp(G2, (PAlt(PApp(F1, (Y,)), Y), body))
+    p = pdef(body, "x", "y")
+    cp = CompiledPattern(p)
+    assert cp.backend == "machine"
+    t = A
+    for _ in range(25):
+        t = G2(A, t)
+    m = _fast.match_first(p, t)
+    assert m is not None and m["x"] is A and m["y"] is A
+
+
+def test_generated_source_is_readable():
+    cp = compile_pattern(pdef(PGuard(PApp(F1, (X,)), rank_is("x", 2)), "x"))
+    assert "def _first(t0):" in cp.source and "_rank(" in cp.source
+
+
+# ---------------------------------------------------------------------------- the index
+
+
+def test_index_by_root_operator_with_wildcards_in_order():
+    p_f1 = pdef(PApp(F1, (X,)), "x")
+    p_any = pdef(PGuard(X, rank_is("x", 2)), "x")
+    p_alt = pdef(PAlt(PApp(F2, (X,)), PApp(G2, (X, Y))), "x")
+    p_fv = pdef(PAlt(PApp(F2, (X,)), PFunVar("F", (X,))), "x")
+    m = Matcher([p_f1, p_any, p_alt, p_fv])
+    assert [i for i, _, _ in m.candidates(F1)] == [0, 1, 3]
+    assert [i for i, _, _ in m.candidates(F2)] == [1, 2, 3]
+    assert [i for i, _, _ in m.candidates(G2)] == [1, 2, 3]
+    unknown = Operator("unknown", 1)
+    assert [i for i, _, _ in m.candidates(unknown)] == [1, 3]
+    assert _fast.root_operators(p_alt) == frozenset({F2, G2})
+    assert _fast.root_operators(p_fv) is None
+
+
+def test_matcher_first_pattern_in_order_wins():
+    p1 = pdef(PGuard(PApp(F1, (X,)), rank_is("x", 5)), "x")
+    p2 = pdef(PApp(F1, (X,)), "x")
+    p3 = X
+    m = Matcher([p1, p2, pdef(p3, "x")])
+    i, match = m.match_first(F1(A))
+    assert i == 1 and match["x"] is A
+    assert [i for i, _ in m.match_all(F1(A))] == [1, 2]
+    assert m.match_first(F2(A))[0] == 2
+
+
+def test_scan_a_graph():
+    g = Graph([F1(A), F2(F1(B)), G2(A, B)])
+    m = Matcher([pdef(PApp(F1, (X,)), "x"), pdef(PApp(F2, (X,)), "x")])
+    found = [(v.op, i) for v, i, _ in m.scan(g)]
+    assert found == [(F1, 0), (F1, 0), (F2, 1)]
+
+
+def test_unknown_leaf_types_are_fine():
+    x = leaf("plain")
+    assert (
+        _fast.match_first(pdef(PGuard(X, ECmp("==", EAttr("x", "dtype"), EConst(F32))), "x"), x)
+        is None
+    )
