@@ -1,8 +1,10 @@
 """The JAX bridge: lift jaxprs into pm graphs, rewrite them, lower them back, re-jit.
 
 ``from pypm_jax.jax import prims`` gives the JAX primitive operators (``prims.dot_general``,
-``prims.exp``, ...; see :mod:`pypm_jax.jax.primitives` for how params become attrs).
-Everything that needs JAX itself is imported lazily, so the op table is cheap to import.
+``prims.exp``, ...; see :mod:`pypm_jax.jax.primitives` for how params become attrs);
+``register_impl(op, fn)`` gives a replacement operator its implementation;
+``optimize(fn)`` is ``pm.optimize``; ``optimize_module`` / ``nnx_optimize`` are the Flax
+helpers (:mod:`pypm_jax.jax.flax`). The core language never imports this package.
 """
 
 from __future__ import annotations
@@ -12,7 +14,15 @@ from typing import Any
 from . import primitives
 from . import primitives as prims
 from .impls import KERNEL_IMPLS, register_impl
+from .lift import LiftedProgram, lift
+from .lower import LoweringError, lower
+from .optimize import Optimized, default_rules, optimize, rewrite_nested
 from .primitives import OPS
+from .report import (
+    OptimizationFallbackWarning,
+    OptimizeReport,
+    VerificationError,
+)
 
 __all__ = [
     "prims",
@@ -21,30 +31,24 @@ __all__ = [
     "KERNEL_IMPLS",
     "register_impl",
     "lift",
+    "LiftedProgram",
     "lower",
+    "LoweringError",
     "rewrite_nested",
     "optimize",
     "Optimized",
+    "default_rules",
+    "OptimizeReport",
+    "VerificationError",
+    "OptimizationFallbackWarning",
     "optimize_module",
     "nnx_optimize",
 ]
 
-_LAZY = {
-    "lift": ("lift", "lift"),
-    "LiftedProgram": ("lift", "LiftedProgram"),
-    "lower": ("lower", "lower"),
-    "rewrite_nested": ("optimize", "rewrite_nested"),
-    "optimize": ("optimize", "optimize"),
-    "Optimized": ("optimize", "Optimized"),
-    "optimize_module": ("flax", "optimize_module"),
-    "nnx_optimize": ("flax", "nnx_optimize"),
-}
-
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    if name in ("optimize_module", "nnx_optimize", "NNXOptimized"):  # Flax imported on use
+        from . import flax as _flax
 
-        mod, attr = _LAZY[name]
-        return getattr(importlib.import_module(f"{__name__}.{mod}"), attr)
+        return getattr(_flax, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

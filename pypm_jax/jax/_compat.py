@@ -22,12 +22,15 @@ __all__ = [
     "primitive_by_name",
     "remember_primitive",
     "bind",
+    "source_context",
     "user_frame",
     "name_stack",
     "literal_value",
     "convert_constvars",
     "is_extended_dtype",
     "closed_jaxpr",
+    "jaxpr_as_fun",
+    "is_tracer",
 ]
 
 import linecache
@@ -84,17 +87,21 @@ def bind(
     name stacks (visible in profiles and HLO metadata).
     """
     bind_params = prim.get_bind_params(params)
+    with source_context(source_info):
+        if ctx is None:
+            return prim.bind(*args, **bind_params)
+        with ctx.manager:
+            return prim.bind(*args, **bind_params)
+
+
+def source_context(source_info: Any) -> Any:
+    """A context in which traced operations get ``source_info``'s traceback and name stack."""
+    import contextlib
+
     if source_info is None:
-        if ctx is None:
-            return prim.bind(*args, **bind_params)
-        with ctx.manager:
-            return prim.bind(*args, **bind_params)
+        return contextlib.nullcontext()
     stack = _siu.current_name_stack() + source_info.name_stack
-    with _siu.user_context(source_info.traceback, name_stack=stack):
-        if ctx is None:
-            return prim.bind(*args, **bind_params)
-        with ctx.manager:
-            return prim.bind(*args, **bind_params)
+    return _siu.user_context(source_info.traceback, name_stack=stack)
 
 
 # ------------------------------------------------------------------------------ sources
@@ -179,6 +186,15 @@ def literal_value(lit: Any) -> Any:
 def convert_constvars(jaxpr: Any) -> Any:
     """Turn a jaxpr's constvars into leading invars (to pass a body's consts as operands)."""
     return _pe.convert_constvars_jaxpr(jaxpr)
+
+
+def jaxpr_as_fun(closed: Any) -> Any:
+    """The function a ClosedJaxpr computes (list of outputs)."""
+    return _jex.jaxpr_as_fun(closed)
+
+
+def is_tracer(x: Any) -> bool:
+    return isinstance(x, jax.core.Tracer)
 
 
 def closed_jaxpr(jaxpr: Any, consts: Sequence[Any]) -> Any:

@@ -1,17 +1,44 @@
-"""Lowering a (rewritten) graph back to a JAX function: an interpreter over its nodes."""
+"""Lowering a (rewritten) lifted program back to a JAX function: an interpreter over nodes.
+
+Evaluation is demand-driven from the graph outputs (dead nodes are never bound) and uses an
+explicit stack, so graph depth never meets Python's recursion limit. What each node becomes:
+
+* a JAX table op: its primitive bound with the node's params (the original params of a lifted
+  node, or the attrs of a node a rule built, converted back and completed with defaults), under
+  the equation's source info, so the re-jitted program keeps source lines in its metadata;
+* an op with an implementation in :data:`pypm_jax.jax.impls.KERNEL_IMPLS` (a kernel a rule
+  introduced): a call of that implementation with the node's attrs as keyword arguments;
+* ``scan`` / ``while`` / ``cond``: ``lax.scan`` / ``lax.while_loop`` / ``lax.switch`` over
+  the lowered (possibly rewritten) bodies;
+* a :class:`~pypm_jax.jax.lift.Region` still intact (no rewrite reached inside: every node
+  lifted from the body reads what it read when lifted, up to replaced region inputs): the
+  original ``custom_jvp_call`` / ``custom_vjp_call`` / ``remat2`` equation, so gradients keep
+  their custom rules. A region a rewrite reached into is lowered node by node; the
+  replacement kernel's own ``custom_vjp`` then provides the gradient of what it replaced.
+"""
 
 from __future__ import annotations
 
-__all__ = ["infer_types", "lower_attrs"]
+__all__ = ["LoweringError", "lower", "infer_types", "lower_attrs", "numpy_dtype"]
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
+from jax import lax
 
 from .._dtypes import DType, as_dtype
+from .._errors import PyPMError
+from .._terms import CONST, LEAF, Operator
 from . import _compat
-from .primitives import DTYPE_PARAMS, SPECS
+from .impls import KERNEL_IMPLS
+from .lift import NESTED_PARAMS, EqnInfo, LiftedProgram, Region, eqn_info
+from .primitives import DTYPE_PARAMS, NAMESPACE, SPECS
+
+
+class LoweringError(PyPMError):
+    """A rewritten graph that cannot be turned back into a JAX program."""
 
 
 def numpy_dtype(dt: Any) -> Any:
@@ -52,3 +79,338 @@ def infer_types(prim_name: str, inputs: tuple[Any, ...], attrs: Mapping[str, Any
     if prim.multiple_results:
         return [(tuple(o.shape), as_dtype(o.dtype)) for o in out]
     return (tuple(out.shape), as_dtype(out.dtype))
+
+
+# ------------------------------------------------------------------------------ planning
+
+
+def _describe(node: Any) -> str:
+    where = f" at {node.loc}" if getattr(node, "loc", None) is not None else ""
+    return f"{node.op.qualname} node %{node.id}{where}"
+
+
+def _region_inputs(region: Region) -> tuple[Any, ...] | None:
+    """The region's current inputs if it is intact, else None.
+
+    Intact: every node lifted from the body reads what it read when lifted, except that a
+    region input may have been replaced (consistently) by another value.
+    """
+    ins_ids = {id(v) for v in region.ins}
+    subst: dict[int, Any] = {}
+    for node, recorded in region.nodes:
+        current = node.inputs
+        if len(current) != len(recorded):
+            return None
+        for now, then in zip(current, recorded, strict=True):
+            if now is then:
+                continue
+            if id(then) not in ins_ids:
+                return None
+            prev = subst.setdefault(id(then), now)
+            if prev is not now:
+                return None
+    return tuple(subst.get(id(v), v) for v in region.ins)
+
+
+class _Cycle(Exception):
+    def __init__(self, region: Region):
+        self.region = region
+
+
+class _Plan:
+    """The units to run, in dependency order: ("node", node) or ("region", region, ins)."""
+
+    def __init__(self, prog: LiftedProgram, intact: dict[int, tuple[Any, ...]]):
+        self.prog = prog
+        given = {id(v) for v in prog.inputs} | {id(v) for v, _ in prog.hoisted}
+        # a value produced by an intact region is computed by the region's original call;
+        # the outermost region wins (a body returning an inner call's result directly)
+        region_of: dict[int, Region] = {}
+        for rid in sorted(intact, reverse=True):
+            region = prog.regions[rid]
+            for v in region.outs:
+                region_of[id(v)] = region
+        self.units: list[tuple[Any, ...]] = []
+        done: set[Any] = set()
+        active: set[Any] = set()
+
+        def unit_of(v: Any) -> tuple[Any, Any] | None:
+            if id(v) in given:
+                return None
+            r = region_of.get(id(v))
+            if r is not None:
+                return (("r", r.id), r)
+            return (("n", id(v.node)), v.node)
+
+        def deps(key: Any, obj: Any) -> Sequence[Any]:
+            return intact[obj.id] if key[0] == "r" else obj.inputs
+
+        for out in prog.graph.outputs:
+            start = unit_of(out)
+            if start is None or start[0] in done:
+                continue
+            stack = [(start[0], start[1], iter(deps(*start)))]
+            active.add(start[0])
+            while stack:
+                key, obj, it = stack[-1]
+                for v in it:
+                    u = unit_of(v)
+                    if u is None or u[0] in done:
+                        continue
+                    if u[0] in active:
+                        raise _Cycle(_region_on_cycle(stack, u[0]))
+                    active.add(u[0])
+                    stack.append((u[0], u[1], iter(deps(*u))))
+                    break
+                else:
+                    stack.pop()
+                    active.discard(key)
+                    done.add(key)
+                    if key[0] == "r":
+                        self.units.append(("region", obj, intact[obj.id]))
+                    else:
+                        self.units.append(("node", obj))
+
+
+def _region_on_cycle(stack: list[tuple[Any, Any, Any]], back_to: Any) -> Region:
+    """A region on the cycle the stack closes at ``back_to`` (a cycle needs one)."""
+    keys = [key for key, _, _ in stack]
+    start = keys.index(back_to)
+    for key, obj, _ in stack[start:]:
+        if key[0] == "r":
+            return obj
+    raise LoweringError("the rewritten graph has a cycle")
+
+
+def _plan(prog: LiftedProgram) -> _Plan:
+    intact: dict[int, tuple[Any, ...]] = {}
+    for rid, region in prog.regions.items():
+        ins = _region_inputs(region)
+        if ins is not None:
+            intact[rid] = ins
+    while True:
+        try:
+            return _Plan(prog, intact)
+        except _Cycle as cyc:  # only after merges across a region boundary; inline it
+            intact.pop(cyc.region.id, None)
+
+
+def _check_lowerable(plan: _Plan) -> None:
+    for unit in plan.units:
+        if unit[0] != "node":
+            continue
+        node = unit[1]
+        op: Operator = node.op
+        if op is CONST:
+            continue
+        if op is LEAF:
+            raise LoweringError(f"{_describe(node)} is an input the program does not provide")
+        if op in KERNEL_IMPLS:
+            continue
+        info = eqn_info(node)
+        if info is not None and info.kind == "nested":
+            for name in NESTED_PARAMS[op.name]:
+                bodies = node.attrs[name]
+                for body in bodies if isinstance(bodies, tuple) else (bodies,):
+                    _check_lowerable(_plan(body))
+            continue
+        if op.namespace.startswith(NAMESPACE) and (
+            info is not None or _compat.primitive_by_name(op.name) is not None
+        ):
+            continue
+        raise LoweringError(
+            f"no implementation for {_describe(node)}: register one with "
+            "pypm_jax.jax.register_impl(op, fn)"
+        )
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def lower(prog: LiftedProgram) -> Callable[..., list[Any]]:
+    """A function of the program's inputs returning the list of its outputs.
+
+    Raises :class:`LoweringError` now (not when called) for an op nothing can compute.
+    """
+    plan = _plan(prog)
+    _check_lowerable(plan)
+
+    def run(*args: Any) -> list[Any]:
+        if len(args) != len(prog.inputs):
+            raise LoweringError(f"expected {len(prog.inputs)} arguments, got {len(args)}")
+        env: dict[int, Any] = {}
+        for v, a in zip(prog.inputs, args, strict=True):
+            env[id(v)] = a
+        for v, c in prog.hoisted:
+            env[id(v)] = c
+        for unit in plan.units:
+            if unit[0] == "region":
+                _run_region(unit[1], unit[2], env)
+            else:
+                _run_node(unit[1], env)
+        outs = [_typed(env[id(v)]) for v in prog.graph.outputs]
+        return [_match_aval(x, aval) for x, aval in zip(outs, prog.out_avals, strict=True)]
+
+    return run
+
+
+def _run_region(region: Region, ins: Sequence[Any], env: dict[int, Any]) -> None:
+    args = [_typed(env[id(v)]) for v in ins]
+    outs = _compat.bind(region.primitive, args, region.params, region.source_info, region.ctx)
+    for v, x in zip(region.outs, outs, strict=True):
+        env.setdefault(id(v), x)
+
+
+def _const(node: Any) -> Any:
+    v = node.outputs[0]
+    value = node.attrs["value"]
+    if v.dtype is None and isinstance(value, bool | int | float | complex):
+        return _Untyped(value)  # a rule's literal: takes its dtype from its use (see _args)
+    dtype = numpy_dtype(v.dtype) if v.dtype is not None else None
+    arr = np.asarray(value, dtype=dtype)
+    if v.shape is not None and arr.shape != tuple(v.shape):
+        arr = np.broadcast_to(arr, tuple(v.shape))
+    return arr
+
+
+def _run_node(node: Any, env: dict[int, Any]) -> None:
+    op: Operator = node.op
+    if op is CONST:
+        env[id(node.outputs[0])] = _const(node)
+        return
+    args = _args([env[id(v)] for v in node.inputs])
+    impl = KERNEL_IMPLS.get(op)
+    info = eqn_info(node)
+    # a node a rule built carries a copy of the replaced root's meta: use its source line
+    near = node.meta.get("jax_eqn")
+    source_info = near.source_info if isinstance(near, EqnInfo) else None
+    if impl is not None:
+        with _compat.source_context(source_info):
+            outs = _call_impl(node, impl, args)
+    elif info is not None and info.kind == "nested":
+        with _compat.source_context(source_info):
+            outs = _NESTED[op.name](node, info.params, args)
+    elif info is not None:
+        out = _compat.bind(info.primitive, args, info.params, source_info, info.ctx)
+        outs = list(out) if info.primitive.multiple_results else [out]
+    else:
+        prim = _compat.primitive_by_name(op.name)
+        params = lower_attrs(op.name, node.attrs)
+        out = _compat.bind(prim, args, params, source_info)
+        outs = list(out) if prim.multiple_results else [out]
+    if info is not None:
+        outs = [_match_aval(x, a) for x, a in zip(outs, info.avals, strict=True)]
+    if len(outs) != len(node.outputs):
+        raise LoweringError(
+            f"{_describe(node)} produced {len(outs)} outputs, not {len(node.outputs)}"
+        )
+    for v, x in zip(node.outputs, outs, strict=True):
+        env[id(v)] = x
+
+
+class _Untyped:
+    """A literal a rule wrote without a dtype (``prims.mul(x, 0.125)``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+def _args(args: list[Any]) -> list[Any]:
+    """Give untyped literals the dtype of the other operands, as JAX's weak types would."""
+    if not any(isinstance(a, _Untyped) for a in args):
+        return args
+    dtypes = {jax.numpy.dtype(jax.typeof(a).dtype) for a in args if not isinstance(a, _Untyped)}
+    dtype = dtypes.pop() if len(dtypes) == 1 else None
+    return [
+        (np.asarray(a.value, dtype) if dtype is not None else a.value)
+        if isinstance(a, _Untyped)
+        else a
+        for a in args
+    ]
+
+
+def _call_impl(node: Any, impl: Callable[..., Any], args: list[Any]) -> list[Any]:
+    out = impl(*args, **node.attrs)
+    outs = list(out) if node.op.n_out > 1 else [out]
+    for v, x in zip(node.outputs, outs, strict=False):
+        shape = getattr(x, "shape", None)
+        if v.shape is not None and shape is not None and tuple(shape) != tuple(v.shape):
+            raise LoweringError(
+                f"{_describe(node)}: implementation returned shape {tuple(shape)}, the graph "
+                f"expects {tuple(v.shape)}"
+            )
+        dtype = getattr(x, "dtype", None)
+        if v.dtype is not None and dtype is not None and as_dtype(dtype) is not v.dtype:
+            raise LoweringError(
+                f"{_describe(node)}: implementation returned {as_dtype(dtype)}, the graph "
+                f"expects {v.dtype}"
+            )
+    return outs
+
+
+def _typed(x: Any) -> Any:
+    return np.asarray(x.value) if isinstance(x, _Untyped) else x
+
+
+def _match_aval(x: Any, aval: Any) -> Any:
+    """Restore a value's weak type when lowering changed it (literals lower as strong)."""
+    want = getattr(aval, "weak_type", None)
+    if want is None:
+        return x
+    try:
+        have = jax.typeof(x)
+    except TypeError:
+        return x
+    if getattr(have, "weak_type", want) == want or have.dtype != aval.dtype:
+        return x
+    prim = _compat.primitive_by_name("convert_element_type")
+    return _compat.bind(prim, [x], {"new_dtype": aval.dtype, "weak_type": want, "sharding": None})
+
+
+# ------------------------------------------------------------------------------ nested
+
+
+def _body_fn(prog: LiftedProgram) -> Callable[..., list[Any]]:
+    return lower(prog)
+
+
+def _scan(node: Any, p: dict[str, Any], args: list[Any]) -> list[Any]:
+    body = _body_fn(node.attrs["jaxpr"])
+    nc, nk = p["num_consts"], p["num_carry"]
+    consts, init, xs = args[:nc], args[nc : nc + nk], args[nc + nk :]
+
+    def step(carry: tuple[Any, ...], x: tuple[Any, ...]) -> tuple[Any, Any]:
+        outs = body(*consts, *carry, *x)
+        return tuple(outs[:nk]), tuple(outs[nk:])
+
+    carry, ys = lax.scan(
+        step, tuple(init), tuple(xs), length=p["length"], reverse=p["reverse"], unroll=p["unroll"]
+    )
+    return [*carry, *ys]
+
+
+def _while(node: Any, p: dict[str, Any], args: list[Any]) -> list[Any]:
+    cond = _body_fn(node.attrs["cond_jaxpr"])
+    body = _body_fn(node.attrs["body_jaxpr"])
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts, init = args[:cn], args[cn : cn + bn], args[cn + bn :]
+    out = lax.while_loop(
+        lambda c: cond(*cconsts, *c)[0], lambda c: tuple(body(*bconsts, *c)), tuple(init)
+    )
+    return list(out)
+
+
+def _cond(node: Any, p: dict[str, Any], args: list[Any]) -> list[Any]:
+    branches = [_body_fn(b) for b in node.attrs["branches"]]
+    index, ops = args[0], args[1:]
+    fns = [lambda *a, f=f: tuple(f(*a)) for f in branches]
+    return list(lax.switch(index, fns, *ops))
+
+
+_NESTED: dict[str, Callable[[Any, dict[str, Any], list[Any]], list[Any]]] = {
+    "scan": _scan,
+    "while": _while,
+    "cond": _cond,
+}

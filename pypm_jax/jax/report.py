@@ -1,0 +1,92 @@
+"""What :meth:`Optimized.report` returns: the rewrites of one call signature, as a table."""
+
+from __future__ import annotations
+
+__all__ = ["OptimizeReport", "VerificationError", "OptimizationFallbackWarning", "tolerance"]
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from .._errors import PyPMError
+from .._rewrite import RewriteRecord, RewriteReport
+
+
+class OptimizationFallbackWarning(UserWarning):
+    """Rewriting failed somewhere; the original program runs instead (the message says why)."""
+
+
+class VerificationError(PyPMError):
+    """``verify=True`` found the rewritten program's outputs differ from the original's.
+
+    ``records`` are the rewrites that, applied alone, reproduce the difference (all of them
+    when none does alone).
+    """
+
+    def __init__(self, message: str, records: Iterable[RewriteRecord] = ()):
+        self.records = tuple(records)
+        super().__init__(message)
+
+
+class OptimizeReport(RewriteReport):
+    """The rewrites in firing order (outer program first, then scan/while/cond bodies).
+
+    ``fallback`` is the reason the original program runs instead, or None. ``str()`` is a
+    table: rule, pattern, root, replaced nodes, the user's source line, the Flax module path.
+    """
+
+    fallback: str | None = None
+
+    @classmethod
+    def of(cls, records: Iterable[RewriteRecord], fallback: str | None = None) -> OptimizeReport:
+        out = cls(records)
+        out.fallback = fallback
+        return out
+
+    def __str__(self) -> str:
+        table = super().__str__()
+        if self.fallback:
+            return f"fell back to the original program: {self.fallback}\n{table}"
+        return table
+
+
+def tolerance(dtype: Any) -> tuple[float, float] | None:
+    """(rtol, atol) for comparing outputs of this dtype; None means exact."""
+    dt = np.dtype(dtype) if not hasattr(dtype, "itemsize") else dtype
+    name = str(dt)
+    if name in ("bfloat16", "float16") or name.startswith("float8"):
+        return (2e-2, 2e-2) if not name.startswith("float8") else (1.3e-1, 1.3e-1)
+    kind = getattr(dt, "kind", "")
+    if name == "float64" or name == "complex128":
+        return (1e-9, 1e-9)
+    if kind in "fc" or name in ("float32", "complex64"):
+        return (1e-5, 1e-5)
+    return None
+
+
+def compare(a: Any, b: Any) -> str | None:
+    """Why ``a`` (original) and ``b`` (rewritten) differ beyond tolerance, or None."""
+    a_arr, b_arr = np.asarray(a), np.asarray(b)
+    if a_arr.shape != b_arr.shape:
+        return f"shape {b_arr.shape} instead of {a_arr.shape}"
+    if a_arr.dtype != b_arr.dtype:
+        return f"dtype {b_arr.dtype} instead of {a_arr.dtype}"
+    tol = tolerance(a_arr.dtype)
+    if tol is None:
+        if a_arr.dtype.kind in "biu" or a_arr.dtype == bool:
+            bad = int(np.sum(a_arr != b_arr))
+            return None if bad == 0 else f"{bad} of {a_arr.size} elements differ"
+        return None  # extended dtypes (keys): nothing to compare numerically
+    x = a_arr.astype(np.complex128 if a_arr.dtype.kind == "c" else np.float64)
+    y = b_arr.astype(x.dtype)
+    rtol, atol = tol
+    ok = np.isclose(y, x, rtol=rtol, atol=atol, equal_nan=True)
+    if bool(np.all(ok)):
+        return None
+    err = np.abs(x - y)
+    worst = float(np.nanmax(np.where(ok, 0.0, err)))
+    return (
+        f"{int(np.sum(~ok))} of {x.size} elements differ beyond rtol={rtol}, atol={atol} "
+        f"(worst absolute error {worst:.3g})"
+    )
