@@ -14,7 +14,10 @@ HAS_FAST = importlib.util.find_spec("pypm_jax._fast") is not None
 ENGINES = ["reference", "fast"] if HAS_FAST else ["reference"]
 
 
-@pytest.fixture(params=ENGINES)
+@pytest.fixture(params=ENGINES, scope="session")
 def engine(request: pytest.FixtureRequest) -> str:
-    """The name of a matcher, for ``pypm_jax._engine.match_first(..., engine=engine)``."""
+    """The name of a matcher, for ``pypm_jax._engine.match_first(..., engine=engine)``.
+
+    Session-scoped so Hypothesis tests may use it (it holds no state between examples).
+    """
     return request.param

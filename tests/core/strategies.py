@@ -23,14 +23,15 @@ Strategies
 Patterns are built by *abstracting* a random term: subterms become (linear or nonlinear)
 variables, applications keep their operator or become operator variables (with and
 without ``n_out``), literals stay, alternates pair the abstraction with a pattern for a
-different term (in either order), guards over rank / shape[i] / dtype / op_class /
-arithmetic / and / or / not are often but not always true, existentials bind a subterm,
-match constraints re-match a bound variable, subpatterns are wrapped as (non-recursive)
-calls ``μH(hs)[xs]. p`` (an operator parameter sometimes instantiated with a concrete
-operator), and recursive templates (the paper's UnaryChain and P(x, f, g), a chain of one
-fixed operator, a left spine of a binary operator) appear where they fit. Recursion is
-always guarded: every recursive reference sits under an application. So a good share of
-the pairs match, and the rest fail for varied reasons.
+different term or with a second abstraction of the same term (in either order), guards
+over rank / shape[i] / dtype / op_class / arithmetic / and / or / not are often but not
+always true, existentials bind a subterm, match constraints re-match a bound variable,
+subpatterns are wrapped as (non-recursive) calls ``μH(hs)[xs]. p`` (an operator parameter
+sometimes instantiated with a concrete operator), and recursive templates (the paper's
+UnaryChain and P(x, f, g), a chain of one fixed operator, a left spine of a binary
+operator) appear where they fit. Recursion is always guarded: every recursive reference
+sits under an application. So a good share of the pairs match (often more than once), and
+the rest fail for varied reasons.
 
 Well-modedness. With ``well_moded=True`` (the default) every guard, match constraint and
 existential check reads only variables bound earlier *on every path* in the machine's
@@ -492,7 +493,9 @@ class _Abstractor:
 
     def alt(self, t: Term, bound: Bound, depth: int) -> tuple[Pattern, Bound]:
         p1, b1 = self.pat(t, bound, depth - 1)
-        p2, b2 = self.pat(self._pick(self.foils), bound, depth - 1)
+        # the sibling abstracts another term (it mostly fails), or t again (two solutions)
+        other = self._pick(self.foils) if self.draw(st.booleans()) else t
+        p2, b2 = self.pat(other, bound, depth - 1)
         p = PAlt(p1, p2) if self.draw(st.booleans()) else PAlt(p2, p1)
         return p, {k: v for k, v in b1.items() if k in b2}
 
@@ -503,12 +506,12 @@ class _Abstractor:
         return self._guard(pool, 2)
 
     def _guard(self, pool: Bound, depth: int) -> Expr:
-        r = self._int(0, 9) if depth > 0 else 0
-        if r == 7:
+        r = self._int(0, 5) if depth > 0 else 0
+        if r == 3:
             return EAnd((self._guard(pool, depth - 1), self._guard(pool, depth - 1)))
-        if r == 8:
+        if r == 4:
             return EOr((self._guard(pool, depth - 1), self._guard(pool, depth - 1)))
-        if r == 9:
+        if r == 5:
             return ENot(self._guard(pool, depth - 1))
         if not pool:
             return ECmp(self._pick(["<", "=="]), EConst(self._int(0, 2)), EConst(1))
@@ -596,7 +599,7 @@ class _Abstractor:
             h = f"{name}_{i}"
             params.append(Param(h, kind))  # type: ignore[arg-type]
             env[v] = h
-            concrete = kind == "op" and isinstance(b.get(v), Operator) and self._int(0, 2) == 0
+            concrete = kind == "op" and isinstance(b.get(v), Operator) and self.draw(st.booleans())
             if concrete:  # instantiate the operator parameter with the operator itself
                 args.append(b[v])
                 if v not in bound:
