@@ -2,7 +2,8 @@
 
 This module transcribes the appendix figure "Declarative Semantics" (rules P-*) as a
 recursive predicate. It is the specification the matchers are tested against, written for
-clarity, not speed: the nondeterminism of the rules becomes exhaustive search.
+clarity, not speed: the nondeterminism of the rules becomes exhaustive search, and the
+check recurses on the Python stack, so it is meant for the small terms of tests.
 
 Two rules invent a value from nowhere. P-Exists needs a witness t' for ``∃x. p``; the checker
 searches the *candidate terms*: every subterm of the matched term and of the terms in the

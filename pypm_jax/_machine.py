@@ -262,6 +262,8 @@ def step(st: Running, fresh: FreshNames) -> State:
             raise PatternDefinitionError(
                 f"recursive reference {show(call)} outside a definition μ{call.name}"
             )
+        case AMatch(p, _):
+            raise TypeError(f"not a pattern: {p!r}")
     raise TypeError(f"not a machine action: {action!r}")
 
 

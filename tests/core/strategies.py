@@ -57,6 +57,7 @@ __all__ = [
     "HALF",
     "TWO",
     "SQRT2",
+    "SQRT2_LITERAL",
     "ATOMS",
     "F1",
     "F2",

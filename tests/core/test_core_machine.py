@@ -229,3 +229,8 @@ def test_each_unfolding_names_its_existentials_afresh_and_deterministically():
     locals_ = {name: term for name, term in theta.items() if name != "x"}
     assert all("#" in name for name in locals_)  # fresh copies of the bound z
     assert sorted(locals_.values(), key=id) == sorted([b, c], key=id)  # one z per level
+
+
+def test_a_non_pattern_is_a_type_error():
+    with pytest.raises(TypeError, match="not a pattern"):
+        step(running({}, M.AMatch("x", a)))
