@@ -353,7 +353,10 @@ class _Lifter:
         loc: SourceLoc | None,
     ) -> tuple[Any, ...]:
         prim = eqn.primitive
-        n_out = len(eqn.outvars)
+        # an equation with no results (debug_print) gets one placeholder output: operators
+        # have at least one; lowering knows it from ``EqnInfo.avals == ()``
+        n_out = max(1, len(eqn.outvars))
+        out_types = [_type(v.aval) for v in eqn.outvars] or [(None, None)]
         source_info = _compat.with_name_stack(eqn.source_info, stack)
         spec = spec_for(prim.name)
         if kind == "opaque" and (spec is None or spec.kind != "opaque"):
@@ -381,7 +384,7 @@ class _Lifter:
             op,
             list(ins),
             attrs=attrs,
-            out_types=[_type(v.aval) for v in eqn.outvars],
+            out_types=out_types,
             loc=loc,
             meta=meta,
         )
@@ -390,7 +393,7 @@ class _Lifter:
             mine.owner = node.id  # a new node (not an equal one found by hash-consing)
         for r in regions:
             r.nodes.append((node, tuple(node.inputs)))
-        return tuple(node.outputs)
+        return tuple(node.outputs[: len(eqn.outvars)])
 
     def _bodies(self, value: Any, stack: Any, loc: SourceLoc | None) -> Any:
         if isinstance(value, tuple):

@@ -145,7 +145,10 @@ class _Plan:
         def deps(key: Any, obj: Any) -> Sequence[Any]:
             return intact[obj.id] if key[0] == "r" else obj.inputs
 
-        for out in prog.graph.outputs:
+        # effects first, in program order (impure nodes are kept even when nothing reads
+        # them), then whatever the outputs need
+        roots = [n.outputs[0] for n in prog.graph.nodes() if not n.op.pure]
+        for out in [*roots, *prog.graph.outputs]:
             start = unit_of(out)
             if start is None or start[0] in done:
                 continue
@@ -293,6 +296,9 @@ def _run_node(node: Any, env: dict[int, Any]) -> None:
     elif info is not None:
         out = _compat.bind(info.primitive, args, info.params, source_info, info.ctx)
         outs = list(out) if info.primitive.multiple_results else [out]
+        if not info.avals:  # no results (an effect): the node's placeholder output
+            env[id(node.outputs[0])] = None
+            return
     else:
         prim = _compat.primitive_by_name(op.name)
         params = lower_attrs(op.name, node.attrs)

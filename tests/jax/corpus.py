@@ -234,7 +234,7 @@ def _block_cls() -> Any:
         @nn.compact
         def __call__(self, x: jax.Array, _: Any) -> tuple[jax.Array, None]:
             y = nn.LayerNorm(name="ln1")(x)
-            y = nn.SelfAttention(num_heads=HEADS, name="attention")(y)
+            y = nn.MultiHeadDotProductAttention(num_heads=HEADS, name="attention")(y)
             x = x + y
             y = nn.Dense(FFN, name="fc1")(nn.LayerNorm(name="ln2")(x))
             y = nn.gelu(y)
