@@ -130,3 +130,18 @@ def __getattr__(name: str) -> Any:
 
         return Graph
     raise AttributeError(f"module 'pypm_jax' has no attribute {name!r}")
+
+
+# --- JAX bridge exports (pypm_jax.jax), added by the JAX-bridge work; imported on first use
+# so that importing the core never imports JAX.
+_JAX_BRIDGE = ("optimize", "optimize_module", "nnx_optimize", "register_impl")
+__all__ += list(_JAX_BRIDGE)
+_core_getattr = __getattr__
+
+
+def __getattr__(name: str) -> Any:  # noqa: F811
+    if name in _JAX_BRIDGE:
+        from . import jax as _bridge
+
+        return getattr(_bridge, name)
+    return _core_getattr(name)
