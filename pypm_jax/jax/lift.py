@@ -289,8 +289,10 @@ class _Lifter:
             loc = _compat.user_frame(eqn.source_info) or outer_loc
             spec = spec_for(prim.name)
             kind = spec.kind if spec is not None else "opaque"
-            if eqn.effects:
-                kind = "opaque"  # effects are never rewritten through
+            if eqn.effects and kind != "inline":
+                # effects are never rewritten through; an inlined call's effectful
+                # equations become opaque one by one, the rest of its body stays matchable
+                kind = "opaque"
             if kind == "inline":
                 body = eqn.params[_INLINE_BODY[prim.name]]
                 outs = self._inline(prog, body.jaxpr, body.consts, ins, stack, regions, loc)

@@ -212,17 +212,22 @@ class Optimized:
             _check_out_avals(traced.out_avals, closed.out_avals)
             entry.rewritten = rewritten
         except Exception as exc:  # any failure: the original program, and say why
-            self._fall_back(entry, f"rewriting failed: {_describe(exc)}")
+            self._fall_back(entry, f"rewriting failed: {_describe(exc)}", stacklevel=5)
         return entry
 
-    def _fall_back(self, entry: _Entry, why: str) -> None:
+    def _fall_back(self, entry: _Entry, why: str, stacklevel: int = 4) -> None:
+        """Run the original program for this signature from now on, and warn once.
+
+        ``stacklevel`` points the warning at the user's call (``fast(...)`` or
+        ``fast.report(...)``).
+        """
         entry.fallback = why
         entry.rewritten = None
         name = getattr(self.fn, "__qualname__", repr(self.fn))
         warnings.warn(
             f"pm.optimize({name}): {why}; running the original program",
             OptimizationFallbackWarning,
-            stacklevel=4,
+            stacklevel=stacklevel,
         )
 
     # -- calling

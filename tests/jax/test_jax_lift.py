@@ -253,6 +253,23 @@ def test_effects_are_kept_and_never_merged(capfd):
     np.testing.assert_allclose(out, f(x), rtol=1e-6)
 
 
+def test_effects_inside_jitted_calls_do_not_hide_the_rest_of_the_body(capfd):
+    @jax.jit
+    def inner(a):
+        jax.debug.print("inner {}", a[0])
+        return jnp.exp(a) / 8.0
+
+    def f(x):
+        return inner(x) + 1.0
+
+    x = jnp.ones(3)
+    prog, report, run = _run(f, x, rules=[div8_to_mul])
+    assert [r.rule for r in report] == ["div8_to_mul"]
+    np.testing.assert_allclose(run(x)[0], f(x), rtol=1e-6)
+    jax.effects_barrier()
+    assert "inner 1.0" in capfd.readouterr().out
+
+
 def test_unknown_primitives_become_opaque_and_lower_with_their_params():
     def host_square(a):
         return np.asarray(a) ** 2

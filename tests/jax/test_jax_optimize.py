@@ -233,8 +233,9 @@ def test_closure_over_tracers_is_not_cached():
 )
 def test_failing_rules_fall_back_to_the_original_with_a_warning(rule, cause):
     fast = optimize(f, rules=[rule])
-    with pytest.warns(OptimizationFallbackWarning, match=cause):
+    with pytest.warns(OptimizationFallbackWarning, match=cause) as record:
         out = fast(X, Y)
+    assert record[0].filename == HERE  # the warning points at the user's call
     np.testing.assert_array_equal(out, jax.jit(f)(X, Y))
     report = fast.report(X, Y)
     assert report.fallback is not None and cause in report.fallback
