@@ -194,7 +194,17 @@ _WHAT = {
 
 
 def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
+    """A bounded description for messages: never the repr of a (possibly huge or deep)
+    structure, which could itself fail."""
+    if value is None or type(value) in (str, bool, int, float):
+        try:
+            text = repr(value)
+        except ValueError:  # an int too long to print
+            text = f"<int of {value.bit_length()} bits>"
+    elif type(value) in (tuple, list, dict):
+        text = f"<{type(value).__name__} of {len(value)} items>"
+    else:
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -299,10 +309,7 @@ class _Writer:
             return cls, fields
         found = _KIND_OF[table].get(type(obj))
         if found is None:
-            raise FormatError(
-                f"cannot serialize: expected {_WHAT[table]}, got {_short(obj)} "
-                f"of type {type(obj).__name__}"
-            )
+            raise FormatError(f"cannot serialize: expected {_WHAT[table]}, got {_short(obj)}")
         return type(obj), found[1]
 
     # --- entries ---
@@ -394,7 +401,7 @@ class _Writer:
         if t is tuple:
             return {"k": "tuple", "items": [self._by_id["values"][id(x)] for x in v]}
         raise FormatError(
-            f"cannot serialize the literal {_short(v)} of type {t.__name__}: literals are "
+            f"cannot serialize a literal of type {t.__name__} ({_short(v)}): literals are "
             "int, float, bool, str, None, dtypes, op classes, operators and tuples of these"
         )
 

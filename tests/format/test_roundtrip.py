@@ -305,3 +305,15 @@ def test_dsl_definitions_round_trip_with_locations():
     # the public facade matches with loaded definitions, too
     t = FmtAdd(A, FmtMul(B, B))
     assert pm.match(out[1], t, engine="reference")["x"] is A
+
+
+def test_the_format_module_imports_nothing_from_jax():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pypm_jax._format\n"
+        "bad = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib')))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
