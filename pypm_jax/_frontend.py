@@ -186,6 +186,7 @@ class _Path:
         self.aliases: dict[int, tuple[str, SymPattern]] = {}
         self.used_names: set[str] = set()
         self.auto_named: set[str] = set()  # locals still carrying a generated name
+        self.local_locs: dict[str, SourceLoc] = {}  # where each var()/Op() was made
 
 
 class _Tracer:
@@ -235,6 +236,7 @@ class _Tracer:
         name = self.fresh_name("v")
         self.path.locals.append((name, "term"))
         self.path.auto_named.add(name)
+        self.path.local_locs[name] = self.loc()
         return SymPattern(self, "var", name)
 
     def new_local_op(self, n_in: int | None, n_out: int | None) -> SymOp:
@@ -245,6 +247,7 @@ class _Tracer:
         name = self.fresh_name("F")
         self.path.locals.append((name, "op"))
         self.path.auto_named.add(name)
+        self.path.local_locs[name] = self.loc()
         return SymOp(self, name, n_in, n_out)
 
     def rename_local(self, old: str, new_hint: str) -> str:
@@ -254,6 +257,8 @@ class _Tracer:
                 self.path.used_names.discard(old)
                 new = self.fresh_name(new_hint)
                 self.path.locals[i] = (new, kind)
+                if old in self.path.local_locs:
+                    self.path.local_locs[new] = self.path.local_locs.pop(old)
                 return new
         return old
 
@@ -625,9 +630,38 @@ class _PatternBuilder:
                 )
         for guard, loc in self.path.conditions:
             body = PGuard(body, guard, loc)
+        bound = _bound_names(body)
+        for name, _ in self.path.locals:
+            if name not in bound:
+                raise PatternDefinitionError(
+                    f"local variable {name} is never bound: use it in the returned pattern or "
+                    "inside a match constraint's pattern (an unbound local makes the pattern "
+                    "fail on every term)",
+                    self.path.local_locs.get(name),
+                )
         for name, kind in reversed(self.path.locals + self.extra_locals):
             body = PExists(name, body, kind)  # type: ignore[arg-type]
         return body
+
+
+def _bound_names(p: Pattern) -> set[str]:
+    """Variables a pattern binds by matching (occurrences as PVar or as an F in F(...))."""
+    match p:
+        case PVar(n):
+            return {n}
+        case PApp(_, args):
+            return set().union(*(_bound_names(a) for a in args))
+        case PFunVar(v, args):
+            return {v}.union(*(_bound_names(a) for a in args))
+        case PAlt(left, right):
+            return _bound_names(left) & _bound_names(right)
+        case PGuard(pat) | PExists(_, pat):
+            return _bound_names(pat)
+        case PConstr(pat, _, c):
+            return _bound_names(pat) | _bound_names(c)
+        case PMu(_, _, args, _) | PCall(_, args):
+            return {a for a in args if isinstance(a, str)}
+    return set()
 
 
 def _check_recursion(name: str, p: Pattern, loc: SourceLoc | None) -> None:

@@ -199,3 +199,12 @@ def test_op_must_return_an_output_count():
 def test_var_outside_a_pattern_body():
     with pytest.raises(pm.PatternDefinitionError, match="inside @pattern"):
         pm.var()
+
+
+def test_unbound_local_variable():
+    @pm.pattern
+    def Unused(x):
+        y = pm.var()  # noqa: F841  MARK-unused
+        return Relu(x)
+
+    expect_error(Unused, "MARK-unused", "never bound")
