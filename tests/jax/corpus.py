@@ -1,6 +1,7 @@
 """A corpus of real models from small configs with random weights (never downloaded).
 
-Each builder returns ``(apply_fn, example_inputs, description)``: ``apply_fn(*example_inputs)``
+Each builder takes an optional :class:`Size` (default :data:`SMALL`: 2 layers, hidden 32,
+seq 8) and returns ``(apply_fn, example_inputs, description)``: ``apply_fn(*example_inputs)``
 is a pure function of arrays (parameters first) returning a pytree of arrays, suitable for
 ``pm.optimize``/``jax.jit``/``jax.grad``. Builders are cached: a model is built once per test
 session. Reused by the rule library's tests (``from tests.jax.corpus import ...``, or
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -19,18 +21,43 @@ import numpy as np
 
 Model = tuple[Callable[..., Any], tuple[Any, ...], str]
 
-BATCH, SEQ, HIDDEN, HEADS, FFN, LAYERS = 2, 8, 32, 4, 64, 2
+
+@dataclass(frozen=True)
+class Size:
+    """A model size; the tests use :data:`SMALL`, the end-to-end benchmark bigger ones."""
+
+    batch: int = 2
+    seq: int = 8
+    hidden: int = 32
+    heads: int = 4
+    ffn: int = 64
+    layers: int = 2
+    dtype: str = "float32"  # of the weights and float inputs
+
+    @property
+    def positions(self) -> int:
+        return max(32, self.seq)
+
+
+SMALL = Size()
+
+
+def _dims(size: Size) -> str:
+    return (
+        f"{size.layers} layers, hidden {size.hidden}, {size.heads} heads, batch {size.batch}, "
+        f"seq {size.seq}, {size.dtype}"
+    )
 
 
 def _key(i: int) -> jax.Array:
     return jax.random.PRNGKey(i)
 
 
-def _ids(seed: int, shape: tuple[int, ...] = (BATCH, SEQ), vocab: int = 100) -> jax.Array:
-    return jax.random.randint(_key(seed), shape, 0, vocab, dtype=jnp.int32)
+def _ids(seed: int, size: Size, vocab: int = 100) -> jax.Array:
+    return jax.random.randint(_key(seed), (size.batch, size.seq), 0, vocab, dtype=jnp.int32)
 
 
-def random_like(tree: Any, seed: int = 0, scale: float = 0.05) -> Any:
+def random_like(tree: Any, seed: int = 0, scale: float = 0.05, dtype: Any = None) -> Any:
     """Random weights of the shapes of ``tree`` (e.g. from ``jax.eval_shape(init, ...)``).
 
     Filled with numpy, so building a model compiles nothing (initializers would).
@@ -39,193 +66,220 @@ def random_like(tree: Any, seed: int = 0, scale: float = 0.05) -> Any:
 
     def fill(s: Any) -> Any:
         if jnp.issubdtype(s.dtype, jnp.floating):
-            return jnp.asarray(rng.normal(0.0, scale, s.shape), s.dtype)
+            return jnp.asarray(rng.normal(0.0, scale, s.shape), dtype or s.dtype)
         return jnp.zeros(s.shape, s.dtype)
 
     return jax.tree.map(fill, tree)
 
 
-def _hf(cls: Any, config: Any, input_shape: tuple[int, ...]) -> tuple[Any, Any]:
+def _hf(cls: Any, config: Any, input_shape: tuple[int, ...], size: Size) -> tuple[Any, Any]:
     """A Hugging Face Flax model with random weights."""
-    model = cls(config, seed=0, _do_init=False)
+    model = cls(config, seed=0, _do_init=False, dtype=jnp.dtype(size.dtype))
     shapes = jax.eval_shape(functools.partial(model.init_weights, input_shape=input_shape), _key(0))
-    return model, random_like(shapes)
+    return model, random_like(shapes, dtype=jnp.dtype(size.dtype))
 
 
 # ------------------------------------------------------------------------ Hugging Face
 
 
 @functools.cache
-def hf_bert() -> Model:
+def hf_bert(size: Size = SMALL) -> Model:
     from transformers import BertConfig, FlaxBertModel
 
     cfg = BertConfig(
         vocab_size=100,
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        intermediate_size=FFN,
-        max_position_embeddings=32,
+        hidden_size=size.hidden,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        intermediate_size=size.ffn,
+        max_position_embeddings=size.positions,
     )
-    model, params = _hf(FlaxBertModel, cfg, (BATCH, SEQ))
-    mask = jnp.ones((BATCH, SEQ), jnp.int32).at[1, -3:].set(0)
+    model, params = _hf(FlaxBertModel, cfg, (size.batch, size.seq), size)
+    mask = jnp.ones((size.batch, size.seq), jnp.int32).at[-1, -max(1, size.seq // 3) :].set(0)
 
     def apply(params: Any, ids: jax.Array, mask: jax.Array) -> Any:
         return model(ids, attention_mask=mask, params=params, train=False).to_tuple()
 
-    return apply, (params, _ids(1), mask), "FlaxBertModel (2 layers, hidden 32, padding mask)"
+    return apply, (params, _ids(1, size), mask), f"FlaxBertModel ({_dims(size)}, padding mask)"
 
 
 @functools.cache
-def hf_gpt2() -> Model:
+def hf_gpt2(size: Size = SMALL) -> Model:
     from transformers import FlaxGPT2Model, GPT2Config
 
-    cfg = GPT2Config(vocab_size=100, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=32)
-    model, params = _hf(FlaxGPT2Model, cfg, (BATCH, SEQ))
+    cfg = GPT2Config(
+        vocab_size=100,
+        n_embd=size.hidden,
+        n_layer=size.layers,
+        n_head=size.heads,
+        n_positions=size.positions,
+    )
+    model, params = _hf(FlaxGPT2Model, cfg, (size.batch, size.seq), size)
 
     def apply(params: Any, ids: jax.Array) -> Any:
         return model(ids, params=params, train=False).last_hidden_state
 
-    return apply, (params, _ids(2)), "FlaxGPT2Model (2 layers, hidden 32, causal)"
+    return apply, (params, _ids(2, size)), f"FlaxGPT2Model ({_dims(size)}, causal)"
 
 
 @functools.cache
-def hf_llama() -> Model:
+def hf_llama(size: Size = SMALL) -> Model:
     from transformers import FlaxLlamaModel, LlamaConfig
 
     cfg = LlamaConfig(
         vocab_size=100,
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
+        hidden_size=size.hidden,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
         num_key_value_heads=2,
-        intermediate_size=FFN,
-        max_position_embeddings=32,
+        intermediate_size=size.ffn,
+        max_position_embeddings=size.positions,
     )
-    model, params = _hf(FlaxLlamaModel, cfg, (BATCH, SEQ))
+    model, params = _hf(FlaxLlamaModel, cfg, (size.batch, size.seq), size)
 
     def apply(params: Any, ids: jax.Array) -> Any:
         return model(ids, params=params, train=False).last_hidden_state
 
-    return apply, (params, _ids(3)), "FlaxLlamaModel (2 layers, hidden 32, GQA 4/2, RoPE)"
+    return apply, (params, _ids(3, size)), f"FlaxLlamaModel ({_dims(size)}, GQA, RoPE)"
 
 
 @functools.cache
-def hf_vit() -> Model:
+def hf_vit(size: Size = SMALL) -> Model:
     from transformers import FlaxViTModel, ViTConfig
 
+    image = 4 * max(2, round(size.seq**0.5))  # about seq patches
+
     cfg = ViTConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        intermediate_size=FFN,
-        image_size=16,
+        hidden_size=size.hidden,
+        num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+        intermediate_size=size.ffn,
+        image_size=image,
         patch_size=4,
         num_channels=3,
     )
-    model, params = _hf(FlaxViTModel, cfg, (BATCH, 16, 16, 3))
-    pixels = jax.random.normal(_key(4), (BATCH, 3, 16, 16), jnp.float32)  # NCHW, as HF takes
+    model, params = _hf(FlaxViTModel, cfg, (size.batch, image, image, 3), size)
+    shape = (size.batch, 3, image, image)  # NCHW, as HF takes
+    pixels = jax.random.normal(_key(4), shape, jnp.float32).astype(size.dtype)
 
     def apply(params: Any, pixels: jax.Array) -> Any:
         return model(pixels, params=params, train=False).to_tuple()
 
-    return apply, (params, pixels), "FlaxViTModel (2 layers, hidden 32, 16x16 images, patch 4)"
+    return apply, (params, pixels), f"FlaxViTModel ({_dims(size)}, {image}x{image} images, patch 4)"
 
 
 @functools.cache
-def hf_bart() -> Model:
+def hf_bart(size: Size = SMALL) -> Model:
     from transformers import BartConfig, FlaxBartModel
 
     cfg = BartConfig(
         vocab_size=100,
-        d_model=HIDDEN,
-        encoder_layers=LAYERS,
-        decoder_layers=LAYERS,
-        encoder_attention_heads=HEADS,
-        decoder_attention_heads=HEADS,
-        encoder_ffn_dim=FFN,
-        decoder_ffn_dim=FFN,
-        max_position_embeddings=32,
+        d_model=size.hidden,
+        encoder_layers=size.layers,
+        decoder_layers=size.layers,
+        encoder_attention_heads=size.heads,
+        decoder_attention_heads=size.heads,
+        encoder_ffn_dim=size.ffn,
+        decoder_ffn_dim=size.ffn,
+        max_position_embeddings=size.positions,
     )
-    model, params = _hf(FlaxBartModel, cfg, (BATCH, SEQ))
+    model, params = _hf(FlaxBartModel, cfg, (size.batch, size.seq), size)
 
     def apply(params: Any, ids: jax.Array, dec_ids: jax.Array) -> Any:
         out = model(ids, decoder_input_ids=dec_ids, params=params, train=False)
         return out.last_hidden_state, out.encoder_last_hidden_state
 
-    return apply, (params, _ids(5), _ids(6)), "FlaxBartModel (2+2 layers, hidden 32)"
+    return (
+        apply,
+        (params, _ids(5, size), _ids(6, size)),
+        f"FlaxBartModel ({_dims(size)}, encoder+decoder)",
+    )
 
 
 @functools.cache
-def hf_distilbert() -> Model:
+def hf_distilbert(size: Size = SMALL) -> Model:
     from transformers import DistilBertConfig, FlaxDistilBertModel
 
     cfg = DistilBertConfig(
-        vocab_size=100, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FFN,
-        max_position_embeddings=32,
+        vocab_size=100, dim=size.hidden, n_layers=size.layers, n_heads=size.heads, hidden_dim=size.ffn,
+        max_position_embeddings=size.positions,
     )  # fmt: skip
-    model, params = _hf(FlaxDistilBertModel, cfg, (BATCH, SEQ))
+    model, params = _hf(FlaxDistilBertModel, cfg, (size.batch, size.seq), size)
 
     def apply(params: Any, ids: jax.Array) -> Any:
         return model(ids, params=params, train=False).last_hidden_state
 
-    return apply, (params, _ids(7)), "FlaxDistilBertModel (2 layers, dim 32)"
+    return apply, (params, _ids(7, size)), f"FlaxDistilBertModel ({_dims(size)})"
 
 
 # ------------------------------------------------------------------------ Flax linen / nnx
 
 
-def _x(seed: int = 8) -> jax.Array:
-    return jax.random.normal(_key(seed), (BATCH, SEQ, HIDDEN), jnp.float32)
+def _x(seed: int, size: Size) -> jax.Array:
+    shape = (size.batch, size.seq, size.hidden)
+    return jax.random.normal(_key(seed), shape, jnp.float32).astype(size.dtype)
 
 
 @functools.cache
-def linen_mha(masked: bool = False) -> Model:
+def linen_mha(masked: bool = False, size: Size = SMALL) -> Model:
     import flax.linen as nn
 
     class Attn(nn.Module):
         @nn.compact
         def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
-            return nn.MultiHeadDotProductAttention(num_heads=HEADS, name="attention")(
-                x, x, mask=mask
-            )
+            return nn.MultiHeadDotProductAttention(
+                num_heads=size.heads, dtype=size.dtype, name="attention"
+            )(x, x, mask=mask)
 
     model = Attn()
-    x = _x()
-    mask = nn.make_causal_mask(jnp.ones((BATCH, SEQ))) if masked else None
-    variables = random_like(jax.eval_shape(model.init, _key(9), x, mask), 9)
+    x = _x(8, size)
+    mask = nn.make_causal_mask(jnp.ones((size.batch, size.seq))) if masked else None
+    variables = random_like(jax.eval_shape(model.init, _key(9), x, mask), 9, dtype=size.dtype)
     what = "causal mask" if masked else "no mask"
     if masked:
-        return model.apply, (variables, x, mask), f"linen.MultiHeadDotProductAttention ({what})"
-    return model.apply, (variables, x), f"linen.MultiHeadDotProductAttention ({what})"
+        return (
+            model.apply,
+            (variables, x, mask),
+            f"linen.MultiHeadDotProductAttention ({_dims(size)}, {what})",
+        )
+    return (
+        model.apply,
+        (variables, x),
+        f"linen.MultiHeadDotProductAttention ({_dims(size)}, {what})",
+    )
 
 
 @functools.cache
-def nnx_mha(masked: bool = False) -> Model:
+def nnx_mha(masked: bool = False, size: Size = SMALL) -> Model:
     from flax import nnx
 
     module = nnx.MultiHeadAttention(
-        num_heads=HEADS, in_features=HIDDEN, decode=False, rngs=nnx.Rngs(10)
+        num_heads=size.heads,
+        in_features=size.hidden,
+        decode=False,
+        dtype=size.dtype,
+        param_dtype=size.dtype,
+        rngs=nnx.Rngs(10),
     )
     graphdef, state = nnx.split(module)
-    x = _x(11)
+    x = _x(11, size)
     what = "causal mask" if masked else "no mask"
 
     if masked:
-        mask = nnx.make_causal_mask(jnp.ones((BATCH, SEQ)))
+        mask = nnx.make_causal_mask(jnp.ones((size.batch, size.seq)))
 
         def apply_masked(state: Any, x: jax.Array, mask: jax.Array) -> jax.Array:
             return nnx.merge(graphdef, state)(x, mask=mask)
 
-        return apply_masked, (state, x, mask), f"nnx.MultiHeadAttention ({what})"
+        return apply_masked, (state, x, mask), f"nnx.MultiHeadAttention ({_dims(size)}, {what})"
 
     def apply(state: Any, x: jax.Array) -> jax.Array:
         return nnx.merge(graphdef, state)(x)
 
-    return apply, (state, x), f"nnx.MultiHeadAttention ({what})"
+    return apply, (state, x), f"nnx.MultiHeadAttention ({_dims(size)}, {what})"
 
 
-def _block_cls() -> Any:
+def _block_cls(size: Size) -> Any:
     import flax.linen as nn
 
     class Block(nn.Module):
@@ -233,22 +287,23 @@ def _block_cls() -> Any:
 
         @nn.compact
         def __call__(self, x: jax.Array, _: Any) -> tuple[jax.Array, None]:
-            y = nn.LayerNorm(name="ln1")(x)
-            y = nn.MultiHeadDotProductAttention(num_heads=HEADS, name="attention")(y)
+            dt = size.dtype
+            y = nn.LayerNorm(dtype=dt, name="ln1")(x)
+            y = nn.MultiHeadDotProductAttention(num_heads=size.heads, dtype=dt, name="attention")(y)
             x = x + y
-            y = nn.Dense(FFN, name="fc1")(nn.LayerNorm(name="ln2")(x))
+            y = nn.Dense(size.ffn, dtype=dt, name="fc1")(nn.LayerNorm(dtype=dt, name="ln2")(x))
             y = nn.gelu(y)
-            x = x + nn.Dense(HIDDEN, name="fc2")(y)
+            x = x + nn.Dense(size.hidden, dtype=dt, name="fc2")(y)
             return x, None
 
     return Block
 
 
 @functools.cache
-def linen_scan(remat: bool = False) -> Model:
+def linen_scan(remat: bool = False, size: Size = SMALL) -> Model:
     import flax.linen as nn
 
-    block = _block_cls()
+    block = _block_cls(size)
     if remat:
         block = nn.remat(block)
 
@@ -259,19 +314,19 @@ def linen_scan(remat: bool = False) -> Model:
                 block,
                 variable_axes={"params": 0},
                 split_rngs={"params": True},
-                length=LAYERS,
+                length=size.layers,
             )
             x, _ = layers(name="layers")(x, None)
-            return nn.Dense(HIDDEN, name="head")(x)
+            return nn.Dense(size.hidden, dtype=size.dtype, name="head")(x)
 
     model = Stack()
-    x = _x(12)
-    variables = random_like(jax.eval_shape(model.init, _key(13), x), 13)
+    x = _x(12, size)
+    variables = random_like(jax.eval_shape(model.init, _key(13), x), 13, dtype=size.dtype)
     what = "scan over remat blocks" if remat else "scan over layers"
-    return model.apply, (variables, x), f"linen transformer ({what})"
+    return model.apply, (variables, x), f"linen transformer ({_dims(size)}, {what})"
 
 
-HF_MODELS: dict[str, Callable[[], Model]] = {
+HF_MODELS: dict[str, Callable[..., Model]] = {
     "bert": hf_bert,
     "gpt2": hf_gpt2,
     "llama": hf_llama,
@@ -280,16 +335,17 @@ HF_MODELS: dict[str, Callable[[], Model]] = {
     "distilbert": hf_distilbert,
 }
 
-FLAX_MODELS: dict[str, Callable[[], Model]] = {
-    "linen_mha": lambda: linen_mha(False),
-    "linen_mha_masked": lambda: linen_mha(True),
-    "nnx_mha": lambda: nnx_mha(False),
-    "nnx_mha_masked": lambda: nnx_mha(True),
-    "linen_scan": lambda: linen_scan(False),
-    "linen_scan_remat": lambda: linen_scan(True),
+FLAX_MODELS: dict[str, Callable[..., Model]] = {
+    "linen_mha": lambda size=SMALL: linen_mha(False, size),
+    "linen_mha_masked": lambda size=SMALL: linen_mha(True, size),
+    "nnx_mha": lambda size=SMALL: nnx_mha(False, size),
+    "nnx_mha_masked": lambda size=SMALL: nnx_mha(True, size),
+    "linen_scan": lambda size=SMALL: linen_scan(False, size),
+    "linen_scan_remat": lambda size=SMALL: linen_scan(True, size),
 }
 
-ALL_MODELS: dict[str, Callable[[], Model]] = {**FLAX_MODELS, **HF_MODELS}
+# name -> builder(size=SMALL) -> (apply_fn, example_inputs, description)
+ALL_MODELS: dict[str, Callable[..., Model]] = {**FLAX_MODELS, **HF_MODELS}
 
 
 def has_transformers() -> bool:
