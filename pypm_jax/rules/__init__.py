@@ -1,0 +1,71 @@
+"""The standard rule library: attention and GEMM epilogues → ``pallas_kernels``.
+
+``default_rules()`` is what ``pm.optimize`` uses when given no rules: the attention rules
+(names ``attention*``), then the dense + activation rules (names ``gemm_epilogue*``). Every
+rule is also importable by name. ``docs/RULES.md`` says what each matches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import attention, gemm
+from ._kernels import FlashAttention, GemmEpilogue
+from .attention import (
+    ATTENTION_RULES,
+    attention_bias,
+    attention_bias_mask,
+    attention_dpa,
+    attention_dpa_mask,
+    attention_mask,
+    attention_scaled,
+    attention_scaled_bias,
+    attention_scaled_bias_mask,
+    attention_scaled_mask,
+)
+from .attention import attention as attention_rule
+from .gemm import (
+    GEMM_LINEAR_RULES,
+    GEMM_RULES,
+    gemm_epilogue,
+    gemm_epilogue_linear,
+    gemm_epilogue_no_bias,
+)
+
+__all__ = [
+    "default_rules",
+    "attention_rules",
+    "gemm_rules",
+    "FlashAttention",
+    "GemmEpilogue",
+    "attention",
+    "gemm",
+    "attention_rule",
+    "attention_bias",
+    "attention_mask",
+    "attention_bias_mask",
+    "attention_scaled",
+    "attention_scaled_bias",
+    "attention_scaled_mask",
+    "attention_scaled_bias_mask",
+    "attention_dpa",
+    "attention_dpa_mask",
+    "gemm_epilogue",
+    "gemm_epilogue_no_bias",
+    "gemm_epilogue_linear",
+]
+
+
+def attention_rules() -> list[Any]:
+    """Attention → flash attention, most specific spelling first."""
+    return list(ATTENTION_RULES)
+
+
+def gemm_rules(*, linear: bool = False) -> list[Any]:
+    """Dense + activation → GEMM with fused epilogue; ``linear=True`` adds plain dense + bias."""
+    return list(GEMM_RULES) + (list(GEMM_LINEAR_RULES) if linear else [])
+
+
+def default_rules() -> list[Any]:
+    """The rules ``pm.optimize`` applies by default: attention rules, then epilogue rules."""
+    return attention_rules() + gemm_rules()

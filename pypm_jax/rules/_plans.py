@@ -1,0 +1,675 @@
+"""Guard functions of the standard rules: pure Python over attribute values, never JAX.
+
+Patterns stay data (``DESIGN.md``): a guard names these functions, registered under stable
+``rules.*`` names, and calls them with the attributes of matched values (shapes, dtypes,
+``dimension_numbers``, ``axes``, ``permutation``...). They answer two kinds of questions:
+
+* small structural predicates (is this ``broadcast_in_dim`` only inserting size-1 axes? is this
+  ``reshape(broadcast_in_dim(k))`` an interleaved repeat of kv heads?), and
+* *plans*: how a matched attention or GEMM maps onto a kernel. A plan names, for the kernel's
+  layout, which axis of each operand is batch / heads / sequence / head-dim, the transposes
+  that bring the operands into the kernel's layout and the kernel's result back into the
+  layout of the value the rule replaces. A plan is ``None`` when the matched dimension
+  numbers do not compute an attention (or a GEMM) the kernel can express, so a guard
+  ``plan(...) is not None`` rejects those matches and the matcher backtracks.
+
+Everything here is total: a malformed argument returns ``None``/``False`` rather than raising
+(an exception would make the guard undefined, which also fails, but with a worse message).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AttentionPlan",
+    "GemmPlan",
+    "attention_plan",
+    "dpa_plan",
+    "attention_supported",
+    "gemm_plan",
+    "gemm_supported",
+    "inserts_unit_axes",
+    "unit_broadcast",
+    "interleaved_repeat",
+    "softmax_axes",
+    "vmapped_softmax_axes",
+    "head_mask_identity",
+    "scale_kind",
+    "bias_sign",
+    "activation_of",
+    "bias_vector",
+]
+
+from typing import Any, NamedTuple
+
+from .._registry import guard_fn
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _ints(xs: Any) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(x) for x in xs)
+    except (TypeError, ValueError):
+        return None
+
+
+def _dn(
+    dn: Any,
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None:
+    """``((lc, rc), (lb, rb))`` of a ``dot_general`` as four int tuples."""
+    try:
+        (lc, rc), (lb, rb) = dn
+    except (TypeError, ValueError):
+        return None
+    parts = (_ints(lc), _ints(rc), _ints(lb), _ints(rb))
+    if any(p is None for p in parts):
+        return None
+    return parts  # type: ignore[return-value]
+
+
+def _dtype_name(dt: Any) -> str | None:
+    """A pm dtype (or anything with a numpy name) as the numpy name the kernels take."""
+    name = getattr(dt, "numpy_name", None)
+    if name is None and isinstance(dt, str):
+        name = dt
+    return name
+
+
+def _perm_apply(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(shape[p] for p in perm)
+
+
+def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
+
+def _is_perm(perm: Any, n: int) -> bool:
+    p = _ints(perm)
+    return p is not None and sorted(p) == list(range(n))
+
+
+def _axis(axes: Any, rank: int) -> int | None:
+    """The single axis of a reduction's ``axes`` (non-negative), or None."""
+    a = _ints(axes)
+    if a is None or len(a) != 1:
+        return None
+    ax = a[0] % rank if rank else None
+    return ax
+
+
+def _drop_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
+# ------------------------------------------------------------------ small predicates
+
+
+@guard_fn("rules.inserts_unit_axes")
+def inserts_unit_axes(broadcast_dimensions: Any, out_shape: Any, in_shape: Any) -> bool:
+    """Is this expansion only inserting size-1 axes (``keepdims=True`` after a reduction)?
+
+    ``broadcast_dimensions`` of a ``broadcast_in_dim``, or None for a ``reshape``.
+    """
+    out, inp = _ints(out_shape), _ints(in_shape)
+    if out is None or inp is None or len(out) < len(inp):
+        return False
+    if broadcast_dimensions is None:  # reshape: same elements in the same order
+        return _drop_ones(out) == _drop_ones(inp)
+    dims = _ints(broadcast_dimensions)
+    if dims is None or len(dims) != len(inp) or list(dims) != sorted(set(dims)):
+        return False
+    if any(out[d] != s for d, s in zip(dims, inp, strict=True)):
+        return False
+    return all(out[i] == 1 for i in range(len(out)) if i not in dims)
+
+
+@guard_fn("rules.unit_broadcast")
+def unit_broadcast(broadcast_dimensions: Any, out_shape: Any, in_shape: Any) -> bool:
+    """A ``broadcast_in_dim`` that keeps every axis in place, only growing size-1 axes.
+
+    Such a broadcast of a mask or bias can be skipped: the kernel broadcasts by itself.
+    """
+    dims, out, inp = _ints(broadcast_dimensions), _ints(out_shape), _ints(in_shape)
+    if dims is None or out is None or inp is None or len(out) != len(inp):
+        return False
+    if dims != tuple(range(len(inp))):
+        return False
+    return all(i == o or i == 1 for i, o in zip(inp, out, strict=True))
+
+
+@guard_fn("rules.interleaved_repeat")
+def interleaved_repeat(
+    broadcast_dimensions: Any, expanded_shape: Any, in_shape: Any, out_shape: Any
+) -> bool:
+    """Is ``reshape(broadcast_in_dim(x))`` the interleaved repeat ``jnp.repeat(x, g, axis)``?
+
+    ``broadcast_in_dim`` inserts one new axis right after ``axis`` and the reshape merges the
+    two, so head ``h`` of the result is head ``h // g`` of ``x`` -- the grouping the flash
+    attention kernel uses for grouped kv heads. (A tile -- new axis *before* ``axis`` -- maps
+    ``h`` to ``h % n`` and is not accepted.)
+    """
+    dims, exp, inp, out = (
+        _ints(v) for v in (broadcast_dimensions, expanded_shape, in_shape, out_shape)
+    )
+    if dims is None or exp is None or inp is None or out is None:
+        return False
+    r = len(inp)
+    if len(exp) != r + 1 or len(out) != r or len(dims) != r:
+        return False
+    missing = [i for i in range(r + 1) if i not in dims]
+    if len(missing) != 1 or missing[0] == 0:
+        return False
+    new = missing[0]
+    axis = new - 1
+    if dims != tuple(i if i <= axis else i + 1 for i in range(r)):
+        return False
+    if any(exp[d] != s for d, s in zip(dims, inp, strict=True)):
+        return False
+    g = exp[new]
+    want = tuple(s * g if i == axis else s for i, s in enumerate(inp))
+    return g >= 1 and out == want
+
+
+@guard_fn("rules.softmax_axes")
+def softmax_axes(
+    x_shape: Any, sum_axes: Any, max_axes: Any, sum_kept_shape: Any, max_kept_shape: Any
+) -> bool:
+    """The max and the sum of a softmax reduce the same single axis of ``x`` and are put
+    back in place of that axis (given both expansions only insert size-1 axes)."""
+    x = _ints(x_shape)
+    if x is None or not x:
+        return False
+    ax = _axis(sum_axes, len(x))
+    if ax is None or _axis(max_axes, len(x)) != ax:
+        return False
+    kept = tuple(1 if i == ax else d for i, d in enumerate(x))
+    return _ints(sum_kept_shape) == kept and _ints(max_kept_shape) == kept
+
+
+@guard_fn("rules.vmapped_softmax_axes")
+def vmapped_softmax_axes(
+    x_shape: Any,
+    x_perm: Any,
+    sum_axes: Any,
+    max_axes: Any,
+    max_perm: Any,
+    sum_kept_shape: Any,
+    max_kept_shape: Any,
+) -> bool:
+    """A softmax of ``x = transpose(u, x_perm)`` whose max was taken on ``u`` and then moved
+    by ``transpose(., max_perm)`` (what ``vmap`` makes of ``jax.nn.softmax``)."""
+    x, xp, mp = _ints(x_shape), _ints(x_perm), _ints(max_perm)
+    if x is None or xp is None or mp is None or not _is_perm(xp, len(x)):
+        return False
+    ax = _axis(sum_axes, len(x))
+    if ax is None:
+        return False
+    u_ax = xp[ax]  # the softmax axis, in u's frame
+    if _axis(max_axes, len(x)) != u_ax:
+        return False
+    # the max's axes (u's axes minus u_ax, in order) must land where x keeps them
+    rest_u = [i for i in range(len(x)) if i != u_ax]
+    want = tuple(rest_u.index(xp[i]) for i in range(len(x)) if i != ax)
+    if mp != want:
+        return False
+    kept = tuple(1 if i == ax else d for i, d in enumerate(x))
+    return _ints(sum_kept_shape) == kept and _ints(max_kept_shape) == kept
+
+
+@guard_fn("rules.head_mask_identity")
+def head_mask_identity(dimension_numbers: Any, permutation: Any, rank: Any) -> bool:
+    """``transpose(dot_general(mask[h], p))`` multiplies each head of p by its entry of a
+    rank-1 head mask and restores p's axis order (Hugging Face's ``einsum("...hqk,h->...hqk")``).
+    """
+    dn = _dn(dimension_numbers)
+    perm = _ints(permutation)
+    try:
+        n = int(rank)
+    except (TypeError, ValueError):
+        return False
+    if dn is None or perm is None or not _is_perm(perm, n):
+        return False
+    lc, rc, lb, rb = dn
+    if lc or rc or lb != (0,) or len(rb) != 1:
+        return False
+    h = rb[0]
+    produced = (h, *(i for i in range(n) if i != h))  # dot_general output: batch, then p's rest
+    return _perm_apply(produced, perm) == tuple(range(n))
+
+
+@guard_fn("rules.scale_kind")
+def scale_kind(op: Any) -> int | None:
+    """+1 for scores multiplied by a scalar, -1 for scores divided by one."""
+    return {"mul": 1, "div": -1}.get(getattr(op, "name", None))
+
+
+@guard_fn("rules.bias_sign")
+def bias_sign(op: Any) -> int | None:
+    """+1 for a bias added to the scores, -1 for one subtracted from them."""
+    name = getattr(op, "name", None)
+    return {"add": 1, "sub": -1}.get(name)
+
+
+# ------------------------------------------------------------------------ attention
+
+
+class AttentionPlan(NamedTuple):
+    """How one matched attention runs on ``pallas_kernels.flash_attention``.
+
+    The kernel node's inputs are ``(a, b, v, bias, mask, scale)``: ``a``/``b`` the operands of
+    the scores ``dot_general`` in program order (``q_operand`` says which is the query), ``v``
+    the values. Each is transposed by its ``perm_*`` into ``layout``; ``bias``/``mask`` (in the
+    program's score layout) by ``perm_scores`` into ``[B, H, Sq, Skv]``; the kernel result by
+    ``perm_out`` into the layout of the replaced value. ``scale`` is the scalar the program
+    multiplies (or divides) the scores by, if ``scale_input``; the kernel's own scale is 1
+    otherwise (a scale on q or k is already in the operands).
+    """
+
+    layout: str
+    q_operand: int
+    perm_q: tuple[int, ...]
+    perm_k: tuple[int, ...]
+    perm_v: tuple[int, ...]
+    perm_scores: tuple[int, ...]
+    perm_out: tuple[int, ...]
+    scale_input: int  # 0: no scale input; 1: scores times it; -1: scores divided by it
+    bias: int  # 0: none, 1: added, -1: subtracted
+    mask: bool
+    kernel_shapes: tuple[Any, ...]  # (q, k, v, bias | None, mask | None) in the kernel layout
+    dtype: str
+    out_shape: tuple[int, ...]
+    out_dtype: str
+
+
+_LAYOUT_AXES = {"BHSD": ("B", "H", "S", "D"), "BSHD": ("B", "S", "H", "D")}
+
+
+def _operand_perm(axes: dict[str, int], layout: str) -> tuple[int, ...]:
+    return tuple(axes[label] for label in _LAYOUT_AXES[layout])
+
+
+def _identity_count(perms: list[tuple[int, ...]]) -> int:
+    return sum(p == tuple(range(len(p))) for p in perms)
+
+
+@guard_fn("rules.attention_plan")
+def attention_plan(
+    shapes: Any,
+    dtypes: Any,
+    scores: Any,
+    output: Any,
+    bias: Any = None,
+    mask: Any = None,
+    scaled: Any = 0,
+    sign: Any = 1,
+) -> AttentionPlan | None:
+    """Plan for ``o = dot_general(softmax(f(dot_general(a, b))), v)`` (either operand order).
+
+    ``shapes = (a, b, v)`` (``a``/``b`` may be kv heads *before* an interleaved repeat),
+    ``dtypes = (a, b, v)``, ``scores = (dimension_numbers, shape, softmax axes)`` of the scores
+    ``dot_general``, ``output = (dimension_numbers, shape, dtype)`` of the output
+    ``dot_general``; ``bias``/``mask`` are ``(shape, dtype)`` in the scores' layout or None;
+    ``scaled`` is 1 (-1) when the scores are multiplied (divided) by a scalar input; ``sign``
+    is -1 for a subtracted bias.
+
+    The scores must be rank 4: two batch axes (batch and heads, in any order), the query's
+    free axis and the key's free axis, contracting one head-dim axis; the softmax runs over
+    the key axis. The output contracts the probabilities' key axis with v's sequence axis
+    and keeps the same batch axes. Returns None if anything else is matched, or if the
+    output's operand order cannot be told from the dimension numbers and shapes.
+    """
+    try:
+        a_shape, b_shape, v_shape = (_ints(s) for s in shapes)
+        s_dn, s_shape, s_axes = scores
+        o_dn, o_shape, o_dtype = output
+        dts = tuple(_dtype_name(d) for d in dtypes)
+    except (TypeError, ValueError):
+        return None
+    s_shape, o_shape = _ints(s_shape), _ints(o_shape)
+    sdn, odn = _dn(s_dn), _dn(o_dn)
+    if None in (a_shape, b_shape, v_shape, s_shape, o_shape, sdn, odn) or None in dts:
+        return None
+    if not (len(a_shape) == len(b_shape) == len(v_shape) == len(s_shape) == len(o_shape) == 4):
+        return None
+    ca, cb, ba, bb = sdn
+    if len(ca) != 1 or len(cb) != 1 or len(ba) != 2 or len(bb) != 2:
+        return None
+    ax = _axis(s_axes, 4)
+    if ax not in (2, 3):
+        return None
+    qpos = 5 - ax  # the query's free axis in the scores
+    # the key is the operand whose free axis the softmax normalises over
+    if ax == 3:
+        q_op, q_shape, k_shape, cq, ck, bq, bk = 0, a_shape, b_shape, ca[0], cb[0], ba, bb
+    else:
+        q_op, q_shape, k_shape, cq, ck, bq, bk = 1, b_shape, a_shape, cb[0], ca[0], bb, ba
+    q_free = [i for i in range(4) if i != cq and i not in bq]
+    k_free = [i for i in range(4) if i != ck and i not in bk]
+    if len(q_free) != 1 or len(k_free) != 1:
+        return None
+    sq, skv = s_shape[qpos], s_shape[ax]
+    d = q_shape[cq]
+    if q_shape[q_free[0]] != sq or k_shape[k_free[0]] != skv or k_shape[ck] != d:
+        return None
+    if any(q_shape[bq[j]] != s_shape[j] for j in (0, 1)):
+        return None
+    # grouped kv heads: k holds fewer heads than q on exactly one batch axis
+    grouped = [j for j in (0, 1) if k_shape[bk[j]] != s_shape[j]]
+    if len(grouped) > 1:
+        return None
+    for j in grouped:
+        if k_shape[bk[j]] < 1 or s_shape[j] % k_shape[bk[j]]:
+            return None
+    h_label = grouped[0] if grouped else 1
+    b_label = 1 - h_label
+    kv_batch = {j: k_shape[bk[j]] for j in (0, 1)}
+
+    # the output: which operand of o is the probabilities (frame = the scores' frame)?
+    xc, yc, xb, yb = odn
+    found = []
+    for p_first in (True, False):
+        pc, vc, pb, vb = (xc, yc, xb, yb) if p_first else (yc, xc, yb, xb)
+        if pc != (ax,) or sorted(pb) != [0, 1] or len(vc) != 1 or len(vb) != 2:
+            continue
+        v_axes = {("b", pb[i]): vb[i] for i in (0, 1)}
+        v_seq = vc[0]
+        v_rest = [i for i in range(4) if i != v_seq and i not in vb]
+        if len(v_rest) != 1:
+            continue
+        v_d = v_rest[0]
+        if v_shape[v_seq] != skv or any(v_shape[v_axes[("b", j)]] != kv_batch[j] for j in (0, 1)):
+            continue
+        # output: batch axes in pair order (labelled by the probabilities' side), then the
+        # first operand's free axis, then the second's
+        batch_labels = [("b", j) for j in pb]
+        labels = [*batch_labels, "q", "d"] if p_first else [*batch_labels, "d", "q"]
+        sizes = {("b", 0): s_shape[0], ("b", 1): s_shape[1], "q": sq, "d": v_shape[v_d]}
+        if tuple(sizes[lab] for lab in labels) != o_shape:
+            continue
+        found.append((labels, v_axes, v_seq, v_d))
+    if len(found) != 1:
+        return None  # not an attention output, or ambiguous operand order
+    labels, v_axes, v_seq, v_d = found[0]
+
+    q_axes = {"B": bq[b_label], "H": bq[h_label], "S": q_free[0], "D": cq}
+    k_axes = {"B": bk[b_label], "H": bk[h_label], "S": k_free[0], "D": ck}
+    vv_axes = {"B": v_axes[("b", b_label)], "H": v_axes[("b", h_label)], "S": v_seq, "D": v_d}
+    best = None
+    for layout in ("BSHD", "BHSD"):
+        perms = [_operand_perm(ax_, layout) for ax_ in (q_axes, k_axes, vv_axes)]
+        score = _identity_count(perms)
+        if best is None or score > best[0]:
+            best = (score, layout, perms)
+    _, layout, (perm_q, perm_k, perm_v) = best
+    # scores frame -> [B, H, Sq, Skv]
+    perm_scores = (b_label, h_label, qpos, ax)
+    # kernel output (layout) -> o's frame
+    out_label = {("b", b_label): "B", ("b", h_label): "H", "q": "S", "d": "D"}
+    kernel_axes = _LAYOUT_AXES[layout]
+    perm_out = tuple(kernel_axes.index(out_label[lab]) for lab in labels)
+
+    extras = []
+    for what in (bias, mask):
+        if what is None:
+            extras.append(None)
+            continue
+        try:
+            e_shape, _ = what
+        except (TypeError, ValueError):
+            return None
+        e_shape = _ints(e_shape)
+        if e_shape is None or len(e_shape) != 4:
+            return None
+        extras.append(_perm_apply(e_shape, perm_scores))
+    if (
+        bias is not None
+        and "float" not in str(_dtype_name(bias[1]))
+        and "bfloat" not in str(_dtype_name(bias[1]))
+    ):
+        return None
+    if mask is not None and not str(_dtype_name(mask[1])).startswith(("bool", "int", "uint")):
+        return None
+    try:
+        scaled_i, sign_i = int(scaled), int(sign)
+    except (TypeError, ValueError):
+        return None
+    if scaled_i not in (-1, 0, 1) or sign_i not in (1, -1):
+        return None
+    kernel_shapes = (
+        _perm_apply(q_shape, perm_q),
+        _perm_apply(k_shape, perm_k),
+        _perm_apply(v_shape, perm_v),
+        extras[0],
+        extras[1],
+    )
+    if len(set(dts)) != 1 or _dtype_name(o_dtype) is None:
+        return None
+    return AttentionPlan(
+        layout=layout,
+        q_operand=q_op,
+        perm_q=perm_q,
+        perm_k=perm_k,
+        perm_v=perm_v,
+        perm_scores=perm_scores,
+        perm_out=perm_out,
+        scale_input=scaled_i,
+        bias=0 if bias is None else sign_i,
+        mask=mask is not None,
+        kernel_shapes=kernel_shapes,
+        dtype=dts[0],
+        out_shape=o_shape,
+        out_dtype=_dtype_name(o_dtype),
+    )
+
+
+@guard_fn("rules.dpa_plan")
+def dpa_plan(
+    shapes: Any,
+    dtypes: Any,
+    scores: Any,
+    output: Any,
+    mask: Any = None,
+) -> AttentionPlan | None:
+    """Plan for ``jax.nn.dot_product_attention``'s XLA implementation (``nnx.MultiHeadAttention``).
+
+    That function reshapes q ``[B, T, N, H]`` to ``[B, T, K, G, H]`` (``N = K * G`` query
+    heads per kv head), computes ``logits = einsum("BTKGH,BSKH->BKTGS")`` scaled by a
+    constant, ``vmap`` s the softmax over G (which moves G to the front:
+    ``transpose(logits, (3, 0, 1, 2, 4))``), ``encoded = einsum(v, probs) -> [B, K, H, G, T]``,
+    and transposes/reshapes back to ``[B, T, N, H]``.
+
+    ``shapes = (q, k, v)`` with q before its reshape, ``scores = (dimension_numbers, shape,
+    logits permutation, softmax axes)`` of the logits ``dot_general``, ``output = (dimension_numbers, (perm1, perm2), shape,
+    dtype)``, ``mask = (shape, dtype)`` of the ``[B, 1 | N, T, S]`` boolean mask or None.
+    q/k/v are already in the kernel's BSHD layout, so the plan is all identities.
+    """
+    try:
+        q, k, v = (_ints(s) for s in shapes)
+        s_dn, s_shape, s_perm, s_axes = scores
+        o_dn, (p1, p2), o_shape, o_dtype = output
+        dts = tuple(_dtype_name(d) for d in dtypes)
+    except (TypeError, ValueError):
+        return None
+    o_shape, s_shape = _ints(o_shape), _ints(s_shape)
+    if None in (q, k, v, s_shape, o_shape) or None in dts or len(set(dts)) != 1:
+        return None
+    if len(q) != 4 or len(k) != 4 or k != v or len(s_shape) != 5:
+        return None
+    b, t, n, h = q
+    _, s, kh, _ = k
+    # logits [B, K, T, G, S] of q regrouped as [B, T, K, G, H]
+    if n % kh or s_shape != (b, kh, t, n // kh, s) or k[0] != b or k[3] != h:
+        return None
+    if _dn(s_dn) != ((4,), (3,), (0, 2), (0, 2)) or _ints(s_perm) != (3, 0, 1, 2, 4):
+        return None
+    if _axis(s_axes, 5) != 4:
+        return None
+    if _dn(o_dn) != ((1,), (4,), (0, 2), (1, 2)):
+        return None
+    p1, p2 = _ints(p1), _ints(p2)
+    if p1 is None or p2 is None or len(p1) != 5 or len(p2) != 5:
+        return None
+    # [B, K, H, G, T] --p1, p2--> must be [B, T, K, G, H], then reshaped to [B, T, N, H]
+    if tuple(p1[i] for i in p2) != (0, 4, 1, 3, 2) or o_shape != q:
+        return None
+    mask_shape = None
+    if mask is not None:
+        m_shape, m_dtype = mask
+        mask_shape = _ints(m_shape)
+        if mask_shape is None or len(mask_shape) != 4:
+            return None
+        if not str(_dtype_name(m_dtype)).startswith(("bool", "int", "uint")):
+            return None
+    ident = (0, 1, 2, 3)
+    return AttentionPlan(
+        layout="BSHD",
+        q_operand=0,
+        perm_q=ident,
+        perm_k=ident,
+        perm_v=ident,
+        perm_scores=ident,
+        perm_out=ident,
+        scale_input=1,
+        bias=0,
+        mask=mask is not None,
+        kernel_shapes=(q, k, v, None, mask_shape),
+        dtype=dts[0],
+        out_shape=o_shape,
+        out_dtype=_dtype_name(o_dtype),
+    )
+
+
+@guard_fn("rules.attention_supported")
+def attention_supported(plan: Any) -> bool:
+    """Does ``pallas_kernels.flash_attention`` take this plan's shapes and dtype?"""
+    if not isinstance(plan, AttentionPlan):
+        return False
+    from pallas_kernels import supports_attention  # pure Python; no JAX tracing
+
+    q, k, v, bias, mask = plan.kernel_shapes
+    return supports_attention(
+        q, k, v, plan.dtype, layout=plan.layout, bias_shape=bias, mask_shape=mask
+    )
+
+
+# ----------------------------------------------------------------------------- GEMM
+
+
+class GemmPlan(NamedTuple):
+    """How a matched ``act(dot_general(x, w) + b)`` runs on ``pallas_kernels.gemm_epilogue``."""
+
+    activation: str
+    transpose_w: bool  # w is stored [N, K]
+    k: int
+    n: int
+    bias: bool
+    dtype: str
+    out_shape: tuple[int, ...]
+    out_dtype: str
+
+
+@guard_fn("rules.gemm_plan")
+def gemm_plan(
+    x_shape: Any,
+    w_shape: Any,
+    dtypes: Any,
+    dimension_numbers: Any,
+    out: Any,
+    bias_shape: Any = None,
+    activation: Any = "none",
+) -> GemmPlan | None:
+    """Plan for ``dot_general(x, w)`` contracting x's last axis with one axis of a matrix w
+    (no batch axes), with an optional bias of N elements and an activation.
+
+    ``dtypes = (x, w, dot result)``, ``out = (shape, dtype)`` of the replaced value. Mixed
+    precision (a result dtype other than the operands') is not planned: the kernel returns
+    the operands' dtype.
+    """
+    x, w = _ints(x_shape), _ints(w_shape)
+    dn = _dn(dimension_numbers)
+    try:
+        dts = tuple(_dtype_name(d) for d in dtypes)
+        o_shape, o_dtype = out
+    except (TypeError, ValueError):
+        return None
+    o_shape = _ints(o_shape)
+    if x is None or w is None or dn is None or o_shape is None or None in dts:
+        return None
+    if len(set(dts)) != 1 or _dtype_name(o_dtype) != dts[0] or len(x) < 1 or len(w) != 2:
+        return None
+    lc, rc, lb, rb = dn
+    if lb or rb or lc != (len(x) - 1,) or len(rc) != 1:
+        return None
+    k = x[-1]
+    if w[rc[0]] != k:
+        return None
+    n = w[1 - rc[0]]
+    if o_shape != (*x[:-1], n):
+        return None
+    has_bias = bias_shape is not None
+    if has_bias and not (
+        bias_vector(bias_shape, n) and len(_ints(bias_shape) or ()) <= len(o_shape)
+    ):
+        return None
+    if activation not in ("none", "relu", "gelu_tanh", "gelu", "silu", "sigmoid", "tanh"):
+        return None
+    return GemmPlan(
+        activation=str(activation),
+        transpose_w=rc[0] == 1,
+        k=k,
+        n=n,
+        bias=has_bias,
+        dtype=dts[0],
+        out_shape=o_shape,
+        out_dtype=_dtype_name(o_dtype),
+    )
+
+
+@guard_fn("rules.gemm_supported")
+def gemm_supported(plan: Any, x_shape: Any) -> bool:
+    """Does ``pallas_kernels.gemm_epilogue`` take this plan's shapes and dtype?"""
+    if not isinstance(plan, GemmPlan):
+        return False
+    from pallas_kernels import supports_gemm
+
+    x = _ints(x_shape)
+    if x is None:
+        return False
+    return supports_gemm(
+        x, (plan.k, plan.n), plan.dtype, bias_shape=(plan.n,) if plan.bias else None
+    )
+
+
+@guard_fn("rules.bias_vector")
+def bias_vector(shape: Any, n: Any) -> bool:
+    """A bias of N elements laid out along the last axis (``[N]``, ``[1, 1, N]``...)."""
+    s = _ints(shape)
+    try:
+        n = int(n)
+    except (TypeError, ValueError):
+        return False
+    return s is not None and len(s) >= 1 and s[-1] == n and all(d == 1 for d in s[:-1])
+
+
+# The activation an epilogue pattern matched, told by the operator at its root and the
+# operator of its characteristic inner value (the "signature").
+_ACTIVATIONS = {
+    ("max", "max"): "relu",
+    ("mul", "tanh"): "gelu_tanh",
+    ("mul", "erfc"): "gelu",
+    ("mul", "erf"): "gelu",
+    ("mul", "logistic"): "silu",
+    ("div", "exp"): "silu",
+    ("logistic", "logistic"): "sigmoid",
+    ("tanh", "tanh"): "tanh",
+}
+
+
+@guard_fn("rules.activation_of")
+def activation_of(root_op: Any, signature_op: Any) -> str | None:
+    """Name (in ``pallas_kernels.ACTIVATIONS``) of the activation an epilogue matched."""
+    key = (getattr(root_op, "name", None), getattr(signature_op, "name", None))
+    return _ACTIVATIONS.get(key)
