@@ -16,6 +16,8 @@ __all__ = ["optimize", "Optimized", "rewrite_nested", "default_rules"]
 import functools
 import importlib
 import importlib.util
+import os
+import sys
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -106,14 +108,34 @@ class _Entry:
 
     closed: Any  # ClosedJaxpr of the flattened function
     out_tree: Any
-    original: Callable[..., Any]
-    rewritten: Callable[..., Any] | None = None
+    run: Callable[..., list[Any]] | None = None  # the lowered, rewritten program
     records: list[RewriteRecord] = field(default_factory=list)
     fallback: str | None = None
     verified: bool = False
 
     def report(self) -> OptimizeReport:
         return OptimizeReport.of(self.records, self.fallback)
+
+    def original(self, *flat: Any) -> list[Any]:
+        return _compat.jaxpr_as_fun(self.closed)(*flat)
+
+
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(m.__file__) + os.sep for m in (jax,) if getattr(m, "__file__", None)
+) + (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of the innermost caller outside JAX and pypm_jax (for warnings)."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None:
+        fname = frame.f_code.co_filename
+        if not fname.startswith(_LIBRARY_DIRS) and not fname.startswith("<"):
+            return level
+        frame = frame.f_back
+        level += 1
+    return 1
 
 
 def _has_tracers(values: Sequence[Any]) -> bool:
@@ -127,7 +149,13 @@ def _describe(exc: BaseException) -> str:
 
 
 class Optimized:
-    """A function optimized by :func:`optimize`; call it like the original."""
+    """A function optimized by :func:`optimize`; call it like the original.
+
+    Calls go through one ``jax.jit`` (its C++ dispatch and cache: no per-call Python work
+    beyond jit's own); tracing that ``jit`` is where the work happens, once per signature:
+    trace ``fn`` to a jaxpr, lift, rewrite, lower, check the lowered program's types, and
+    evaluate it on the tracers, or evaluate the original jaxpr when anything failed.
+    """
 
     def __init__(
         self,
@@ -146,6 +174,8 @@ class Optimized:
         self.verify = verify
         self.rewrite_options = rewrite_options
         self._cache: dict[Hashable, _Entry] = {}
+        self._jitted: dict[tuple[int, ...], Any] = {}  # static positions -> jax.jit
+        self._failed: set[Hashable] = set()  # signatures whose rewritten program failed
         self.traces = 0  # how many times ``fn`` was traced (one per signature)
         functools.update_wrapper(self, fn)
 
@@ -160,38 +190,45 @@ class Optimized:
 
     # -- signatures
 
-    def _split(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        static = _norm_static(self.static_argnums, len(args))
+    def _static(self, nargs: int) -> tuple[int, ...]:
+        if not self.static_argnums and self.static_argnums != 0:
+            return ()
+        return _norm_static(self.static_argnums, nargs)
+
+    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Hashable, Any, Any]:
+        """(signature, dynamic leaves, their treedef) of a call."""
+        static = self._static(len(args))
         static_vals = tuple((i, args[i]) for i in static)
-        try:
-            hash(static_vals)
-        except TypeError as exc:
-            raise TypeError(f"pm.optimize: static arguments must be hashable ({exc})") from None
         dyn = tuple(a for i, a in enumerate(args) if i not in static)
         flat, in_tree = jax.tree_util.tree_flatten((dyn, kwargs))
-        return static_vals, flat, in_tree
+        return (in_tree, tuple(_aval_key(x) for x in flat), static_vals), flat, in_tree
 
-    def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, list[Any]]:
-        static_vals, flat, in_tree = self._split(args, kwargs)
-        key = (in_tree, tuple(_aval_key(x) for x in flat), static_vals)
+    def _jit(self, nargs: int) -> Any:
+        static = self._static(nargs)
+        jitted = self._jitted.get(static)
+        if jitted is None:
+            jitted = jax.jit(self._traced, static_argnums=static)
+            self._jitted[static] = jitted
+        return jitted
+
+    def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, Any, Any]:
+        key, flat, in_tree = self._key(args, kwargs)
         entry = self._cache.get(key)
         if entry is None:
-            entry = self._build(static_vals, flat, in_tree, len(args))
+            entry = self._build(key, flat, in_tree, len(args))
             if not _has_tracers(entry.closed.consts):  # a closure over tracers: not reusable
                 self._cache[key] = entry
-        return entry, flat
+        return entry, key, flat
 
-    def _build(
-        self, static_vals: tuple[Any, ...], flat: list[Any], in_tree: Any, nargs: int
-    ) -> _Entry:
+    def _build(self, key: Hashable, flat: list[Any], in_tree: Any, nargs: int) -> _Entry:
         out_store: list[Any] = []
         fn = self.fn
+        static_vals = dict(key[2])
 
         def flat_fn(*leaves: Any) -> list[Any]:
             dyn, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
             it = iter(dyn)
-            statics = dict(static_vals)
-            full = [statics[i] if i in statics else next(it) for i in range(nargs)]
+            full = [static_vals[i] if i in static_vals else next(it) for i in range(nargs)]
             out = fn(*full, **kwargs)
             out_flat, out_tree = jax.tree_util.tree_flatten(out)
             out_store.append(out_tree)
@@ -199,74 +236,93 @@ class Optimized:
 
         self.traces += 1
         closed = jax.make_jaxpr(flat_fn)(*flat)  # the user's errors propagate, as with jit
-        original = jax.jit(_compat.jaxpr_as_fun(closed))
-        entry = _Entry(closed=closed, out_tree=out_store[-1], original=original)
+        entry = _Entry(closed=closed, out_tree=out_store[-1])
         try:
-            names = _input_names(in_tree, flat)
-            prog = lift(closed, in_names=names)
+            prog = lift(closed, in_names=_input_names(in_tree, flat))
             result = rewrite_nested(prog, self.rules, **self.rewrite_options)
             entry.records = list(result.report)
             run = lower(prog)
-            rewritten = jax.jit(lambda *xs: run(*xs))
-            traced = rewritten.trace(*flat)
-            _check_out_avals(traced.out_avals, closed.out_avals)
-            entry.rewritten = rewritten
+            # trace the rewritten program on its own first: a failure (a kernel raising, a
+            # wrong type) must not leave half a program in the caller's trace
+            checked = jax.make_jaxpr(lambda *xs: run(*xs))(*flat)
+            _check_out_avals(checked.out_avals, closed.out_avals)
+            entry.run = run
         except Exception as exc:  # any failure: the original program, and say why
-            self._fall_back(entry, f"rewriting failed: {_describe(exc)}", stacklevel=5)
+            self._fall_back(entry, f"rewriting failed: {_describe(exc)}")
         return entry
 
-    def _fall_back(self, entry: _Entry, why: str, stacklevel: int = 4) -> None:
-        """Run the original program for this signature from now on, and warn once.
-
-        ``stacklevel`` points the warning at the user's call (``fast(...)`` or
-        ``fast.report(...)``).
-        """
+    def _fall_back(self, entry: _Entry, why: str) -> None:
+        """Run the original program for this signature from now on, and warn once."""
         entry.fallback = why
-        entry.rewritten = None
+        entry.run = None
         name = getattr(self.fn, "__qualname__", repr(self.fn))
         warnings.warn(
             f"pm.optimize({name}): {why}; running the original program",
             OptimizationFallbackWarning,
-            stacklevel=stacklevel,
+            stacklevel=_user_stacklevel(),
         )
 
     # -- calling
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        entry, flat = self._entry(args, kwargs)
-        out = self._run(entry, flat)
+    def _traced(self, *args: Any, **kwargs: Any) -> Any:
+        """The body of the ``jax.jit``: runs once per signature, on tracers."""
+        entry, key, flat = self._entry(args, kwargs)
+        if entry.run is not None and key not in self._failed:
+            out = entry.run(*flat)
+        else:
+            out = entry.original(*flat)
         return jax.tree_util.tree_unflatten(entry.out_tree, out)
 
-    def _run(self, entry: _Entry, flat: list[Any]) -> list[Any]:
-        if entry.rewritten is not None:
-            try:
-                out = entry.rewritten(*flat)
-            except Exception as exc:
-                self._fall_back(entry, f"the rewritten program failed: {_describe(exc)}")
-            else:
-                if self.verify and not entry.verified and not _has_tracers(flat):
-                    self._verify(entry, flat, out)
-                return out
-        return entry.original(*flat)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        jitted = self._jit(len(args))
+        try:
+            out = jitted(*args, **kwargs)
+        except Exception as exc:
+            if not self._recover(args, kwargs, exc):
+                raise
+            out = jitted(*args, **kwargs)
+        if self.verify:
+            self._maybe_verify(args, kwargs, out)
+        return out
+
+    def _recover(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: Exception) -> bool:
+        """After a failed call: was it the rewritten program? Then fall back and retry."""
+        try:
+            key, _, _ = self._key(args, kwargs)
+        except Exception:
+            return False
+        entry = self._cache.get(key)
+        if entry is None or entry.run is None or key in self._failed:
+            return False  # the original program failed: the caller's error
+        self._failed.add(key)
+        self._fall_back(entry, f"the rewritten program failed: {_describe(exc)}")
+        for jitted in self._jitted.values():
+            jitted.clear_cache()  # the next call re-traces, now with the original program
+        return True
 
     def report(self, *args: Any, **kwargs: Any) -> OptimizeReport:
         """The rewrites for this call signature (traces and rewrites it if needed)."""
-        entry, _ = self._entry(args, kwargs)
+        entry, _, _ = self._entry(args, kwargs)
         return entry.report()
 
     def lifted(self, *args: Any, **kwargs: Any) -> LiftedProgram:
         """The lifted program for this signature, rewritten with this function's rules."""
-        entry, flat = self._entry(args, kwargs)
-        static_vals, _, in_tree = self._split(args, kwargs)
-        prog = lift(entry.closed, in_names=_input_names(in_tree, flat))
+        entry, key, flat = self._entry(args, kwargs)
+        prog = lift(entry.closed, in_names=_input_names(key[0], flat))
         rewrite_nested(prog, self.rules, **self.rewrite_options)
         return prog
 
     # -- verification
 
+    def _maybe_verify(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        entry, key, flat = self._entry(args, kwargs)
+        if entry.verified or entry.run is None or key in self._failed or _has_tracers(flat):
+            return
+        self._verify(entry, flat, jax.tree_util.tree_leaves(out))
+
     def _verify(self, entry: _Entry, flat: list[Any], out: list[Any]) -> None:
         entry.verified = True
-        expected = entry.original(*flat)
+        expected = jax.jit(entry.original)(*flat)
         problem = _first_difference(expected, out)
         if problem is None:
             return

@@ -198,7 +198,7 @@ def test_static_argnums():
     fast(X, 2, "exp")
     assert traces == [(2, "exp"), (2, "tanh")]
     assert len(fast.report(X, 2, "exp")) == 2 and len(fast.report(X, 2, "tanh")) == 0
-    with pytest.raises(TypeError, match="hashable"):
+    with pytest.raises((TypeError, ValueError), match="hashable"):
         fast(X, 2, ["unhashable"])
 
 
