@@ -1,9 +1,9 @@
 """``pm.optimize``: trace, lift, rewrite (bodies of scan/while/cond too), lower, ``jax.jit``.
 
 ``optimize(fn)`` behaves like ``jax.jit(fn)``: pytrees in and out, static arguments, one
-trace per signature (treedef, avals, static values) kept in a cache. Rewriting never makes a
-program fail or compute something else silently: any failure while rewriting or lowering, or
-while tracing or running the rewritten program, falls back to the original program with an
+trace per signature (treedef, avals, static values). Rewriting never makes a program fail or
+compute something else silently: any failure while rewriting or lowering, or while tracing or
+compiling the rewritten program, falls back to the original program with an
 :class:`~pypm_jax.jax.report.OptimizationFallbackWarning` naming the cause; ``verify=True``
 additionally compares both programs on the first concrete inputs of each signature and raises
 a :class:`~pypm_jax.jax.report.VerificationError` naming the rewrite that changed the result.

@@ -245,6 +245,34 @@ def test_failing_rules_fall_back_to_the_original_with_a_warning(rule, cause):
         fast(X, Y)  # warned once per signature
 
 
+def test_a_program_that_fails_to_compile_falls_back():
+    """Tracing the rewritten program succeeds; compiling it does not (no lowering rule)."""
+    from jax.extend.core import Primitive
+
+    no_lowering_p = Primitive("pypm_test_no_lowering")
+    no_lowering_p.def_abstract_eval(lambda x: x)
+
+    @pm.op(op_class="kernel")
+    def Uncompilable(x):
+        return 1
+
+    register_impl(Uncompilable, lambda x: no_lowering_p.bind(jnp.exp(x)))
+
+    @pm.rule(Exp)
+    def uncompilable(x):
+        return Uncompilable(x)
+
+    fast = optimize(f, rules=[uncompilable])
+    assert fast.report(X, Y).fallback is None  # rewriting and tracing went fine
+    with pytest.warns(OptimizationFallbackWarning, match="rewritten program failed") as record:
+        out = fast(X, Y)
+    assert record[0].filename == HERE
+    np.testing.assert_array_equal(out, jax.jit(f)(X, Y))
+    assert "pypm_test_no_lowering" in fast.report(X, Y).fallback
+    np.testing.assert_array_equal(fast(X, Y), jax.jit(f)(X, Y))
+    assert fast.traces == 1
+
+
 def test_a_rule_list_that_cannot_settle_falls_back():
     @pm.pattern
     def Kernel(x):
