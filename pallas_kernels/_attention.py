@@ -29,7 +29,7 @@ multiples in the wrapper; padded keys get ``-inf`` (so they never receive weight
 not even in fully masked rows) and padded query rows are sliced off.
 
 Backward uses two kernels (dK/dV over kv blocks, dQ over q blocks) and the saved
-per-row max ``m`` and normaliser ``l`` (kept separately rather than as a
+per-row max ``m`` and normaliser ``denom`` (kept separately rather than as a
 log-sum-exp so fully masked rows, whose max is ``finfo.min``, keep their exact
 1/Skv weights).  With grouped kv heads dK/dV are produced per q head in f32 and
 summed over the group by XLA.  The bias gradient is computed by XLA from the same
@@ -81,8 +81,9 @@ def _split(shape: tuple[int, ...], layout: str) -> tuple[int, int, int, int]:
     return (b, x1, x2, d) if layout == "BSHD" else (b, x2, x1, d)
 
 
-def _structure_error(q_shape: Any, k_shape: Any, v_shape: Any, layout: str,
-                     bias_shape: Any, mask_shape: Any) -> str | None:
+def _structure_error(
+    q_shape: Any, k_shape: Any, v_shape: Any, layout: str, bias_shape: Any, mask_shape: Any
+) -> str | None:
     """Reason the arguments are not a well-formed attention call (None if they are)."""
     if layout not in LAYOUTS:
         return f"layout must be one of {LAYOUTS}, got {layout!r}"
@@ -120,8 +121,15 @@ def _structure_error(q_shape: Any, k_shape: Any, v_shape: Any, layout: str,
     return None
 
 
-def _kernel_error(q_shape: Any, k_shape: Any, v_shape: Any, dtype: Any, layout: str,
-                  bias_shape: Any, mask_shape: Any) -> str | None:
+def _kernel_error(
+    q_shape: Any,
+    k_shape: Any,
+    v_shape: Any,
+    dtype: Any,
+    layout: str,
+    bias_shape: Any,
+    mask_shape: Any,
+) -> str | None:
     """Reason the Pallas kernel cannot run this call (None when it can)."""
     err = _structure_error(q_shape, k_shape, v_shape, layout, bias_shape, mask_shape)
     if err is not None:
@@ -135,9 +143,16 @@ def _kernel_error(q_shape: Any, k_shape: Any, v_shape: Any, dtype: Any, layout: 
     return None
 
 
-def supports_attention(q_shape: Any, k_shape: Any, v_shape: Any, dtype: Any, *,
-                       layout: str = "BSHD", bias_shape: Any = None,
-                       mask_shape: Any = None) -> bool:
+def supports_attention(
+    q_shape: Any,
+    k_shape: Any,
+    v_shape: Any,
+    dtype: Any,
+    *,
+    layout: str = "BSHD",
+    bias_shape: Any = None,
+    mask_shape: Any = None,
+) -> bool:
     """True iff :func:`flash_attention`'s Pallas kernel handles these shapes/dtype.
 
     Pure Python (no tracing): rewrite rules call it as a guard.  ``dtype`` may be a
@@ -149,11 +164,17 @@ def supports_attention(q_shape: Any, k_shape: Any, v_shape: Any, dtype: Any, *,
     return _kernel_error(q_shape, k_shape, v_shape, dtype, layout, bias_shape, mask_shape) is None
 
 
-def _validate_arrays(q: jax.Array, k: jax.Array, v: jax.Array, bias: Any, mask: Any,
-                     layout: str) -> None:
-    err = _structure_error(q.shape, k.shape, v.shape, layout,
-                           None if bias is None else bias.shape,
-                           None if mask is None else mask.shape)
+def _validate_arrays(
+    q: jax.Array, k: jax.Array, v: jax.Array, bias: Any, mask: Any, layout: str
+) -> None:
+    err = _structure_error(
+        q.shape,
+        k.shape,
+        v.shape,
+        layout,
+        None if bias is None else bias.shape,
+        None if mask is None else mask.shape,
+    )
     if err is not None:
         raise ValueError(f"flash_attention: {err}")
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -161,7 +182,9 @@ def _validate_arrays(q: jax.Array, k: jax.Array, v: jax.Array, bias: Any, mask: 
             raise TypeError(f"flash_attention: {name} must be floating point, got {x.dtype}")
     if bias is not None and not jnp.issubdtype(bias.dtype, jnp.floating):
         raise TypeError(f"flash_attention: bias must be a float array, got {bias.dtype}")
-    if mask is not None and not (mask.dtype == jnp.bool_ or jnp.issubdtype(mask.dtype, jnp.integer)):
+    if mask is not None and not (
+        mask.dtype == jnp.bool_ or jnp.issubdtype(mask.dtype, jnp.integer)
+    ):
         raise TypeError(
             f"flash_attention: mask must be boolean (True = attend), got {mask.dtype}; "
             "pass additive float masks as `bias`."
@@ -173,9 +196,17 @@ def _validate_arrays(q: jax.Array, k: jax.Array, v: jax.Array, bias: Any, mask: 
 # --------------------------------------------------------------------------- #
 
 
-def attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None = None,
-                        mask: jax.Array | None = None, *, scale: float | None = None,
-                        causal: bool = False, layout: str = "BSHD") -> jax.Array:
+def attention_reference(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    bias: jax.Array | None = None,
+    mask: jax.Array | None = None,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    layout: str = "BSHD",
+) -> jax.Array:
     """Plain-JAX attention (einsum + f32 softmax) with the module's semantics.
 
     This is also the ``impl="xla"`` fallback, so it is written the way XLA compiles
@@ -238,24 +269,45 @@ class AttentionBlocks:
     num_stages_bwd: int
 
 
-def default_blocks(sq: int, skv: int, d_pad: int, dtype: Any, interpret: bool) -> AttentionBlocks:
-    """Per-head-dim defaults (tuned on an H100, see benchmarks/RESULTS.md).
+def default_blocks(
+    sq: int,
+    skv: int,
+    d_pad: int,
+    dtype: Any,
+    interpret: bool,
+    causal: bool = False,
+    exact: bool = False,
+) -> AttentionBlocks:
+    """Per-head-dim defaults, picked from an H100 sweep (benchmarks/RESULTS.md).
 
-    Interpret mode uses 16-row blocks so the small CPU test shapes still exercise
-    multi-block loops, causal skipping and padding.
+    ``exact`` (bias/mask present): the kernel also streams a bias/mask tile per kv
+    block, so the largest tiles (which fill shared memory with 3 pipeline stages)
+    are avoided.  Interpret mode uses 16-row blocks so the small CPU test shapes
+    still exercise multi-block loops, causal skipping and padding.
     """
     if interpret:
         cfg = AttentionBlocks(16, 16, 4, 2, 16, 16, 4, 2)
-    else:
-        wide = jnp.dtype(dtype) == jnp.float32
+    elif jnp.dtype(dtype) == jnp.float32:  # twice the bytes per tile: halve the tiles
         if d_pad <= 64:
-            cfg = AttentionBlocks(128, 64, 4, 3, 64, 64, 4, 2)
+            cfg = AttentionBlocks(64, 64, 4, 3, 64, 64, 4, 2)
         elif d_pad <= 128:
-            cfg = (AttentionBlocks(64, 32, 4, 2, 32, 32, 4, 2) if wide
-                   else AttentionBlocks(128, 64, 8, 3, 64, 64, 8, 2))
+            cfg = AttentionBlocks(64, 32, 4, 2, 32, 32, 4, 2)
         else:
-            cfg = (AttentionBlocks(32, 32, 4, 2, 16, 16, 4, 1) if wide
-                   else AttentionBlocks(64, 32, 4, 2, 32, 32, 4, 1))
+            cfg = AttentionBlocks(32, 32, 4, 2, 16, 16, 4, 2)
+    elif d_pad <= 64:
+        cfg = (
+            AttentionBlocks(64, 64, 4, 3, 64, 64, 4, 3)
+            if causal
+            else AttentionBlocks(128, 64, 8, 3, 64, 64, 4, 3)
+        )
+    elif d_pad <= 128:
+        cfg = (
+            AttentionBlocks(128, 64, 8, 3, 64, 64, 4, 2)
+            if exact
+            else AttentionBlocks(128, 128, 8, 3, 64, 64, 4, 2)
+        )
+    else:
+        cfg = AttentionBlocks(64, 32, 4, 2, 32, 32, 4, 2)
     return clamp_blocks(cfg, sq, skv)
 
 
@@ -266,8 +318,10 @@ def clamp_blocks(cfg: AttentionBlocks, sq: int, skv: int) -> AttentionBlocks:
     ck = max(16, dsp.next_pow2(skv))
     return dataclasses.replace(
         cfg,
-        block_q=min(cfg.block_q, cq), block_k=min(cfg.block_k, ck),
-        block_q_bwd=min(cfg.block_q_bwd, cq), block_k_bwd=min(cfg.block_k_bwd, ck),
+        block_q=min(cfg.block_q, cq),
+        block_k=min(cfg.block_k, ck),
+        block_q_bwd=min(cfg.block_q_bwd, cq),
+        block_k_bwd=min(cfg.block_k_bwd, ck),
     )
 
 
@@ -276,12 +330,12 @@ class _Cfg:
     layout: str
     causal: bool
     scale: float
-    kv_len: int          # true (unpadded) kv length
-    kv_padded: bool      # kv was padded to a block multiple (padded keys get -inf)
-    group: int           # Hq // Hkv
+    kv_len: int  # true (unpadded) kv length
+    kv_padded: bool  # kv was padded to a block multiple (padded keys get -inf)
+    group: int  # Hq // Hkv
     has_bias: bool
     has_mask: bool
-    bias_full: tuple[bool, bool, bool, bool]   # per score dim: real extent (not broadcast)
+    bias_full: tuple[bool, bool, bool, bool]  # per score dim: real extent (not broadcast)
     mask_full: tuple[bool, bool, bool, bool]
     blocks: AttentionBlocks
     interpret: bool
@@ -303,8 +357,7 @@ def _act_spec(layout: str, rows: int, d: int, seq_idx: Any, head_idx: Any) -> pl
     """Spec for one head's ``rows`` x ``d`` slab of a [B,S,H,D] / [B,H,S,D] array.
     Grid is always (seq_block, batch, head)."""
     if layout == "BSHD":
-        return pl.BlockSpec((None, rows, None, d),
-                            lambda s, b, h: (b, seq_idx(s), head_idx(h), 0))
+        return pl.BlockSpec((None, rows, None, d), lambda s, b, h: (b, seq_idx(s), head_idx(h), 0))
     return pl.BlockSpec((None, None, rows, d), lambda s, b, h: (b, head_idx(h), seq_idx(s), 0))
 
 
@@ -313,8 +366,9 @@ def _row_spec(rows: int, seq_idx: Any) -> pl.BlockSpec:
     return pl.BlockSpec((None, None, rows), lambda s, b, h: (b, h, seq_idx(s)))
 
 
-def _score_spec(full: tuple[bool, bool, bool, bool], q_rows: int, k_cols: int,
-                q_idx: Any, k_idx: Any) -> pl.BlockSpec:
+def _score_spec(
+    full: tuple[bool, bool, bool, bool], q_rows: int, k_cols: int, q_idx: Any, k_idx: Any
+) -> pl.BlockSpec:
     """Spec for a bias/mask in score layout with broadcast (size-1) dims kept."""
     fb, fh, fq, fk = full
     shape = (None, None, q_rows if fq else 1, k_cols if fk else 1)
@@ -338,9 +392,16 @@ def _ident(x: Any) -> Any:
 # --------------------------------------------------------------------------- #
 
 
-def _scores(cfg: _Cfg, q: jax.Array, k: jax.Array, q_pos: jax.Array, k_pos: jax.Array,
-            bias: jax.Array | None, mask: jax.Array | None, structural: bool
-            ) -> tuple[jax.Array, jax.Array | None]:
+def _scores(
+    cfg: _Cfg,
+    q: jax.Array,
+    k: jax.Array,
+    q_pos: jax.Array,
+    k_pos: jax.Array,
+    bias: jax.Array | None,
+    mask: jax.Array | None,
+    structural: bool,
+) -> tuple[jax.Array, jax.Array | None]:
     """Score tile and its keep-mask (None when nothing is masked by mask/causal).
 
     ``structural`` = apply causal and kv-padding masks (only needed on diagonal /
@@ -418,7 +479,7 @@ def _fwd_kernel(*refs: Any, cfg: _Cfg, with_stats: bool) -> None:
     kv_full_mask = cfg.has_mask and cfg.mask_full[3]
 
     def body(j: Any, carry: Any, structural: bool) -> Any:
-        o, m, l = carry
+        o, m, denom = carry
         start = j * bk
         k = k_ref[pl.ds(start, bk), :]
         v = v_ref[pl.ds(start, bk), :]
@@ -434,14 +495,16 @@ def _fwd_kernel(*refs: Any, cfg: _Cfg, with_stats: bool) -> None:
         m_use = _safe_max(m_new)
         alpha = _exp(cfg, m - m_use)
         p = _exp(cfg, s - m_use[:, None])
-        l = alpha * l + jnp.sum(p, axis=1)
+        denom = alpha * denom + jnp.sum(p, axis=1)
         o = alpha[:, None] * o + dsp.dot(p.astype(v.dtype), v, precision=cfg.precision)
-        return o, m_new, l
+        return o, m_new, denom
 
     dp = q.shape[-1]
-    carry = (jnp.zeros((bq, dp), jnp.float32),
-             jnp.full((bq,), -jnp.inf, jnp.float32),
-             jnp.zeros((bq,), jnp.float32))
+    carry = (
+        jnp.zeros((bq, dp), jnp.float32),
+        jnp.full((bq,), -jnp.inf, jnp.float32),
+        jnp.zeros((bq,), jnp.float32),
+    )
     n_unmasked, hi = _kv_ranges(cfg, q_start, bq, bk, nk)
     carry = _fori(0, n_unmasked, functools.partial(body, structural=False), carry)
     carry = _fori(n_unmasked, hi, functools.partial(body, structural=True), carry)
@@ -450,11 +513,11 @@ def _fwd_kernel(*refs: Any, cfg: _Cfg, with_stats: bool) -> None:
         # semantics), including the causally skipped ones: visit them in that case.
         ext = jnp.where(jnp.min(carry[1]) <= _FULLY_MASKED_THRESHOLD, nk, hi)
         carry = _fori(hi, ext, functools.partial(body, structural=True), carry)
-    o, m, l = carry
-    o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
+    o, m, denom = carry
+    o_ref[...] = (o / denom[:, None]).astype(o_ref.dtype)
     if with_stats:
         m_ref[...] = m
-        l_ref[...] = l
+        l_ref[...] = denom
 
 
 def _dq_kernel(*refs: Any, cfg: _Cfg) -> None:
@@ -552,15 +615,16 @@ def _dkdv_kernel(*refs: Any, cfg: _Cfg) -> None:
 
     dp = k.shape[-1]
     carry = (jnp.zeros((bk, dp), jnp.float32), jnp.zeros((bk, dp), jnp.float32))
-    kv_block_full = j < (cfg.kv_len // bk)      # block holds no padded keys
+    kv_block_full = j < (cfg.kv_len // bk)  # block holds no padded keys
     if cfg.causal:
-        first = lax.div(k_start, bq)                                  # first q block touching it
+        first = lax.div(k_start, bq)  # first q block touching it
         unmasked_from = jnp.minimum(lax.div(k_start + bk - 1 + bq - 1, bq), nq)
         unmasked_from = jnp.where(kv_block_full, jnp.maximum(unmasked_from, first), nq)
         if cfg.exact:
             # q blocks above the diagonal only matter for fully masked rows.
             def row_min(i: Any, acc: Any) -> Any:
                 return jnp.minimum(acc, jnp.min(m_ref[pl.ds(i * bq, bq)]))
+
             lowest = _fori(0, first, row_min, jnp.float32(jnp.inf))
             pre = jnp.where(lowest <= _FULLY_MASKED_THRESHOLD, first, 0)
             carry = _fori(0, pre, functools.partial(body, structural=True), carry)
@@ -569,7 +633,10 @@ def _dkdv_kernel(*refs: Any, cfg: _Cfg) -> None:
     elif cfg.kv_len % bk == 0:
         carry = _fori(0, nq, functools.partial(body, structural=False), carry)
     else:
-        split = jnp.where(kv_block_full, 0, nq)
+        # Padded kv block -> every q block needs the kv-length mask.  Integer
+        # arithmetic rather than `jnp.where(pred, 0, nq)`: Pallas-Triton (jax 0.11)
+        # mis-types a select between two weak-typed literals (i1 vs i32).
+        split = nq * jnp.minimum(jnp.maximum(j - cfg.kv_len // bk + 1, 0), 1)
         carry = _fori(0, split, functools.partial(body, structural=True), carry)
         carry = _fori(split, nq, functools.partial(body, structural=False), carry)
     dk, dv = carry
@@ -592,8 +659,15 @@ def _stats_shape(b: int, hq: int, sq: int) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((b, hq, sq), jnp.float32)
 
 
-def _fwd_call(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
-              mask: jax.Array | None, cfg: _Cfg, with_stats: bool) -> tuple[jax.Array, ...]:
+def _fwd_call(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    bias: jax.Array | None,
+    mask: jax.Array | None,
+    cfg: _Cfg,
+    with_stats: bool,
+) -> tuple[jax.Array, ...]:
     b, sq, hq, skv, dp = _dims(cfg, q, k)
     bq = cfg.blocks.block_q
     g = cfg.group
@@ -626,15 +700,25 @@ def _fwd_call(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
     )(*args)
 
 
-def _bwd_calls(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
-               mask: jax.Array | None, do: jax.Array, m: jax.Array, l: jax.Array,
-               delta: jax.Array, cfg: _Cfg) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _bwd_calls(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    bias: jax.Array | None,
+    mask: jax.Array | None,
+    do: jax.Array,
+    m: jax.Array,
+    denom: jax.Array,
+    delta: jax.Array,
+    cfg: _Cfg,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     b, sq, hq, skv, dp = _dims(cfg, q, k)
     bq, bk = cfg.blocks.block_q_bwd, cfg.blocks.block_k_bwd
     g = cfg.group
     kv_head = (lambda h: lax.div(h, g)) if g > 1 else _ident
-    params = dsp.pallas_call_kwargs(cfg.interpret, cfg.blocks.num_warps_bwd,
-                                    cfg.blocks.num_stages_bwd)
+    params = dsp.pallas_call_kwargs(
+        cfg.interpret, cfg.blocks.num_warps_bwd, cfg.blocks.num_stages_bwd
+    )
 
     # dQ: grid over q blocks, loop over kv blocks.
     in_specs = [
@@ -650,7 +734,7 @@ def _bwd_calls(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
         in_specs.append(_score_spec(cfg.mask_full, bq, skv, _ident, _zero))
         args.append(mask)
     in_specs += [_act_spec(cfg.layout, bq, dp, _ident, _ident)] + [_row_spec(bq, _ident)] * 3
-    args += [do, m, l, delta]
+    args += [do, m, denom, delta]
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, cfg=cfg),
         grid=(sq // bq, b, hq),
@@ -675,7 +759,7 @@ def _bwd_calls(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
         in_specs.append(_score_spec(cfg.mask_full, sq, bk, _zero, _ident))
         args.append(mask)
     in_specs += [_act_spec(cfg.layout, sq, dp, _zero, _ident)] + [_row_spec(sq, _zero)] * 3
-    args += [do, m, l, delta]
+    args += [do, m, denom, delta]
     # Per-q-head partial dK/dV; summed over each kv group below (f32 when summing).
     part_dtype = jnp.float32 if g > 1 else k.dtype
     part_shape = (b, skv, hq, dp) if cfg.layout == "BSHD" else (b, hq, skv, dp)
@@ -704,9 +788,18 @@ def _to_score_layout(x: jax.Array, layout: str) -> jax.Array:
     return x.transpose(0, 2, 1, 3) if layout == "BSHD" else x
 
 
-def _bias_grad(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array,
-               mask: jax.Array | None, do: jax.Array, m: jax.Array, l: jax.Array,
-               delta: jax.Array, cfg: _Cfg) -> jax.Array:
+def _bias_grad(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    bias: jax.Array,
+    mask: jax.Array | None,
+    do: jax.Array,
+    m: jax.Array,
+    denom: jax.Array,
+    delta: jax.Array,
+    cfg: _Cfg,
+) -> jax.Array:
     """dL/dbias = dS reduced over the bias's broadcast dims, in XLA.
 
     Materialises [B, Hq, Sq, Skv]; dead code (removed by XLA under jit) whenever the
@@ -728,7 +821,7 @@ def _bias_grad(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array,
     if keep is not None:
         s = jnp.where(keep, s, MASK_VALUE)
     s = jnp.where(jnp.arange(skv) < cfg.kv_len, s, -jnp.inf)
-    p = jnp.exp(s - _safe_max(m)[..., None]) / l[..., None]
+    p = jnp.exp(s - _safe_max(m)[..., None]) / denom[..., None]
     dpv = jnp.einsum("bhqd,bhkd->bhqk", doh, vh, preferred_element_type=jnp.float32, precision=hp)
     ds = p * (dpv - delta[..., None])
     if keep is not None:
@@ -738,23 +831,38 @@ def _bias_grad(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array,
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _flash_core(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
-                mask: jax.Array | None, cfg: _Cfg) -> jax.Array:
+def _flash_core(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    bias: jax.Array | None,
+    mask: jax.Array | None,
+    cfg: _Cfg,
+) -> jax.Array:
     return _fwd_call(q, k, v, bias, mask, cfg, with_stats=False)[0]
 
 
-def _flash_core_fwd(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
-                    mask: jax.Array | None, cfg: _Cfg) -> tuple[jax.Array, tuple[Any, ...]]:
-    o, m, l = _fwd_call(q, k, v, bias, mask, cfg, with_stats=True)
-    return o, (q, k, v, bias, mask, o, m, l)
+def _flash_core_fwd(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    bias: jax.Array | None,
+    mask: jax.Array | None,
+    cfg: _Cfg,
+) -> tuple[jax.Array, tuple[Any, ...]]:
+    o, m, denom = _fwd_call(q, k, v, bias, mask, cfg, with_stats=True)
+    return o, (q, k, v, bias, mask, o, m, denom)
 
 
 def _flash_core_bwd(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array) -> tuple[Any, ...]:
-    q, k, v, bias, mask, o, m, l = res
-    eq = "bshd,bshd->bhs" if cfg.layout == "BSHD" else "bhsd,bhsd->bhs"
-    delta = jnp.einsum(eq, o.astype(jnp.float32), do.astype(jnp.float32))
-    dq, dk, dv = _bwd_calls(q, k, v, bias, mask, do, m, l, delta, cfg)
-    dbias = None if bias is None else _bias_grad(q, k, v, bias, mask, do, m, l, delta, cfg)
+    q, k, v, bias, mask, o, m, denom = res
+    # rowsum(o * do) as an elementwise product + reduction (an einsum would be a
+    # dot, i.e. TF32 on GPU under default precision).
+    delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
+    if cfg.layout == "BSHD":
+        delta = delta.transpose(0, 2, 1)
+    dq, dk, dv = _bwd_calls(q, k, v, bias, mask, do, m, denom, delta, cfg)
+    dbias = None if bias is None else _bias_grad(q, k, v, bias, mask, do, m, denom, delta, cfg)
     return dq, dk, dv, dbias, None
 
 
@@ -770,8 +878,9 @@ def _pad_axis(x: jax.Array, axis: int, size: int, value: Any = 0) -> jax.Array:
     return jnp.pad(x, widths, constant_values=value)
 
 
-def _prep_score_operand(x: jax.Array, sq_pad: int, skv_pad: int, fill: Any
-                        ) -> tuple[jax.Array, tuple[bool, bool, bool, bool]]:
+def _prep_score_operand(
+    x: jax.Array, sq_pad: int, skv_pad: int, fill: Any
+) -> tuple[jax.Array, tuple[bool, bool, bool, bool]]:
     """Rank-4 score-layout operand, real dims padded to the kernel's lengths."""
     x = x.reshape((1,) * (4 - x.ndim) + x.shape)
     full = tuple(bool(x.shape[i] != 1) for i in range(4))
@@ -783,16 +892,30 @@ def _prep_score_operand(x: jax.Array, sq_pad: int, skv_pad: int, fill: Any
     return x, full  # type: ignore[return-value]
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "causal", "layout", "interpret", "blocks",
-                                             "precision"))
-def _flash_pallas(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
-                  mask: jax.Array | None, *, scale: float, causal: bool, layout: str,
-                  interpret: bool, blocks: AttentionBlocks | None, precision: Any) -> jax.Array:
+@functools.partial(
+    jax.jit, static_argnames=("scale", "causal", "layout", "interpret", "blocks", "precision")
+)
+def _flash_pallas(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    bias: jax.Array | None,
+    mask: jax.Array | None,
+    *,
+    scale: float,
+    causal: bool,
+    layout: str,
+    interpret: bool,
+    blocks: AttentionBlocks | None,
+    precision: Any,
+) -> jax.Array:
     b, sq, hq, d = _split(q.shape, layout)
     _, skv, hkv, _ = _split(k.shape, layout)
     dp = dsp.next_pow2(d)
     if blocks is None:
-        blocks = default_blocks(sq, skv, dp, q.dtype, interpret)
+        blocks = default_blocks(
+            sq, skv, dp, q.dtype, interpret, causal, exact=bias is not None or mask is not None
+        )
     else:
         blocks = clamp_blocks(blocks, sq, skv)
     sq_pad = dsp.round_up(sq, max(blocks.block_q, blocks.block_q_bwd))
@@ -809,11 +932,21 @@ def _flash_pallas(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | No
         # Padded query rows attend (so they never look "fully masked"); padded keys
         # are excluded by the kernel's kv-length check.
         mask, mask_full = _prep_score_operand(mask, sq_pad, skv_pad, 1)
-    cfg = _Cfg(layout=layout, causal=causal, scale=scale, kv_len=skv,
-               kv_padded=skv_pad != skv, group=hq // hkv,
-               has_bias=bias is not None, has_mask=mask is not None,
-               bias_full=bias_full, mask_full=mask_full, blocks=blocks,
-               interpret=interpret, precision=precision)
+    cfg = _Cfg(
+        layout=layout,
+        causal=causal,
+        scale=scale,
+        kv_len=skv,
+        kv_padded=skv_pad != skv,
+        group=hq // hkv,
+        has_bias=bias is not None,
+        has_mask=mask is not None,
+        bias_full=bias_full,
+        mask_full=mask_full,
+        blocks=blocks,
+        interpret=interpret,
+        precision=precision,
+    )
     out = _flash_core(qp, kp, vp, bias, mask, cfg)
     if layout == "BSHD":
         return out[:, :sq, :, :d]
@@ -825,10 +958,19 @@ def _flash_pallas(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | No
 # --------------------------------------------------------------------------- #
 
 
-def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None = None,
-                    mask: jax.Array | None = None, *, scale: float | None = None,
-                    causal: bool = False, layout: str = "BSHD", impl: str | None = None,
-                    _blocks: AttentionBlocks | None = None) -> jax.Array:
+def flash_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    bias: jax.Array | None = None,
+    mask: jax.Array | None = None,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    layout: str = "BSHD",
+    impl: str | None = None,
+    _blocks: AttentionBlocks | None = None,
+) -> jax.Array:
     """Memory-efficient attention; same semantics as :func:`attention_reference`.
 
     Args:
@@ -853,14 +995,30 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | 
     causal = bool(causal)
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else dsp.static_float(scale, "scale")
-    reason = _kernel_error(q.shape, k.shape, v.shape, q.dtype, layout,
-                           None if bias is None else bias.shape,
-                           None if mask is None else mask.shape)
+    reason = _kernel_error(
+        q.shape,
+        k.shape,
+        v.shape,
+        q.dtype,
+        layout,
+        None if bias is None else bias.shape,
+        None if mask is None else mask.shape,
+    )
     if reason is None and not (q.dtype == k.dtype == v.dtype):
         reason = f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
     impl = dsp.resolve_impl(impl, reason, "flash_attention")
     if impl == "xla":
         return _reference_jit(q, k, v, bias, mask, scale=scale, causal=causal, layout=layout)
-    return _flash_pallas(q, k, v, bias, mask, scale=scale, causal=causal, layout=layout,
-                         interpret=impl == "interpret", blocks=_blocks,
-                         precision=dsp.matmul_precision(q.dtype))
+    return _flash_pallas(
+        q,
+        k,
+        v,
+        bias,
+        mask,
+        scale=scale,
+        causal=causal,
+        layout=layout,
+        interpret=impl == "interpret",
+        blocks=_blocks,
+        precision=dsp.matmul_precision(q.dtype),
+    )

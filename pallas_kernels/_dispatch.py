@@ -127,13 +127,18 @@ def matmul_precision(dtype: Any) -> lax.Precision | None:
     return None
 
 
-def dot(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = False,
-        precision: lax.Precision | None = None) -> jax.Array:
+def dot(
+    a: jax.Array,
+    b: jax.Array,
+    *,
+    trans_a: bool = False,
+    trans_b: bool = False,
+    precision: lax.Precision | None = None,
+) -> jax.Array:
     """2-D dot with f32 accumulation, written with ``lax.dot_general`` (stable across
     JAX versions; ``pl.dot`` is deprecated) and lowerable by Pallas-Triton."""
     dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
-    return lax.dot_general(a, b, dims, precision=precision,
-                           preferred_element_type=jnp.float32)
+    return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 
 def triton_compiler_params(num_warps: int, num_stages: int) -> Any:
@@ -144,7 +149,7 @@ def triton_compiler_params(num_warps: int, num_stages: int) -> Any:
     """
     from jax.experimental.pallas import triton as plgpu
 
-    cls = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "TritonCompilerParams")
+    cls = getattr(plgpu, "CompilerParams", None) or plgpu.TritonCompilerParams
     return cls(num_warps=num_warps, num_stages=num_stages)
 
 

@@ -42,14 +42,28 @@ def erf(x: jax.Array) -> jax.Array:
     """
     ax = jnp.abs(x)
     t = 1.0 / (1.0 + 0.3275911 * ax)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741
-                                                       + t * (-1.453152027 + t * 1.061405429))))
+    poly = t * (
+        0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+    )
     y = 1.0 - poly * jnp.exp(-ax * ax)
     y = jnp.where(x < 0, -y, y)
     x2 = x * x
-    series = x * (1.1283791670955126 + x2 * (-0.37612638903183754 + x2 * (
-        0.11283791670955126 + x2 * (-0.026866170645131252 + x2 * (
-            0.005223977625442188 + x2 * -0.0008548327023450852)))))
+    series = x * (
+        1.1283791670955126
+        + x2
+        * (
+            -0.37612638903183754
+            + x2
+            * (
+                0.11283791670955126
+                + x2
+                * (
+                    -0.026866170645131252
+                    + x2 * (0.005223977625442188 + x2 * -0.0008548327023450852)
+                )
+            )
+        )
+    )
     return jnp.where(ax < 0.5, series, y)
 
 
@@ -87,10 +101,12 @@ def _make_epilogue(act: Callable[[jax.Array], jax.Array], with_bias: bool) -> Ca
 
 
 # Built once so the functions are stable jit cache keys.
-_KERNEL_EPILOGUES = {(a, wb): _make_epilogue(_KERNEL_ACTS[a], wb)
-                     for a in ACTIVATIONS for wb in (False, True)}
-_REF_EPILOGUES = {(a, wb): _make_epilogue(_REF_ACTS[a], wb)
-                  for a in ACTIVATIONS for wb in (False, True)}
+_KERNEL_EPILOGUES = {
+    (a, wb): _make_epilogue(_KERNEL_ACTS[a], wb) for a in ACTIVATIONS for wb in (False, True)
+}
+_REF_EPILOGUES = {
+    (a, wb): _make_epilogue(_REF_ACTS[a], wb) for a in ACTIVATIONS for wb in (False, True)
+}
 
 
 # --------------------------------------------------------------------------- #
@@ -120,7 +136,9 @@ def _structure_error(x_shape: Any, w_shape: Any, col_shapes: tuple[Any, ...]) ->
     return None
 
 
-def _kernel_error(x_shape: Any, w_shape: Any, dtype: Any, col_shapes: tuple[Any, ...]) -> str | None:
+def _kernel_error(
+    x_shape: Any, w_shape: Any, dtype: Any, col_shapes: tuple[Any, ...]
+) -> str | None:
     err = _structure_error(x_shape, w_shape, col_shapes)
     if err is not None:
         return err
@@ -188,8 +206,15 @@ def _tile_ids(pid: Any, nm: int, nn: int, group_m: int) -> tuple[Any, Any]:
     return first_m + lax.rem(within, size_m), lax.div(within, size_m)
 
 
-def _gemm_kernel(x_ref: Any, w_ref: Any, *refs: Any, epilogue: Callable[..., Any], n_cols: int,
-                 block_k: int, precision: Any) -> None:
+def _gemm_kernel(
+    x_ref: Any,
+    w_ref: Any,
+    *refs: Any,
+    epilogue: Callable[..., Any],
+    n_cols: int,
+    block_k: int,
+    precision: Any,
+) -> None:
     col_refs, o_ref = refs[:n_cols], refs[n_cols]
     bm, bn = o_ref.shape
     k_steps = x_ref.shape[1] // block_k
@@ -219,9 +244,16 @@ def _pad2(x: jax.Array, rows: int, cols: int) -> jax.Array:
     return jnp.pad(x, ((0, rows - x.shape[0]), (0, cols - x.shape[1])))
 
 
-def _gemm_pallas(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...],
-                 epilogue: Callable[..., Any], out_dtype: Any, interpret: bool,
-                 blocks: GemmBlocks | None, precision: Any) -> jax.Array:
+def _gemm_pallas(
+    x: jax.Array,
+    w: jax.Array,
+    cols: tuple[jax.Array, ...],
+    epilogue: Callable[..., Any],
+    out_dtype: Any,
+    interpret: bool,
+    blocks: GemmBlocks | None,
+    precision: Any,
+) -> jax.Array:
     m, k = x.shape
     n = w.shape[1]
     if blocks is None:
@@ -243,11 +275,14 @@ def _gemm_pallas(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...],
         return _tile_ids(pid, nm, nn, gm)[1]
 
     out = pl.pallas_call(
-        functools.partial(_gemm_kernel, epilogue=epilogue, n_cols=len(cols), block_k=bk,
-                          precision=precision),
+        functools.partial(
+            _gemm_kernel, epilogue=epilogue, n_cols=len(cols), block_k=bk, precision=precision
+        ),
         grid=(nm * nn,),
-        in_specs=[pl.BlockSpec((bm, kp), lambda p: (m_of(p), 0)),
-                  pl.BlockSpec((kp, bn), lambda p: (0, n_of(p)))]
+        in_specs=[
+            pl.BlockSpec((bm, kp), lambda p: (m_of(p), 0)),
+            pl.BlockSpec((kp, bn), lambda p: (0, n_of(p))),
+        ]
         + [pl.BlockSpec((bn,), lambda p: (n_of(p),)) for _ in cols],
         out_specs=pl.BlockSpec((bm, bn), lambda p: (m_of(p), n_of(p))),
         out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
@@ -259,26 +294,38 @@ def _gemm_pallas(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...],
     return out
 
 
-def _apply_epilogue(epilogue: Callable[..., Any], acc: jax.Array, cols: tuple[jax.Array, ...],
-                    out_dtype: Any) -> jax.Array:
+def _apply_epilogue(
+    epilogue: Callable[..., Any], acc: jax.Array, cols: tuple[jax.Array, ...], out_dtype: Any
+) -> jax.Array:
     cols32 = [c.astype(jnp.float32) if jnp.issubdtype(c.dtype, jnp.floating) else c for c in cols]
     return jnp.asarray(epilogue(acc, *cols32)).astype(out_dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _gemm_core(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...],
-               epilogue: Callable[..., Any], cfg: tuple[Any, ...]) -> jax.Array:
+def _gemm_core(
+    x: jax.Array,
+    w: jax.Array,
+    cols: tuple[jax.Array, ...],
+    epilogue: Callable[..., Any],
+    cfg: tuple[Any, ...],
+) -> jax.Array:
     out_dtype, interpret, blocks, precision = cfg
     return _gemm_pallas(x, w, cols, epilogue, out_dtype, interpret, blocks, precision)
 
 
-def _gemm_core_fwd(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...],
-                   epilogue: Callable[..., Any], cfg: tuple[Any, ...]) -> tuple[jax.Array, Any]:
+def _gemm_core_fwd(
+    x: jax.Array,
+    w: jax.Array,
+    cols: tuple[jax.Array, ...],
+    epilogue: Callable[..., Any],
+    cfg: tuple[Any, ...],
+) -> tuple[jax.Array, Any]:
     return _gemm_core(x, w, cols, epilogue, cfg), (x, w, cols)
 
 
-def _gemm_core_bwd(epilogue: Callable[..., Any], cfg: tuple[Any, ...], res: Any,
-                   g: jax.Array) -> tuple[Any, ...]:
+def _gemm_core_bwd(
+    epilogue: Callable[..., Any], cfg: tuple[Any, ...], res: Any, g: jax.Array
+) -> tuple[Any, ...]:
     out_dtype, _, _, precision = cfg
     x, w, cols = res
     acc = dsp.dot(x, w, precision=precision)
@@ -294,9 +341,16 @@ _gemm_core.defvjp(_gemm_core_fwd, _gemm_core_bwd)
 
 
 @functools.partial(jax.jit, static_argnames=("epilogue", "interpret", "blocks", "precision"))
-def _gemm_kernel_path(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...], *,
-                      epilogue: Callable[..., Any], interpret: bool,
-                      blocks: GemmBlocks | None, precision: Any) -> jax.Array:
+def _gemm_kernel_path(
+    x: jax.Array,
+    w: jax.Array,
+    cols: tuple[jax.Array, ...],
+    *,
+    epilogue: Callable[..., Any],
+    interpret: bool,
+    blocks: GemmBlocks | None,
+    precision: Any,
+) -> jax.Array:
     lead = x.shape[:-1]
     x2 = x.reshape(math.prod(lead), x.shape[-1])
     out_dtype = jnp.result_type(x.dtype, w.dtype)
@@ -309,8 +363,9 @@ def _gemm_kernel_path(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...], *
 # --------------------------------------------------------------------------- #
 
 
-def gemm_fused_reference(x: jax.Array, w: jax.Array, epilogue: Callable[..., Any],
-                         *col_operands: jax.Array) -> jax.Array:
+def gemm_fused_reference(
+    x: jax.Array, w: jax.Array, epilogue: Callable[..., Any], *col_operands: jax.Array
+) -> jax.Array:
     """Plain JAX: ``epilogue(dot(x, w) in f32, *[c in f32]).astype(result dtype)``."""
     x, w = jnp.asarray(x), jnp.asarray(w)
     cols = tuple(jnp.asarray(c) for c in col_operands)
@@ -322,8 +377,9 @@ def gemm_fused_reference(x: jax.Array, w: jax.Array, epilogue: Callable[..., Any
 _gemm_reference_jit = jax.jit(gemm_fused_reference, static_argnums=(2,))
 
 
-def gemm_epilogue_reference(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *,
-                            activation: str = "none") -> jax.Array:
+def gemm_epilogue_reference(
+    x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *, activation: str = "none"
+) -> jax.Array:
     """Plain JAX ``act(x @ w + bias)`` with f32 accumulation and f32 epilogue."""
     _check_activation(activation)
     cols = () if bias is None else (bias,)
@@ -344,8 +400,14 @@ def _validate(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...], who: str)
             raise TypeError(f"{who}: {name} must be floating point, got {a.dtype}")
 
 
-def gemm_fused(x: jax.Array, w: jax.Array, epilogue: Callable[..., Any], *col_operands: jax.Array,
-               impl: str | None = None, _blocks: GemmBlocks | None = None) -> jax.Array:
+def gemm_fused(
+    x: jax.Array,
+    w: jax.Array,
+    epilogue: Callable[..., Any],
+    *col_operands: jax.Array,
+    impl: str | None = None,
+    _blocks: GemmBlocks | None = None,
+) -> jax.Array:
     """``epilogue(x @ w, *col_operands)`` with the epilogue fused into the GEMM.
 
     Args:
@@ -370,13 +432,26 @@ def gemm_fused(x: jax.Array, w: jax.Array, epilogue: Callable[..., Any], *col_op
     impl = dsp.resolve_impl(impl, reason, "gemm_fused")
     if impl == "xla":
         return _gemm_reference_jit(x, w, epilogue, *cols)
-    return _gemm_kernel_path(x, w, cols, epilogue=epilogue, interpret=impl == "interpret",
-                             blocks=_blocks, precision=dsp.matmul_precision(x.dtype))
+    return _gemm_kernel_path(
+        x,
+        w,
+        cols,
+        epilogue=epilogue,
+        interpret=impl == "interpret",
+        blocks=_blocks,
+        precision=dsp.matmul_precision(x.dtype),
+    )
 
 
-def gemm_epilogue(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *,
-                  activation: str = "none", impl: str | None = None,
-                  _blocks: GemmBlocks | None = None) -> jax.Array:
+def gemm_epilogue(
+    x: jax.Array,
+    w: jax.Array,
+    bias: jax.Array | None = None,
+    *,
+    activation: str = "none",
+    impl: str | None = None,
+    _blocks: GemmBlocks | None = None,
+) -> jax.Array:
     """``act(x @ w + bias)``: f32 accumulation, f32 epilogue, result in x's dtype.
 
     ``activation`` is one of :data:`ACTIVATIONS` ("gelu" is the exact erf form,
@@ -386,8 +461,11 @@ def gemm_epilogue(x: jax.Array, w: jax.Array, bias: jax.Array | None = None, *,
     _check_activation(activation)
     cols = () if bias is None else (bias,)
     x_arr = jnp.asarray(x)
-    reason = _kernel_error(x_arr.shape, jnp.shape(w), x_arr.dtype, tuple(jnp.shape(c) for c in cols))
+    reason = _kernel_error(
+        x_arr.shape, jnp.shape(w), x_arr.dtype, tuple(jnp.shape(c) for c in cols)
+    )
     chosen = dsp.resolve_impl(impl, reason, "gemm_epilogue")
     table = _REF_EPILOGUES if chosen == "xla" else _KERNEL_EPILOGUES
-    return gemm_fused(x, w, table[(activation, bias is not None)], *cols, impl=chosen,
-                      _blocks=_blocks)
+    return gemm_fused(
+        x, w, table[(activation, bias is not None)], *cols, impl=chosen, _blocks=_blocks
+    )

@@ -33,13 +33,17 @@ def has_pallas_call(fn, *args) -> bool:
     return "pallas_call" in str(jax.make_jaxpr(fn)(*args))
 
 
-def attention_inputs(seed: int, layout: str, b: int, sq: int, skv: int, hq: int, hkv: int,
-                     d: int, dtype) -> tuple[jax.Array, jax.Array, jax.Array]:
+def attention_inputs(
+    seed: int, layout: str, b: int, sq: int, skv: int, hq: int, hkv: int, d: int, dtype
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     def shape(s: int, h: int) -> tuple[int, ...]:
         return (b, s, h, d) if layout == "BSHD" else (b, h, s, d)
 
-    return (rnd(seed, shape(sq, hq), dtype), rnd(seed + 1, shape(skv, hkv), dtype),
-            rnd(seed + 2, shape(skv, hkv), dtype))
+    return (
+        rnd(seed, shape(sq, hq), dtype),
+        rnd(seed + 1, shape(skv, hkv), dtype),
+        rnd(seed + 2, shape(skv, hkv), dtype),
+    )
 
 
 def padding_mask(b: int, skv: int, lengths: list[int]) -> jax.Array:

@@ -33,8 +33,12 @@ class Case:
     d: int = 32
     dtype: str = "float32"
     causal: bool = False
-    bias: str | None = None   # None | "pad" [B,1,1,Skv] | "full" [B,Hq,Sq,Skv] | "hf" | "head" [1,Hq,1,1]
-    mask: str | None = None   # None | "pad" [B,1,1,Skv] | "full" | "left" (fully masked rows) | "int"
+    bias: str | None = (
+        None  # None | "pad" [B,1,1,Skv] | "full" [B,Hq,Sq,Skv] | "hf" | "head" [1,Hq,1,1]
+    )
+    mask: str | None = (
+        None  # None | "pad" [B,1,1,Skv] | "full" | "left" (fully masked rows) | "int"
+    )
     scale: float | None = None
 
     def __str__(self) -> str:
@@ -58,7 +62,9 @@ def _operands(c: Case, seed: int = 0):
     elif c.mask == "full":
         mask = jax.random.bernoulli(jax.random.PRNGKey(seed + 20), 0.8, (c.b, c.hq, c.sq, c.skv))
     elif c.mask == "int":
-        mask = jax.random.bernoulli(jax.random.PRNGKey(seed + 20), 0.8, (c.sq, c.skv)).astype(jnp.int32)
+        mask = jax.random.bernoulli(jax.random.PRNGKey(seed + 20), 0.8, (c.sq, c.skv)).astype(
+            jnp.int32
+        )
     elif c.mask == "left":
         # Left padding: the first `pad` keys are masked, so with causal the first
         # `pad` query rows see nothing (fully masked rows); batch 1 is all padding.
@@ -70,23 +76,61 @@ def _operands(c: Case, seed: int = 0):
 FWD_CASES = [
     Case("bshd_f32_plain"),
     Case("bhsd_f32_causal_d64", layout="BHSD", sq=48, skv=48, d=64, causal=True),
-    Case("bshd_bf16_gqa_causal_padmask_ragged", sq=37, skv=45, hq=4, hkv=2, dtype="bfloat16",
-         causal=True, mask="pad"),
-    Case("bhsd_f16_fullbias_ragged_d128", layout="BHSD", b=1, sq=20, skv=33, d=128,
-         dtype="float16", bias="full"),
+    Case(
+        "bshd_bf16_gqa_causal_padmask_ragged",
+        sq=37,
+        skv=45,
+        hq=4,
+        hkv=2,
+        dtype="bfloat16",
+        causal=True,
+        mask="pad",
+    ),
+    Case(
+        "bhsd_f16_fullbias_ragged_d128",
+        layout="BHSD",
+        b=1,
+        sq=20,
+        skv=33,
+        d=128,
+        dtype="float16",
+        bias="full",
+    ),
     Case("bshd_f32_mqa_d256", b=1, sq=16, skv=24, hq=4, hkv=1, d=256, bias="pad"),
-    Case("bhsd_bf16_hf_bias_causal", layout="BHSD", sq=40, skv=40, dtype="bfloat16",
-         causal=True, bias="hf"),
-    Case("bshd_f32_left_padding_causal_fully_masked_rows", sq=33, skv=33, causal=True,
-         mask="left"),
+    Case(
+        "bhsd_bf16_hf_bias_causal",
+        layout="BHSD",
+        sq=40,
+        skv=40,
+        dtype="bfloat16",
+        causal=True,
+        bias="hf",
+    ),
+    Case("bshd_f32_left_padding_causal_fully_masked_rows", sq=33, skv=33, causal=True, mask="left"),
     Case("bhsd_f32_left_padding_fully_masked_rows", layout="BHSD", sq=24, skv=40, mask="left"),
     Case("bshd_f32_causal_sq_gt_skv", sq=40, skv=24, causal=True),
-    Case("bhsd_f32_causal_sq_lt_skv_mask_bias", layout="BHSD", sq=20, skv=50, causal=True,
-         mask="full", bias="pad"),
+    Case(
+        "bhsd_f32_causal_sq_lt_skv_mask_bias",
+        layout="BHSD",
+        sq=20,
+        skv=50,
+        causal=True,
+        mask="full",
+        bias="pad",
+    ),
     Case("bshd_f32_d48_scale_headbias", sq=19, skv=21, hq=4, hkv=4, d=48, scale=0.3, bias="head"),
     Case("bshd_f16_int_mask_decode_sq1", sq=1, skv=37, hq=4, hkv=1, dtype="float16", mask="int"),
-    Case("bhsd_bf16_gqa_d64_full_mask", layout="BHSD", sq=32, skv=48, hq=4, hkv=2, d=64,
-         dtype="bfloat16", mask="full"),
+    Case(
+        "bhsd_bf16_gqa_d64_full_mask",
+        layout="BHSD",
+        sq=32,
+        skv=48,
+        hq=4,
+        hkv=2,
+        d=64,
+        dtype="bfloat16",
+        mask="full",
+    ),
 ]
 
 
@@ -107,10 +151,12 @@ def test_fully_masked_rows_average_all_values() -> None:
     q, k, v, _, mask = _operands(c)
     out = flash_attention(q, k, v, mask=mask, causal=True, impl="interpret")
     mean_v = jnp.mean(v, axis=1)  # [B, H, D]
-    np.testing.assert_allclose(out[0, :5], jnp.broadcast_to(mean_v[0], (5,) + mean_v.shape[1:]),
-                               rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(out[1], jnp.broadcast_to(mean_v[1], out[1].shape),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        out[0, :5], jnp.broadcast_to(mean_v[0], (5,) + mean_v.shape[1:]), rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        out[1], jnp.broadcast_to(mean_v[1], out[1].shape), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_gpu_block_defaults_in_interpret() -> None:
@@ -126,12 +172,43 @@ def test_gpu_block_defaults_in_interpret() -> None:
 GRAD_CASES = [
     Case("grad_bshd_f32_gqa_causal_ragged", sq=37, skv=45, hq=4, hkv=2, causal=True),
     Case("grad_bhsd_f32_padbias_fullmask", layout="BHSD", sq=32, skv=32, bias="pad", mask="full"),
-    Case("grad_bshd_f32_fully_masked_rows_causal", sq=33, skv=33, causal=True, mask="left",
-         bias="pad"),
-    Case("grad_bhsd_bf16_mqa_causal", layout="BHSD", b=1, sq=40, skv=40, hq=4, hkv=1,
-         dtype="bfloat16", causal=True),
-    Case("grad_bshd_f32_fullbias_causal_sq_ne_skv", b=1, sq=24, skv=40, causal=True, bias="full",
-         d=64),
+    Case(
+        "grad_bshd_f32_fully_masked_rows_causal",
+        sq=33,
+        skv=33,
+        causal=True,
+        mask="left",
+        bias="pad",
+    ),
+    Case(
+        "grad_bhsd_bf16_mqa_causal",
+        layout="BHSD",
+        b=1,
+        sq=40,
+        skv=40,
+        hq=4,
+        hkv=1,
+        dtype="bfloat16",
+        causal=True,
+    ),
+    Case(
+        "grad_bshd_f32_fullbias_causal_sq_ne_skv",
+        b=1,
+        sq=24,
+        skv=40,
+        causal=True,
+        bias="full",
+        d=64,
+    ),
+    Case("grad_bshd_f32_noncausal_ragged", b=1, sq=21, skv=37, hq=4, hkv=2),
+    Case(
+        "grad_bhsd_f32_noncausal_ragged_padbias_padmask",
+        layout="BHSD",
+        sq=37,
+        skv=21,
+        bias="pad",
+        mask="pad",
+    ),
 ]
 
 
@@ -155,7 +232,8 @@ def test_gradients_match_reference(c: Case) -> None:
     got = jax.grad(lambda *a: loss(kernel, *a), argnums=argnums)(q, k, v, bias)
     # Ground truth: reference gradients in f32 from the same (possibly rounded) inputs.
     want = jax.grad(lambda *a: loss(attention_reference, *a), argnums=argnums)(
-        _f32(q), _f32(k), _f32(v), _f32(bias))
+        _f32(q), _f32(k), _f32(v), _f32(bias)
+    )
     for name, g, w in zip("q k v bias".split(), got, want, strict=False):
         assert bool(jnp.all(jnp.isfinite(g.astype(jnp.float32)))), name
         assert_close(g, w, c.dtype, tol_table=GRAD_TOL, what=f"{c.name}: d{name}")

@@ -13,8 +13,14 @@ import pallas_kernels as pk
 
 def test_public_api() -> None:
     assert set(pk.__all__) >= {
-        "flash_attention", "attention_reference", "supports_attention", "gemm_epilogue",
-        "gemm_epilogue_reference", "gemm_fused", "gemm_fused_reference", "supports_gemm",
+        "flash_attention",
+        "attention_reference",
+        "supports_attention",
+        "gemm_epilogue",
+        "gemm_epilogue_reference",
+        "gemm_fused",
+        "gemm_fused_reference",
+        "supports_gemm",
         "ACTIVATIONS",
     }
     assert pk.ACTIVATIONS == ("none", "relu", "gelu_tanh", "gelu", "silu", "sigmoid", "tanh")
@@ -25,10 +31,14 @@ def test_public_api() -> None:
     [
         (((2, 128, 8, 64), (2, 128, 8, 64), (2, 128, 8, 64), "bfloat16"), {}),
         (((2, 8, 37, 32), (2, 2, 45, 32), (2, 2, 45, 32), np.float16), {"layout": "BHSD"}),
-        (((1, 5, 4, 256), (1, 9, 1, 256), (1, 9, 1, 256), jnp.float32),
-         {"bias_shape": (1, 1, 1, 9), "mask_shape": (5, 9)}),
-        (((2, 16, 4, 96), (2, 16, 4, 96), (2, 16, 4, 96), "float32"),
-         {"bias_shape": (2, 4, 16, 16), "mask_shape": (2, 1, 1, 16)}),
+        (
+            ((1, 5, 4, 256), (1, 9, 1, 256), (1, 9, 1, 256), jnp.float32),
+            {"bias_shape": (1, 1, 1, 9), "mask_shape": (5, 9)},
+        ),
+        (
+            ((2, 16, 4, 96), (2, 16, 4, 96), (2, 16, 4, 96), "float32"),
+            {"bias_shape": (2, 4, 16, 16), "mask_shape": (2, 1, 1, 16)},
+        ),
     ],
 )
 def test_supports_attention_true(args, kw) -> None:
@@ -38,16 +48,22 @@ def test_supports_attention_true(args, kw) -> None:
 @pytest.mark.parametrize(
     "args,kw",
     [
-        (((2, 16, 4, 16), (2, 16, 4, 16), (2, 16, 4, 16), "float32"), {}),     # head dim < 32
+        (((2, 16, 4, 16), (2, 16, 4, 16), (2, 16, 4, 16), "float32"), {}),  # head dim < 32
         (((2, 16, 4, 512), (2, 16, 4, 512), (2, 16, 4, 512), "float32"), {}),  # head dim > 256
-        (((2, 16, 4, 64), (2, 16, 3, 64), (2, 16, 3, 64), "float32"), {}),     # 4 % 3 != 0
-        (((2, 16, 4, 64), (2, 16, 4, 64), (2, 16, 4, 64), "float64"), {}),     # dtype
+        (((2, 16, 4, 64), (2, 16, 3, 64), (2, 16, 3, 64), "float32"), {}),  # 4 % 3 != 0
+        (((2, 16, 4, 64), (2, 16, 4, 64), (2, 16, 4, 64), "float64"), {}),  # dtype
         (((2, 16, 4, 64), (2, 16, 4, 64), (2, 16, 4, 64), "int8"), {}),
-        (((16, 4, 64), (16, 4, 64), (16, 4, 64), "float32"), {}),              # rank 3
-        (((2, 16, 4, 64), (2, 16, 4, 64), (2, 17, 4, 64), "float32"), {}),     # k != v
-        (((2, 16, 4, 64), (3, 16, 4, 64), (3, 16, 4, 64), "float32"), {}),     # batch
-        (((2, 16, 4, 64), (2, 16, 4, 64), (2, 16, 4, 64), "float32"), {"bias_shape": (2, 4, 16, 8)}),
-        (((2, 16, 4, 64), (2, 16, 4, 64), (2, 16, 4, 64), "float32"), {"mask_shape": (1, 2, 1, 1, 1)}),
+        (((16, 4, 64), (16, 4, 64), (16, 4, 64), "float32"), {}),  # rank 3
+        (((2, 16, 4, 64), (2, 16, 4, 64), (2, 17, 4, 64), "float32"), {}),  # k != v
+        (((2, 16, 4, 64), (3, 16, 4, 64), (3, 16, 4, 64), "float32"), {}),  # batch
+        (
+            ((2, 16, 4, 64), (2, 16, 4, 64), (2, 16, 4, 64), "float32"),
+            {"bias_shape": (2, 4, 16, 8)},
+        ),
+        (
+            ((2, 16, 4, 64), (2, 16, 4, 64), (2, 16, 4, 64), "float32"),
+            {"mask_shape": (1, 2, 1, 1, 1)},
+        ),
         (((2, 16, 4, 64), (2, 16, 4, 64), (2, 16, 4, 64), "float32"), {"layout": "BSH"}),
         (((2, 16, 4, 64), (2, 16, 4, 64), (2, 16, 4, 64), "not-a-dtype"), {}),
     ],
@@ -60,12 +76,12 @@ def test_supports_gemm() -> None:
     assert pk.supports_gemm((8192, 1024), (1024, 4096), "bfloat16", bias_shape=(4096,))
     assert pk.supports_gemm((2, 3, 37), (37, 45), np.float16)
     assert pk.supports_gemm((37,), (37, 5), jnp.float32)
-    assert not pk.supports_gemm((8, 32), (16, 4), "float32")                   # K mismatch
+    assert not pk.supports_gemm((8, 32), (16, 4), "float32")  # K mismatch
     assert not pk.supports_gemm((8, 32), (32, 4), "float32", bias_shape=(5,))  # bias != [N]
     assert not pk.supports_gemm((8, 32), (32, 4), "float32", bias_shape=(1, 4))
-    assert not pk.supports_gemm((8, 32), (32, 4, 1), "float32")                # w rank
+    assert not pk.supports_gemm((8, 32), (32, 4, 1), "float32")  # w rank
     assert not pk.supports_gemm((8, 32), (32, 4), "float64")
-    assert not pk.supports_gemm((0, 32), (32, 4), "float32")                   # empty
+    assert not pk.supports_gemm((0, 32), (32, 4), "float32")  # empty
 
 
 def _attn_args(d: int = 32):
@@ -84,15 +100,20 @@ def test_auto_impl_on_cpu_is_the_reference(monkeypatch) -> None:
     x, w, b = rnd(3, (8, 32)), rnd(4, (32, 16)), rnd(5, (16,))
     out = pk.gemm_epilogue(x, w, b, activation="gelu")
     np.testing.assert_array_equal(
-        out, jax.jit(pk.gemm_epilogue_reference, static_argnames="activation")(x, w, b, activation="gelu"))
+        out,
+        jax.jit(pk.gemm_epilogue_reference, static_argnames="activation")(
+            x, w, b, activation="gelu"
+        ),
+    )
     assert not has_pallas_call(lambda x, w: pk.gemm_epilogue(x, w, activation="relu"), x, w)
 
 
 def test_auto_impl_handles_unsupported_shapes_with_xla(monkeypatch) -> None:
     monkeypatch.delenv(pk.ENV_VAR, raising=False)
     q, k, v = _attn_args(d=16)  # head dim 16: no kernel, auto uses the reference
-    np.testing.assert_allclose(pk.flash_attention(q, k, v), pk.attention_reference(q, k, v),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        pk.flash_attention(q, k, v), pk.attention_reference(q, k, v), rtol=1e-6
+    )
 
 
 def test_env_override_forces_interpret(monkeypatch) -> None:
@@ -101,9 +122,12 @@ def test_env_override_forces_interpret(monkeypatch) -> None:
     assert has_pallas_call(lambda q, k, v: pk.flash_attention(q, k, v), q, k, v)
     x, w = rnd(3, (8, 32)), rnd(4, (32, 16))
     assert has_pallas_call(lambda x, w: pk.gemm_epilogue(x, w, activation="relu"), x, w)
-    np.testing.assert_allclose(pk.gemm_epilogue(x, w, activation="relu"),
-                               pk.gemm_epilogue_reference(x, w, activation="relu"), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        pk.gemm_epilogue(x, w, activation="relu"),
+        pk.gemm_epilogue_reference(x, w, activation="relu"),
+        rtol=1e-5,
+        atol=1e-5,
+    )
     monkeypatch.setenv(pk.ENV_VAR, "xla")
     assert not has_pallas_call(lambda q, k, v: pk.flash_attention(q, k, v), q, k, v)
     monkeypatch.setenv(pk.ENV_VAR, "auto")
@@ -159,3 +183,36 @@ def test_argument_validation() -> None:
         pk.gemm_fused(rnd(3, (8, 32)), rnd(4, (32, 16)), lambda a, b: a + b, jnp.zeros((8,)))
     with pytest.raises(TypeError, match="callable"):
         pk.gemm_fused(rnd(3, (8, 32)), rnd(4, (32, 16)), "relu")
+
+
+def _instructions(compiled_text: str) -> list[str]:
+    """Optimized-HLO instructions with names, metadata and configs stripped."""
+    import re
+
+    lines = [ln for ln in compiled_text.splitlines() if " = " in ln]
+    text = "\n".join(lines)
+    text = re.sub(r", metadata=\{[^}]*\}", "", text)
+    text = re.sub(r", backend_config=.*$", "", text, flags=re.M)
+    text = re.sub(r"%[\w.\-]+", "%v", text)
+    text = re.sub(r"\b[\w\-]+\.\d+\b", "n", text)
+    return [ln.strip() for ln in text.splitlines()]
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh", "silu"])
+def test_cpu_fallback_compiles_to_the_original_program_f32(monkeypatch, activation) -> None:
+    """'Never slower than the original on CPU', structurally: for f32 the impl=None
+    GEMM fallback is the very same optimized XLA program as `act(x @ w + b)`."""
+    if jax.default_backend() == "gpu":
+        pytest.skip("CPU fallback behaviour")
+    monkeypatch.delenv(pk.ENV_VAR, raising=False)
+    acts = {
+        "relu": jax.nn.relu,
+        "gelu_tanh": lambda y: jax.nn.gelu(y, approximate=True),
+        "silu": jax.nn.silu,
+    }
+    x, w, b = jnp.ones((64, 32)), jnp.ones((32, 48)), jnp.ones((48,))
+    ours = jax.jit(lambda x, w, b: pk.gemm_epilogue(x, w, b, activation=activation))
+    orig = jax.jit(lambda x, w, b: acts[activation](x @ w + b))
+    assert _instructions(ours.lower(x, w, b).compile().as_text()) == _instructions(
+        orig.lower(x, w, b).compile().as_text()
+    )

@@ -34,8 +34,13 @@ def test_every_activation_with_bias_ragged_batched(activation: str) -> None:
 
 @pytest.mark.parametrize(
     "dtype,activation,with_bias",
-    [("bfloat16", "gelu_tanh", True), ("float16", "silu", True), ("bfloat16", "gelu", False),
-     ("float16", "none", False), ("float32", "relu", False)],
+    [
+        ("bfloat16", "gelu_tanh", True),
+        ("float16", "silu", True),
+        ("bfloat16", "gelu", False),
+        ("float16", "none", False),
+        ("float32", "relu", False),
+    ],
 )
 def test_dtypes_accumulate_in_f32(dtype: str, activation: str, with_bias: bool) -> None:
     x = rnd(3, (37, 70), dtype)
@@ -51,8 +56,11 @@ def test_leading_dims_and_vector_input() -> None:
     w = rnd(6, (24, 40))
     b = rnd(7, (40,))
     x4 = rnd(8, (2, 3, 5, 24))
-    assert_close(gemm_epilogue(x4, w, b, activation="tanh", impl="interpret"),
-                 gemm_epilogue_reference(x4, w, b, activation="tanh"), "float32")
+    assert_close(
+        gemm_epilogue(x4, w, b, activation="tanh", impl="interpret"),
+        gemm_epilogue_reference(x4, w, b, activation="tanh"),
+        "float32",
+    )
     x1 = rnd(9, (24,))
     out = gemm_epilogue(x1, w, b, activation="relu", impl="interpret")
     assert out.shape == (40,)
@@ -87,7 +95,11 @@ def test_templated_epilogue_bf16_output_cast_and_f32_tiles() -> None:
         seen.append((a.dtype, b.dtype))
         return a * b
 
-    x, w, b = rnd(14, (16, 32), "bfloat16"), rnd(15, (32, 16), "bfloat16"), rnd(16, (16,), "bfloat16")
+    x, w, b = (
+        rnd(14, (16, 32), "bfloat16"),
+        rnd(15, (32, 16), "bfloat16"),
+        rnd(16, (16,), "bfloat16"),
+    )
     out = gemm_fused(x, w, probe, b, impl="interpret")
     assert out.dtype == jnp.bfloat16
     assert all(dt == (jnp.float32, jnp.float32) for dt in seen)
@@ -102,8 +114,9 @@ def test_non_elementwise_epilogue_is_rejected() -> None:
 
 def test_larger_tiles_and_k_loop() -> None:
     x, w, b = rnd(19, (100, 200)), rnd(20, (200, 70), scale=0.1), rnd(21, (70,))
-    out = gemm_epilogue(x, w, b, activation="gelu", impl="interpret",
-                        _blocks=GemmBlocks(32, 32, 64, 2, 4, 2))
+    out = gemm_epilogue(
+        x, w, b, activation="gelu", impl="interpret", _blocks=GemmBlocks(32, 32, 64, 2, 4, 2)
+    )
     assert_close(out, gemm_epilogue_reference(x, w, b, activation="gelu"), "float32")
 
 
@@ -111,10 +124,16 @@ def test_gradients_through_gemm_epilogue() -> None:
     x, w, b = rnd(22, (2, 19, 30)), rnd(23, (30, 21), scale=0.3), rnd(24, (21,))
     cot = rnd(25, (2, 19, 21))
     for act in ("gelu", "silu"):
-        got = jax.grad(lambda x, w, b: jnp.sum(
-            gemm_epilogue(x, w, b, activation=act, impl="interpret") * cot), argnums=(0, 1, 2))(x, w, b)
-        want = jax.grad(lambda x, w, b: jnp.sum(
-            gemm_epilogue_reference(x, w, b, activation=act) * cot), argnums=(0, 1, 2))(x, w, b)
+        got = jax.grad(
+            lambda x, w, b, a=act: jnp.sum(
+                gemm_epilogue(x, w, b, activation=a, impl="interpret") * cot
+            ),
+            argnums=(0, 1, 2),
+        )(x, w, b)
+        want = jax.grad(
+            lambda x, w, b, a=act: jnp.sum(gemm_epilogue_reference(x, w, b, activation=a) * cot),
+            argnums=(0, 1, 2),
+        )(x, w, b)
         for name, g, r in zip("xwb", got, want, strict=True):
             assert_close(g, r, "float32", tol_table=GRAD_TOL, what=f"{act} d{name}")
 

@@ -28,7 +28,9 @@ pytestmark = pytest.mark.gpu
 
 
 def _precision(dtype: str):
-    return jax.default_matmul_precision("highest") if dtype == "float32" else contextlib.nullcontext()
+    return (
+        jax.default_matmul_precision("highest") if dtype == "float32" else contextlib.nullcontext()
+    )
 
 
 # (name, layout, b, sq, skv, hq, hkv, d, dtype, causal, bias, mask)
@@ -38,16 +40,39 @@ ATTN = [
     ("bhsd_bf16_d128_causal", "BHSD", 2, 1024, 1024, 8, 8, 128, "bfloat16", True, None, None),
     ("bhsd_f16_d128", "BHSD", 2, 1024, 1024, 8, 8, 128, "float16", False, None, None),
     ("bshd_f32_d32_causal", "BSHD", 2, 256, 256, 4, 4, 32, "float32", True, None, None),
-    ("bshd_bf16_gqa_ragged_d96_padmask", "BSHD", 2, 1000, 1100, 8, 2, 96, "bfloat16", True,
-     None, "pad"),
-    ("bhsd_f16_mqa_d256_fullbias", "BHSD", 1, 384, 200, 4, 1, 256, "float16", False, "full",
-     None),
+    (
+        "bshd_bf16_gqa_ragged_d96_padmask",
+        "BSHD",
+        2,
+        1000,
+        1100,
+        8,
+        2,
+        96,
+        "bfloat16",
+        True,
+        None,
+        "pad",
+    ),
+    ("bhsd_f16_mqa_d256_fullbias", "BHSD", 1, 384, 200, 4, 1, 256, "float16", False, "full", None),
     ("bshd_f32_d256_padbias", "BSHD", 1, 130, 257, 2, 2, 256, "float32", False, "pad", None),
     ("bhsd_bf16_hf_bias_causal", "BHSD", 2, 512, 512, 8, 8, 64, "bfloat16", True, "hf", None),
-    ("bshd_f32_left_padding_causal", "BSHD", 2, 300, 300, 4, 4, 64, "float32", True, None,
-     "left"),
-    ("bshd_bf16_causal_sq_gt_skv", "BSHD", 2, 700, 300, 4, 4, 128, "bfloat16", True, None,
-     "full"),
+    ("bshd_f32_left_padding_causal", "BSHD", 2, 300, 300, 4, 4, 64, "float32", True, None, "left"),
+    ("bshd_bf16_causal_sq_gt_skv", "BSHD", 2, 700, 300, 4, 4, 128, "bfloat16", True, None, "full"),
+    (
+        "bhsd_bf16_noncausal_ragged_d128",
+        "BHSD",
+        2,
+        600,
+        777,
+        8,
+        4,
+        128,
+        "bfloat16",
+        False,
+        None,
+        None,
+    ),
 ]
 
 
@@ -81,7 +106,7 @@ def test_attention_forward_gpu(case) -> None:
     assert_close(out, ref, case[8], what=case[0])
 
 
-GRAD = [ATTN[1], ATTN[2], ATTN[5], ATTN[6], ATTN[7], ATTN[9], ATTN[10]]
+GRAD = [ATTN[1], ATTN[2], ATTN[5], ATTN[6], ATTN[7], ATTN[9], ATTN[10], ATTN[11]]
 
 
 @pytest.mark.parametrize("case", GRAD, ids=[c[0] for c in GRAD])
@@ -97,12 +122,16 @@ def test_attention_gradients_gpu(case) -> None:
         return None if x is None else x.astype(jnp.float32)
 
     with _precision(case[8]):
-        got = jax.jit(jax.grad(lambda *a: loss(
-            lambda *x, **y: pk.flash_attention(*x, impl="pallas", **y), *a), argnums=argnums))(
-            q, k, v, bias)
+        got = jax.jit(
+            jax.grad(
+                lambda *a: loss(lambda *x, **y: pk.flash_attention(*x, impl="pallas", **y), *a),
+                argnums=argnums,
+            )
+        )(q, k, v, bias)
     with jax.default_matmul_precision("highest"):
         want = jax.jit(jax.grad(lambda *a: loss(pk.attention_reference, *a), argnums=argnums))(
-            f32(q), f32(k), f32(v), f32(bias))
+            f32(q), f32(k), f32(v), f32(bias)
+        )
     for name, g, w in zip("q k v bias".split(), got, want, strict=False):
         assert_close(g, w, case[8], tol_table=GRAD_TOL, what=f"{case[0]}: d{name}")
 
@@ -130,10 +159,12 @@ def test_gemm_every_activation_gpu(activation: str) -> None:
 
 @pytest.mark.parametrize(
     "dtype,shape_x,shape_w,activation",
-    [("float16", (1000, 999), (999, 1001), "gelu"),
-     ("float32", (4, 256, 512), (512, 768), "silu"),
-     ("bfloat16", (2, 3, 100, 320), (320, 72), "gelu_tanh"),
-     ("float32", (7, 33), (33, 2049), "sigmoid")],
+    [
+        ("float16", (1000, 999), (999, 1001), "gelu"),
+        ("float32", (4, 256, 512), (512, 768), "silu"),
+        ("bfloat16", (2, 3, 100, 320), (320, 72), "gelu_tanh"),
+        ("float32", (7, 33), (33, 2049), "sigmoid"),
+    ],
 )
 def test_gemm_dtypes_ragged_batched_gpu(dtype, shape_x, shape_w, activation) -> None:
     x = rnd(3, shape_x, dtype)
@@ -157,10 +188,13 @@ def test_gemm_templated_epilogue_and_grad_gpu() -> None:
     assert_close(out, pk.gemm_fused_reference(x, w, chain, b, s), "bfloat16")
     xf, wf, bf = (a.astype(jnp.float32) for a in (x, w, b))
     with jax.default_matmul_precision("highest"):
-        got = jax.grad(lambda x, w, b: pk.gemm_epilogue(x, w, b, activation="gelu",
-                                                        impl="pallas").sum(), argnums=(0, 1, 2))(
-            xf, wf, bf)
-        want = jax.grad(lambda x, w, b: pk.gemm_epilogue_reference(x, w, b, activation="gelu").sum(),
-                        argnums=(0, 1, 2))(xf, wf, bf)
+        got = jax.grad(
+            lambda x, w, b: pk.gemm_epilogue(x, w, b, activation="gelu", impl="pallas").sum(),
+            argnums=(0, 1, 2),
+        )(xf, wf, bf)
+        want = jax.grad(
+            lambda x, w, b: pk.gemm_epilogue_reference(x, w, b, activation="gelu").sum(),
+            argnums=(0, 1, 2),
+        )(xf, wf, bf)
     for g, r in zip(got, want, strict=True):
         assert_close(g, r, "float32", tol_table=GRAD_TOL)
