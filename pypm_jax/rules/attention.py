@@ -60,6 +60,7 @@ __all__ = [
     "Scaled",
     "Biased",
     "Masked",
+    "GroupedMask",
     "DpaMask",
 ]
 
@@ -200,8 +201,9 @@ def Softmax(x, z):  # noqa: F811
 @pm.pattern
 def Kv(x):
     """Keys or values, maybe repeated per query group: ``jnp.repeat(x, g, axis=heads)``."""
-    bc = P.broadcast_in_dim(x)
-    rep = P.reshape(bc)
+    rep, bc = pm.var(), pm.var()
+    rep <= P.reshape(bc)
+    bc <= P.broadcast_in_dim(x)
     assert interleaved_repeat(bc.broadcast_dimensions, bc.shape, x.shape, rep.shape)
     return rep
 
@@ -327,23 +329,37 @@ def Masked(s, mask):  # noqa: F811
 
 
 @pm.pattern
-def DpaMask(m):
-    """The mask ``jax.nn.dot_product_attention`` applies under ``vmap`` over query groups:
-    ``and(ones, transpose(mask grouped to [B, K, G, T, S]))``."""
-    c, t, g = pm.var(), pm.var(), pm.var()
-    t <= P.transpose(g)
-    g <= P.broadcast_in_dim(m)
-    assert c.value == True and t.permutation == (2, 0, 1, 3, 4)  # noqa: E712 (guard data)
-    assert g.broadcast_dimensions == (0, 1, 3, 4)
-    return P.and_(Splat(c), t)
+def GroupedMask(m):
+    """``jax.nn.dot_product_attention`` regroups a ``[B, 1, T, S]`` mask to ``[B, 1, G, T, S]``
+    (a new axis, broadcast to G when G > 1), or a ``[B, N, T, S]`` one to ``[B, K, G, T, S]``."""
+    y = P.broadcast_in_dim(m)
+    assert y.broadcast_dimensions == (0, 1, 3, 4)
+    return y
 
 
 @pm.pattern
-def DpaMask(m):  # noqa: F811
-    c, t, g = pm.var(), pm.var(), pm.var()
-    t <= P.transpose(g)
-    g <= P.reshape(m)
-    assert c.value == True and t.permutation == (2, 0, 1, 3, 4)  # noqa: E712
+def GroupedMask(m):  # noqa: F811
+    y, e = pm.var(), pm.var()
+    y <= P.broadcast_in_dim(e)
+    e <= P.broadcast_in_dim(m)
+    assert e.broadcast_dimensions == (0, 1, 3, 4)
+    assert unit_broadcast(y.broadcast_dimensions, y.shape, e.shape)
+    return y
+
+
+@pm.pattern
+def GroupedMask(m):  # noqa: F811
+    assert m.rank == 4
+    return P.reshape(m)
+
+
+@pm.pattern
+def DpaMask(m):
+    """The mask as applied under ``vmap`` over query groups:
+    ``and(ones, transpose(GroupedMask(mask)))``."""
+    c, t = pm.var(), pm.var()
+    t <= P.transpose(GroupedMask(m))
+    assert c.value == True and t.permutation == (2, 0, 1, 3, 4)  # noqa: E712 (guard data)
     return P.and_(Splat(c), t)
 
 

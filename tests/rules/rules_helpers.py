@@ -1,0 +1,135 @@
+"""Shared checks of the rule-library tests: rewrite, count, compare numerically."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pypm_jax as pm
+from pypm_jax.jax import optimize
+from pypm_jax.jax.report import OptimizationFallbackWarning
+from pypm_jax.rules import FlashAttention, GemmEpilogue, default_rules
+
+# Output tolerances (relative to the largest magnitude of each output, plus elementwise):
+# f32 programs match to 1e-5; bf16 programs differ by bf16 rounding of intermediates the
+# original rounds and the kernels keep in f32.
+TOL = {"float32": (1e-5, 1e-5), "bfloat16": (3e-2, 3e-2), "float16": (1e-2, 1e-2)}
+
+
+def rel_close(want: Any, got: Any, what: str, tol: tuple[float, float] | None = None) -> None:
+    la, lb = jax.tree.leaves(want), jax.tree.leaves(got)
+    assert jax.tree.structure(want) == jax.tree.structure(got), what
+    for a, b in zip(la, lb, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype, f"{what}: {b.shape} {b.dtype}"
+        if not jnp.issubdtype(a.dtype, jnp.floating):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=what)
+            continue
+        rtol, atol = tol or TOL.get(str(a.dtype), (1e-5, 1e-5))
+        a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        scale = float(np.max(np.abs(a64))) if a64.size else 0.0
+        np.testing.assert_allclose(b64, a64, rtol=rtol, atol=atol * max(scale, 1e-30), err_msg=what)
+
+
+def loss(out: Any) -> Any:
+    leaves = [x for x in jax.tree.leaves(out) if jnp.issubdtype(x.dtype, jnp.floating)]
+    return sum(jnp.mean(x.astype(jnp.float32) ** 2) for x in leaves)
+
+
+def grads_close(fn: Any, fast: Any, args: tuple[Any, ...], what: str, rtol: float = 2e-3) -> None:
+    """jax.grad of a loss w.r.t. the first argument matches: elementwise to ``rtol`` of the
+    value or of the largest gradient (gradients that should be 0, like a key bias's, are
+    rounding noise on both sides)."""
+    first, rest = args[0], args[1:]
+    want = jax.jit(jax.grad(lambda p: loss(fn(p, *rest))))(first)
+    got = jax.jit(jax.grad(lambda p: loss(fast(p, *rest))))(first)
+    leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(want)]
+    scale = max((float(np.max(np.abs(x))) for x in leaves if x.size), default=0.0)
+    for a, b in zip(leaves, jax.tree.leaves(got), strict=True):
+        np.testing.assert_allclose(
+            np.asarray(b, np.float64), a, rtol=rtol, atol=rtol * scale, err_msg=f"{what}: grads"
+        )
+
+
+def rewrite(fn: Any, args: tuple[Any, ...], rules: Any = None) -> tuple[Any, Any, Any]:
+    """(optimized fn, its output, its report); a fallback to the original is an error."""
+    fast = optimize(fn, rules=default_rules() if rules is None else rules)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OptimizationFallbackWarning)
+        got = fast(*args)
+    report = fast.report(*args)
+    assert report.fallback is None, report.fallback
+    return fast, got, report
+
+
+def check(
+    fn: Any,
+    args: tuple[Any, ...],
+    counts: dict[str, int],
+    *,
+    what: str = "",
+    grad: bool = False,
+    tol: tuple[float, float] | None = None,
+    rules: Any = None,
+) -> Any:
+    """Rewrite ``fn``: the report fires exactly ``counts``, outputs (and gradients) match."""
+    fast, got, report = rewrite(fn, args, rules)
+    assert report.counts() == counts, f"{what}\n{report}"
+    want = jax.jit(fn)(*args)
+    rel_close(want, got, what or "outputs", tol)
+    if grad:
+        grads_close(fn, fast, args, what or "gradients")
+    return fast
+
+
+def kernel_nodes(fast: Any, args: tuple[Any, ...]) -> list[Any]:
+    """The kernel nodes of the rewritten program (outer graph and nested bodies)."""
+    prog = fast.lifted(*args)
+    out, stack = [], [prog.graph]
+    while stack:
+        g = stack.pop()
+        for n in g.nodes():
+            if n.op in (FlashAttention, GemmEpilogue):
+                out.append(n)
+            for value in n.attrs.values():
+                items = value if isinstance(value, tuple) else (value,)
+                stack.extend(
+                    b.graph for b in items if hasattr(b, "graph") and hasattr(b, "hoisted")
+                )
+    return out
+
+
+def driver_counts_shared_constants() -> bool:
+    """Does ``single_use=True`` refuse matches whose literals are shared elsewhere?
+
+    The driver hash-conses constants, so one ``0.5`` serves every GELU of a model; counting
+    it as an interior value with outside users blocks every rule that matches a literal.
+    """
+
+    @pm.op
+    def _Mul(x, y):
+        return 1
+
+    @pm.op
+    def _Neg(x):
+        return 1
+
+    @pm.op
+    def _Fused(x):
+        return 1
+
+    @pm.pattern
+    def _Half(x):
+        return _Mul(x, 0.5)
+
+    @pm.rule(_Half, single_use=True)
+    def _half(x):
+        return _Fused(x)
+
+    a = pm.leaf("a", shape=(2,), dtype="f32")
+    b = pm.leaf("b", shape=(2,), dtype="f32")
+    g = pm.Graph([_Mul(a, 0.5), _Neg(_Mul(b, 0.5))])
+    return pm.rewrite(g, [_half]).report.counts().get("_half", 0) != 2

@@ -1,0 +1,264 @@
+"""Attention spellings real code produces, each rewritten to one flash-attention kernel.
+
+Every test writes an attention the way some library or tutorial does, optimizes it with the
+standard rules, checks which rule fired (exactly once), and compares the rewritten program
+with the original on random inputs (kernels in the Pallas interpreter).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+from rules_helpers import check, kernel_nodes
+
+B, S, H, D = 2, 8, 2, 32  # the kernel takes head dims 32..256
+SKV = 12
+
+
+def qkv(layout="BSHD", seed=0, skv=S, dtype=jnp.float32, kv_heads=H):
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(seed), 3)
+    if layout == "BSHD":
+        shapes = (B, S, H, D), (B, skv, kv_heads, D)
+    else:
+        shapes = (B, H, S, D), (B, kv_heads, skv, D)
+    q = jax.random.normal(kq, shapes[0], dtype)
+    k = jax.random.normal(kk, shapes[1], dtype)
+    v = jax.random.normal(kv, shapes[1], dtype)
+    return q, k, v
+
+
+def padding(skv=S):
+    keep = jnp.ones((B, skv), bool).at[1, -3:].set(False)
+    return keep
+
+
+# --------------------------------------------------------------------- plain attention
+
+
+def test_flax_style_bshd_scale_on_q():
+    """linen/HF: q / sqrt(d) (a runtime sqrt of a literal), einsum, jax.nn.softmax."""
+
+    def attn(q, k, v):
+        q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+        w = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k))
+        return jnp.einsum("bhqk,bkhd->bqhd", w, v)
+
+    fast = check(attn, qkv(), {"attention": 1}, grad=True)
+    (node,) = kernel_nodes(fast, qkv())
+    assert node.attrs["plan"].layout == "BSHD"
+
+
+def test_bhsd_matmul_scale_on_k():
+    def attn(q, k, v):
+        s = q @ jnp.swapaxes(k * (1 / math.sqrt(D)), -1, -2)
+        return jax.nn.softmax(s, axis=-1) @ v
+
+    fast = check(attn, qkv("BHSD"), {"attention": 1}, grad=True)
+    (node,) = kernel_nodes(fast, qkv("BHSD"))
+    assert node.attrs["plan"].layout == "BHSD"
+
+
+def test_scores_divided_by_runtime_sqrt():
+    """``(q @ k^T) / jnp.sqrt(d)``: the scale is computed at run time, so q is scaled."""
+
+    def attn(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k) / jnp.sqrt(jnp.float32(D))
+        return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s), v)
+
+    check(attn, qkv("BHSD"), {"attention_scaled": 1}, grad=True)
+
+
+def test_scores_times_a_literal():
+    def attn(q, k, v):
+        s = 0.125 * jnp.einsum("bqhd,bkhd->bhqk", q, k)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
+
+    fast = check(attn, qkv(), {"attention_scaled": 1})
+    (node,) = kernel_nodes(fast, qkv())
+    assert node.attrs["plan"].scale_input == 1
+
+
+def test_keys_first_in_the_scores_and_transposed_keys():
+    """DistilBERT-style k pre-transposed to [B, H, D, S]; scores einsum with k first."""
+
+    def attn(q, k, v):
+        kt = jnp.transpose(k, (0, 2, 3, 1))  # [B, H, D, Skv]
+        s = jnp.einsum("bhdk,bqhd->bhkq", kt, q / 4.0)  # keys first: softmax over axis 2
+        w = jax.nn.softmax(s, axis=2)
+        return jnp.einsum("bhkq,bkhd->bqhd", w, v)
+
+    fast = check(attn, qkv(), {"attention": 1}, grad=True)
+    (node,) = kernel_nodes(fast, qkv())
+    assert node.attrs["plan"].q_operand == 1
+
+
+def test_cross_attention_longer_keys():
+    check(
+        lambda q, k, v: jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k)).__matmul__(
+            jnp.swapaxes(v, 1, 2)
+        ),
+        qkv(skv=SKV),
+        {"attention": 1},
+    )
+
+
+# ------------------------------------------------------------------------ softmax forms
+
+
+def test_custom_jvp_softmax():
+    def attn(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
+
+    with jax.softmax_custom_jvp(True):
+        check(attn, qkv(), {"attention": 1}, grad=True)
+
+
+def test_handwritten_softmax_without_stop_gradient_or_clamp():
+    def attn(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k)
+        e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+        w = e / jnp.sum(e, axis=-1, keepdims=True)
+        return jnp.einsum("bhqk,bkhd->bqhd", w, v)
+
+    check(attn, qkv(), {"attention": 1})
+
+
+def test_unstabilised_softmax():
+    def attn(q, k, v):
+        e = jnp.exp(jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k))
+        return jnp.einsum("bhqk,bkhd->bqhd", e / e.sum(-1, keepdims=True), v)
+
+    check(attn, qkv(), {"attention": 1})
+
+
+# ----------------------------------------------------------------------- biases, masks
+
+
+def test_hugging_face_padding_bias():
+    def attn(q, k, v, keep):
+        bias = jax.lax.select(
+            keep[:, None, None, :] > 0,
+            jnp.zeros(keep[:, None, None, :].shape, q.dtype),
+            jnp.full(keep[:, None, None, :].shape, jnp.finfo(q.dtype).min),
+        )
+        s = jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k) + bias
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
+
+    check(attn, (*qkv(), padding()), {"attention_bias": 1}, grad=True)
+
+
+def test_alibi_bias_and_bias_first_operand():
+    slopes = jnp.array([0.5, 0.25])
+    rel = jnp.arange(S)[None, :] - jnp.arange(S)[:, None]
+
+    def attn(q, k, v):
+        alibi = slopes[None, :, None, None] * rel[None, None].astype(jnp.float32)
+        s = alibi + jnp.einsum("bhqd,bhkd->bhqk", q / 8.0, k)
+        return jax.nn.softmax(s) @ v
+
+    check(attn, qkv("BHSD"), {"attention_bias": 1}, grad=True)
+
+
+def test_subtracted_bias_distilbert():
+    def attn(q, k, v, keep):
+        m = keep.astype(jnp.float32)[:, None, None, :]
+        s = jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k) - 1e30 * (1.0 - m)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
+
+    fast = check(attn, (*qkv(), padding()), {"attention_bias": 1})
+    (node,) = kernel_nodes(fast, (*qkv(), padding()))
+    assert node.attrs["plan"].bias == -1
+
+
+def test_causal_mask_with_where():
+    def attn(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k)
+        causal = jnp.tril(jnp.ones((S, S), bool))
+        s = jnp.where(causal, s, jnp.finfo(s.dtype).min)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
+
+    check(attn, qkv(), {"attention_mask": 1}, grad=True)
+
+
+def test_inverted_mask_equal_zero():
+    def attn(q, k, v, keep):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q / 8.0, k)
+        s = jnp.where(keep[:, None, None, :].astype(jnp.int32) == 0, -1e9, s)
+        return jax.nn.softmax(s) @ v
+
+    check(attn, (*qkv("BHSD"), padding()), {"attention_mask": 1})
+
+
+def test_flax_dot_product_attention_with_bias_and_mask():
+    import flax.linen as nn
+
+    def attn(q, k, v, keep):
+        bias = 0.1 * jnp.arange(S, dtype=jnp.float32)[None, None, None, :]
+        mask = nn.make_attention_mask(jnp.ones((B, S)), keep)
+        return nn.dot_product_attention(q, k, v, bias=bias, mask=mask)
+
+    check(attn, (*qkv(), padding()), {"attention_bias_mask": 1}, grad=True)
+
+
+def test_scaled_scores_with_bias_and_mask():
+    def attn(q, k, v, keep):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (D**-0.5)
+        s = s + 0.01 * jnp.arange(S, dtype=jnp.float32)
+        s = jnp.where(keep[:, None, None, :], s, -1e30)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
+
+    check(attn, (*qkv(), padding()), {"attention_scaled_bias_mask": 1})
+
+
+# ------------------------------------------------------------------ grouped kv, dtypes
+
+
+def test_grouped_kv_heads_by_repeat():
+    def attn(q, k, v):
+        k, v = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
+        w = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k))
+        return jnp.einsum("bhqk,bkhd->bqhd", w, v)
+
+    args = qkv(kv_heads=1)
+    fast = check(attn, args, {"attention": 1}, grad=True)
+    (node,) = kernel_nodes(fast, args)
+    q_shape, k_shape = node.attrs["plan"].kernel_shapes[:2]
+    assert q_shape[2] == 2 and k_shape[2] == 1  # the kernel reads the unrepeated kv heads
+
+
+def test_bf16_attention_probabilities_cast():
+    """bf16 like Flax with dtype=bf16: f32 softmax cast down before the output einsum."""
+
+    def attn(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k, preferred_element_type=jnp.float32)
+        w = jax.nn.softmax(s).astype(jnp.bfloat16)
+        return jnp.einsum("bhqk,bkhd->bqhd", w, v)
+
+    check(attn, qkv(dtype=jnp.bfloat16), {"attention": 1})
+
+
+# ---------------------------------------------------------- jax.nn.dot_product_attention
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_jax_nn_dot_product_attention_xla(masked):
+    q, k, v = qkv(kv_heads=1)
+    q = jnp.concatenate([q, q[:, :, :1] * 0.5], axis=2)[:, :, :2]  # 2 query heads, 1 kv head
+
+    if masked:
+
+        def attn(q, k, v, keep):
+            mask = keep[:, None, None, :]
+            return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+
+        check(attn, (q, k, v, padding()), {"attention_dpa_mask": 1}, grad=True)
+    else:
+
+        def attn(q, k, v):
+            return jax.nn.dot_product_attention(q, k, v, implementation="xla")
+
+        check(attn, (q, k, v), {"attention_dpa": 1}, grad=True)

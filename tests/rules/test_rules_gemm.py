@@ -1,0 +1,117 @@
+"""Dense + bias + activation spellings, each rewritten to one fused GEMM-epilogue kernel."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+from rules_helpers import check, kernel_nodes
+
+from pypm_jax.rules import gemm_rules
+
+K, N = 64, 32
+
+
+def operands(seed=0, dtype=jnp.float32, x_shape=(2, 8, K)):
+    kx, kw, kb = jax.random.split(jax.random.PRNGKey(seed), 3)
+    x = jax.random.normal(kx, x_shape, dtype)
+    w = (jax.random.normal(kw, (K, N), dtype) / 8).astype(dtype)
+    b = jax.random.normal(kb, (N,), dtype)
+    return x, w, b
+
+
+def _gelu_textbook(y):
+    return 0.5 * y * (1.0 + jax.lax.erf(y / math.sqrt(2.0)))
+
+
+def _gelu_new(y):  # GPT-2 / BERT "gelu_new" as written out in many ports
+    return 0.5 * y * (1.0 + jnp.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y**3)))
+
+
+ACTIVATIONS = {
+    "jax.nn.relu": (jax.nn.relu, "relu"),
+    "jnp.maximum": (lambda y: jnp.maximum(0.0, y), "relu"),
+    "jax.nn.gelu(approximate=True)": (jax.nn.gelu, "gelu_tanh"),
+    "gelu_new written out": (_gelu_new, "gelu_tanh"),
+    "jax.nn.gelu(approximate=False)": (lambda y: jax.nn.gelu(y, approximate=False), "gelu"),
+    "gelu with erf written out": (_gelu_textbook, "gelu"),
+    "jax.nn.silu": (jax.nn.silu, "silu"),
+    "y * sigmoid(y)": (lambda y: jax.nn.sigmoid(y) * y, "silu"),
+    "y / (1 + exp(-y))": (lambda y: y / (1.0 + jnp.exp(-y)), "silu"),
+    "jax.nn.sigmoid": (jax.nn.sigmoid, "sigmoid"),
+    "jnp.tanh": (jnp.tanh, "tanh"),
+}
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_dense_bias_activation(name):
+    act, kind = ACTIVATIONS[name]
+
+    def dense(x, w, b):
+        return act(x @ w + b)
+
+    args = operands()
+    fast = check(dense, args, {"gemm_epilogue": 1}, what=name)
+    (node,) = kernel_nodes(fast, args)
+    plan = node.attrs["plan"]
+    assert plan.activation == kind and plan.bias and not plan.transpose_w
+
+
+def test_flax_dense_gelu_gradients():
+    import flax.linen as nn
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(K)(nn.gelu(nn.Dense(N)(x)))
+
+    model = MLP()
+    x = operands()[0]
+    params = model.init(jax.random.PRNGKey(1), x)
+    check(model.apply, (params, x), {"gemm_epilogue": 1}, grad=True)
+
+
+def test_no_bias_weight_stored_transposed():
+    def dense(x, w):
+        return jax.nn.silu(jnp.einsum("bsk,nk->bsn", x, w))
+
+    x, w, _ = operands()
+    args = (x, w.T)
+    fast = check(dense, args, {"gemm_epilogue_no_bias": 1}, grad=True)
+    (node,) = kernel_nodes(fast, args)
+    assert node.attrs["plan"].transpose_w and not node.attrs["plan"].bias
+
+
+def test_bias_first_and_matrix_input():
+    def dense(x, w, b):
+        return jnp.tanh(b[None, :] + x @ w)
+
+    check(dense, operands(x_shape=(16, K)), {"gemm_epilogue": 1})
+
+
+def test_llama_style_gated_mlp():
+    """``silu(x @ w_gate) * (x @ w_up)``: the gate is a dense + activation site."""
+
+    def mlp(x, wg, wu):
+        return jax.nn.silu(x @ wg) * (x @ wu)
+
+    x, w, _ = operands()
+    check(mlp, (x, w, w * 0.5), {"gemm_epilogue_no_bias": 1})
+
+
+def test_linear_rule_is_opt_in():
+    def dense(x, w, b):
+        return x @ w + b
+
+    args = operands()
+    check(dense, args, {})
+    check(dense, args, {"gemm_epilogue_linear": 1}, rules=gemm_rules(linear=True), grad=True)
+
+
+def test_bf16_dense_gelu():
+    def dense(x, w, b):
+        return jax.nn.gelu(x @ w + b)
+
+    check(dense, operands(dtype=jnp.bfloat16), {"gemm_epilogue": 1})

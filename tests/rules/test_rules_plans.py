@@ -1,0 +1,236 @@
+"""Guard functions of the rule library: pure Python over attribute values (no JAX)."""
+
+from __future__ import annotations
+
+import pytest
+
+import pypm_jax as pm
+from pypm_jax.jax import prims as P
+from pypm_jax.rules import _plans as G
+
+f32, bf16, i32, b1 = pm.f32, pm.bf16, pm.i32, pm.bool_
+
+# Hugging Face / Flax linen: q, k, v [B, S, H, D]; scores einsum("bqhd,bkhd->bhqk");
+# output einsum over v first: dot_general(v, p) -> [B, H, D, Sq], then transposed.
+BSHD = (2, 8, 2, 32)
+S_DN = (((3,), (3,)), ((0, 2), (0, 2)))
+O_DN_V_FIRST = (((1,), (3,)), ((0, 2), (0, 1)))
+
+
+def hf_plan(**kw):
+    args = dict(
+        shapes=(BSHD, BSHD, BSHD),
+        dtypes=(f32, f32, f32),
+        scores=(S_DN, (2, 2, 8, 8), (3,)),
+        output=(O_DN_V_FIRST, (2, 2, 32, 8), f32),
+    )
+    args.update(kw)
+    return G.attention_plan(**args)
+
+
+# ------------------------------------------------------------------ small predicates
+
+
+def test_inserts_unit_axes():
+    assert G.inserts_unit_axes((0, 1, 2), (2, 2, 8, 1), (2, 2, 8))
+    assert G.inserts_unit_axes((0, 1, 3), (2, 2, 1, 8), (2, 2, 8))  # where: softmax_axes
+    assert not G.inserts_unit_axes((1, 0, 2), (2, 2, 8, 1), (2, 2, 8))  # moves axes
+    assert not G.inserts_unit_axes((0, 1, 2), (2, 2, 8, 8), (2, 2, 8))  # broadcasts
+    assert G.inserts_unit_axes(None, (2, 2, 8, 1), (2, 2, 8))  # reshape
+    assert not G.inserts_unit_axes(None, (2, 16), (2, 2, 8))
+    assert not G.inserts_unit_axes("junk", (2,), (2,))
+
+
+def test_unit_broadcast():
+    assert G.unit_broadcast((0, 1, 2, 3), (2, 2, 8, 8), (2, 1, 8, 8))
+    assert not G.unit_broadcast((0, 2, 3), (2, 2, 8, 8), (2, 8, 8))  # adds an axis
+    assert not G.unit_broadcast((0, 1, 2, 3), (2, 2, 8, 8), (2, 3, 8, 8))
+
+
+def test_interleaved_repeat_is_the_kernels_grouping():
+    # jnp.repeat(k, 2, axis=2): [B, S, Hkv, D] -> [B, S, Hkv, 2, D] -> [B, S, 2 Hkv, D]
+    assert G.interleaved_repeat((0, 1, 2, 4), (2, 8, 2, 2, 32), (2, 8, 2, 32), (2, 8, 4, 32))
+    # jnp.tile-like (new axis before the heads): head h reads kv head h % Hkv -- refused
+    assert not G.interleaved_repeat((0, 1, 3, 4), (2, 8, 2, 2, 32), (2, 8, 2, 32), (2, 8, 4, 32))
+    assert not G.interleaved_repeat((1, 2, 3, 4), (2, 2, 8, 2, 32), (2, 8, 2, 32), (4, 8, 2, 32))
+    assert not G.interleaved_repeat((0, 1, 2, 4), (2, 8, 2, 2, 32), (2, 8, 2, 32), (2, 8, 2, 64))
+
+
+def test_softmax_axes():
+    assert G.softmax_axes((2, 2, 8, 8), (3,), (3,), (2, 2, 8, 1), (2, 2, 8, 1))
+    assert G.softmax_axes((2, 2, 8, 8), (-1,), (3,), (2, 2, 8, 1), (2, 2, 8, 1))
+    assert not G.softmax_axes((2, 2, 8, 8), (3,), (2,), (2, 2, 8, 1), (2, 2, 1, 8))
+    assert not G.softmax_axes((2, 2, 8, 8), (3,), (3,), (2, 2, 1, 8), (2, 2, 8, 1))
+    assert not G.softmax_axes((2, 2, 8, 8), (2, 3), (2, 3), (2, 2, 1, 1), (2, 2, 1, 1))
+
+
+def test_vmapped_softmax_axes():
+    # jax.nn.dot_product_attention under vmap: u [B, K, T, G, S], x = transpose(u, (3,0,1,2,4))
+    x, kept = (1, 2, 2, 8, 8), (1, 2, 2, 8, 1)
+    assert G.vmapped_softmax_axes(x, (3, 0, 1, 2, 4), (4,), (4,), (3, 0, 1, 2), kept, kept)
+    assert not G.vmapped_softmax_axes(x, (3, 0, 1, 2, 4), (4,), (4,), (0, 1, 2, 3), kept, kept)
+    assert not G.vmapped_softmax_axes(x, (3, 0, 1, 2, 4), (4,), (2,), (3, 0, 1, 2), kept, kept)
+
+
+def test_head_mask_identity():
+    dn = (((), ()), ((0,), (1,)))
+    assert G.head_mask_identity(dn, (1, 0, 2, 3), 4)
+    assert not G.head_mask_identity(dn, (0, 1, 2, 3), 4)
+    assert not G.head_mask_identity((((0,), (1,)), ((), ())), (1, 0, 2, 3), 4)
+
+
+def test_scale_kind_bias_sign_activation_of():
+    assert G.scale_kind(P.mul) == 1 and G.scale_kind(P.div) == -1 and G.scale_kind(P.add) is None
+    assert G.bias_sign(P.add) == 1 and G.bias_sign(P.sub) == -1 and G.bias_sign(P.mul) is None
+    assert G.activation_of(P.max, P.max) == "relu"
+    assert G.activation_of(P.mul, P.tanh) == "gelu_tanh"
+    assert G.activation_of(P.mul, P.erfc) == "gelu" == G.activation_of(P.mul, P.erf)
+    assert G.activation_of(P.mul, P.logistic) == "silu" == G.activation_of(P.div, P.exp)
+    assert G.activation_of(P.logistic, P.logistic) == "sigmoid"
+    assert G.activation_of(P.tanh, P.tanh) == "tanh"
+    assert G.activation_of(P.mul, P.exp) is None
+
+
+def test_bias_vector():
+    assert G.bias_vector((1, 1, 64), 64) and G.bias_vector((64,), 64)
+    assert not G.bias_vector((8, 64), 64) and not G.bias_vector((64, 1), 64)
+
+
+# --------------------------------------------------------------------- attention plans
+
+
+def test_attention_plan_hugging_face_layout():
+    plan = hf_plan()
+    assert plan is not None
+    assert plan.layout == "BSHD" and plan.q_operand == 0
+    assert plan.perm_q == plan.perm_k == plan.perm_v == (0, 1, 2, 3)
+    # kernel [B, S, H, D] -> o's [B, H, D, Sq]
+    assert plan.perm_out == (0, 2, 3, 1)
+    assert plan.perm_scores == (0, 1, 2, 3)
+    assert plan.kernel_shapes[:3] == (BSHD, BSHD, BSHD)
+    assert plan.out_shape == (2, 2, 32, 8) and plan.out_dtype == "float32"
+    assert plan.bias == 0 and not plan.mask and plan.scale_input == 0
+
+
+def test_attention_plan_bias_mask_scale_sign():
+    plan = hf_plan(bias=((2, 1, 1, 8), f32), mask=((1, 1, 8, 8), b1), scaled=-1, sign=-1)
+    assert plan.bias == -1 and plan.mask and plan.scale_input == -1
+    assert plan.kernel_shapes[3:] == ((2, 1, 1, 8), (1, 1, 8, 8))
+    assert hf_plan(bias=((2, 1, 1, 8), i32)) is None  # the kernel adds float biases
+    assert hf_plan(mask=((2, 1, 1, 8), f32)) is None  # masks are boolean/integer
+    assert hf_plan(bias=((2, 8), f32)) is None
+
+
+def test_attention_plan_bhsd_probabilities_first():
+    bhsd = (2, 2, 8, 32)
+    plan = G.attention_plan(
+        (bhsd, bhsd, bhsd),
+        (bf16, bf16, bf16),
+        ((((3,), (3,)), ((0, 1), (0, 1))), (2, 2, 8, 8), (3,)),
+        ((((3,), (2,)), ((0, 1), (0, 1))), (2, 2, 8, 32), bf16),
+    )
+    assert plan.layout == "BHSD" and plan.perm_out == (0, 1, 2, 3) and plan.dtype == "bfloat16"
+
+
+def test_attention_plan_keys_first_in_the_scores():
+    # scores = dot_general(k, q) -> [B, H, Skv, Sq], softmax over axis 2
+    plan = G.attention_plan(
+        (BSHD, BSHD, BSHD),
+        (f32, f32, f32),
+        (S_DN, (2, 2, 8, 8), (2,)),
+        ((((2,), (1,)), ((0, 1), (0, 2))), (2, 2, 8, 32), f32),
+    )
+    assert plan is not None and plan.q_operand == 1
+    assert plan.perm_scores == (0, 1, 3, 2)
+
+
+def test_attention_plan_grouped_kv_heads():
+    kv = (2, 8, 1, 32)  # one kv head for two query heads, before the repeat
+    plan = hf_plan(shapes=(BSHD, kv, kv))
+    assert plan is not None and plan.kernel_shapes[:3] == (BSHD, kv, kv)
+    assert hf_plan(shapes=(kv, BSHD, BSHD)) is None  # fewer *query* heads: not attention
+    assert hf_plan(shapes=(BSHD, (2, 8, 3, 32), (2, 8, 3, 32))) is None
+
+
+def test_attention_plan_rejects_other_contractions():
+    assert hf_plan(scores=(S_DN, (2, 2, 8, 8), (1,))) is None  # softmax over heads
+    assert hf_plan(scores=(S_DN, (2, 2, 8, 8), (2, 3))) is None
+    bad_o = (((3,), (3,)), ((0, 2), (0, 1)))  # contracts v's head dim
+    assert hf_plan(output=(bad_o, (2, 2, 32, 8), f32)) is None
+    assert hf_plan(output=(O_DN_V_FIRST, (2, 2, 8, 32), f32)) is None  # wrong result shape
+    assert hf_plan(shapes=((2, 8, 64), BSHD, BSHD)) is None
+
+
+def test_attention_plan_refuses_an_ambiguous_operand_order():
+    # v laid out [B, H, D, S] with D == S: "p first" and "v first" read the same dimension
+    # numbers as different attentions of the same shapes; the plan cannot tell which.
+    x = (2, 2, 32, 32)
+    plan = G.attention_plan(
+        (x, x, x),
+        (f32, f32, f32),
+        ((((3,), (3,)), ((0, 1), (0, 1))), x, (3,)),
+        ((((3,), (3,)), ((0, 1), (0, 1))), x, f32),
+    )
+    assert plan is None
+
+
+def test_dpa_plan_nnx_spelling():
+    q = (2, 8, 4, 32)
+    kv = (2, 8, 2, 32)
+    args = dict(
+        shapes=(q, kv, kv),
+        dtypes=(f32, f32, f32),
+        scores=((((4,), (3,)), ((0, 2), (0, 2))), (2, 2, 8, 2, 8), (3, 0, 1, 2, 4), (4,)),
+        output=((((1,), (4,)), ((0, 2), (1, 2))), ((3, 0, 4, 1, 2), (1, 2, 3, 0, 4)), q, f32),
+    )
+    plan = G.dpa_plan(**args)
+    assert plan.layout == "BSHD" and plan.kernel_shapes == (q, kv, kv, None, None)
+    assert plan.scale_input == 1
+    assert G.dpa_plan(**args, mask=((2, 1, 8, 8), b1)).kernel_shapes[4] == (2, 1, 8, 8)
+    bad = dict(args, output=(args["output"][0], ((3, 0, 4, 1, 2), (0, 1, 2, 3, 4)), q, f32))
+    assert G.dpa_plan(**bad) is None
+
+
+def test_attention_supported_asks_the_kernel():
+    assert G.attention_supported(hf_plan())
+    small = (2, 8, 2, 8)  # head dim 8: below the kernel's minimum of 32
+    plan = G.attention_plan(
+        (small, small, small),
+        (f32, f32, f32),
+        (S_DN, (2, 2, 8, 8), (3,)),
+        (O_DN_V_FIRST, (2, 2, 8, 8), f32),
+    )
+    assert plan is not None and not G.attention_supported(plan)
+    assert not G.attention_supported(None)
+
+
+# ---------------------------------------------------------------------------- GEMM
+
+
+def test_gemm_plan():
+    dn = (((2,), (0,)), ((), ()))
+    plan = G.gemm_plan(
+        (2, 8, 64), (64, 32), (f32, f32, f32), dn, ((2, 8, 32), f32), (1, 1, 32), "gelu"
+    )
+    assert plan == G.GemmPlan("gelu", False, 64, 32, True, "float32", (2, 8, 32), "float32")
+    assert G.gemm_supported(plan, (2, 8, 64))
+    t = G.gemm_plan((2, 8, 64), (32, 64), (f32,) * 3, (((2,), (1,)), ((), ())), ((2, 8, 32), f32))
+    assert t.transpose_w and t.activation == "none" and not t.bias
+    assert G.gemm_plan((2, 8, 64), (64, 32), (f32,) * 3, dn, ((2, 8, 32), f32), (8, 32)) is None
+    mixed = (bf16, bf16, f32)  # preferred_element_type=f32: the kernel returns bf16
+    assert G.gemm_plan((2, 8, 64), (64, 32), mixed, dn, ((2, 8, 32), f32)) is None
+    batched = (((2,), (1,)), ((0,), (0,)))
+    assert G.gemm_plan((2, 8, 64), (2, 64, 32), (f32,) * 3, batched, ((2, 8, 32), f32)) is None
+    assert G.gemm_plan((2, 8, 64), (64, 32), (f32,) * 3, dn, ((2, 8, 32), f32), None, "x") is None
+    ints = G.gemm_plan((2, 8, 64), (64, 32), (i32,) * 3, dn, ((2, 8, 32), i32))
+    assert ints is not None and not G.gemm_supported(ints, (2, 8, 64))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["rules.attention_plan", "rules.dpa_plan", "rules.gemm_plan", "rules.activation_of"],
+)
+def test_guard_functions_are_registered_by_name(name):
+    from pypm_jax._registry import GUARD_FNS
+
+    assert name in GUARD_FNS
