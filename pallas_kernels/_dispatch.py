@@ -102,13 +102,6 @@ def broadcastable(shape: Sequence[int], target: Sequence[int]) -> bool:
     return True
 
 
-def is_shape(x: Any) -> bool:
-    try:
-        return all(isinstance(int(d), int) and int(d) == d for d in x)
-    except TypeError:
-        return False
-
-
 def matmul_precision(dtype: Any) -> lax.Precision | None:
     """In-kernel dot precision for ``dtype``, honouring ``jax.default_matmul_precision``.
 
