@@ -89,7 +89,21 @@ def test_table_attrs_match_jax_params():
             lax.clamp(0.0, x, 1.0),
         ]  # fmt: skip
 
+    @jax.custom_vjp
+    def cv(x):
+        return jnp.sin(x)
+
+    cv.defvjp(lambda x: (jnp.sin(x), x), lambda r, g: (g * jnp.cos(r),))
+
+    def g(x):  # the call and control-flow primitives whose params lifting reads
+        y = jax.nn.relu(x) + cv(x) + jax.checkpoint(jnp.sin)(x) + jax.jit(jnp.cos)(x)
+        y = lax.scan(lambda c, a: (c + a, c * a), y[0], y)[1]
+        y = lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2), (0, y))[1]
+        return lax.cond(y.sum() > 0, lambda a: a + 1, lambda a: a - 1, y)
+
     seen = _eqn_params(f, x, i)
+    seen.update(_eqn_params(g, x))
+    assert {"scan", "while", "cond", "custom_jvp_call", "custom_vjp_call", "remat2"} <= set(seen)
     for name, params in seen.items():
         spec = SPECS.get(name)
         assert spec is not None, f"primitive {name} is not in the table"
