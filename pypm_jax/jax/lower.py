@@ -21,6 +21,7 @@ from __future__ import annotations
 
 __all__ = ["LoweringError", "lower", "infer_types", "lower_attrs", "numpy_dtype"]
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -196,6 +197,13 @@ def _plan(prog: LiftedProgram) -> _Plan:
             return _Plan(prog, intact)
         except _Cycle as cyc:  # only after merges across a region boundary; inline it
             intact.pop(cyc.region.id, None)
+            where = _compat.user_frame(cyc.region.source_info)
+            warnings.warn(
+                f"{cyc.region.name} region{f' at {where}' if where else ''} is lowered "
+                "equation by equation (rewrites made it depend on its own body): its "
+                "custom derivative rule is not kept",
+                stacklevel=2,
+            )
 
 
 def _check_lowerable(plan: _Plan) -> None:
