@@ -685,7 +685,7 @@ def _root_ops(p: Pattern, budget: list[int]) -> frozenset[Operator] | None:
 
 def root_operators(pdef: PatternDef) -> frozenset[Operator] | None:
     """Operators a match of ``pdef`` can be rooted at, or None when it can be any."""
-    return _root_ops(pdef.body, [256])
+    return _root_ops(pdef.body, [64])
 
 
 class CompiledPattern:

@@ -47,7 +47,7 @@ from pypm_jax._terms import Operator, Term, const, leaf
 F32, I8 = as_dtype("f32"), as_dtype("i8")
 
 
-def _same_type(*xs: Any, **_: Any) -> tuple[Any, Any]:
+def same_type(*xs: Any, **_: Any) -> tuple[Any, Any]:
     return (xs[0].shape, xs[0].dtype) if xs else ((), None)
 
 
@@ -55,12 +55,12 @@ def _split_type(x: Any, **_: Any) -> list[tuple[Any, Any]]:
     return [(x.shape, x.dtype), (x.shape, x.dtype)]
 
 
-F1 = Operator("f1", 1, infer=_same_type, namespace="engine_tests")
-F2 = Operator("f2", 1, infer=_same_type, namespace="engine_tests", op_class="unary")
-G2 = Operator("g2", 2, infer=_same_type, namespace="engine_tests")
-H2 = Operator("h2", 2, infer=_same_type, namespace="engine_tests", op_class="binary")
+F1 = Operator("f1", 1, infer=same_type, namespace="engine_tests")
+F2 = Operator("f2", 1, infer=same_type, namespace="engine_tests", op_class="unary")
+G2 = Operator("g2", 2, infer=same_type, namespace="engine_tests")
+H2 = Operator("h2", 2, infer=same_type, namespace="engine_tests", op_class="binary")
 SPLIT = Operator("split", 1, 2, infer=_split_type, namespace="engine_tests")
-CAT = Operator("cat", None, infer=_same_type, namespace="engine_tests")
+CAT = Operator("cat", None, infer=same_type, namespace="engine_tests")
 OPS = (F1, F2, G2, H2, SPLIT, CAT)
 
 A = leaf("a", shape=(2, 3), dtype="f32")

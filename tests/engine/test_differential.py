@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 
+from core.strategies import pattern_and_term
 from engine_helpers import dags, pattern_defs, solution_key
 from hypothesis import given
 from hypothesis import strategies as st
@@ -77,3 +78,21 @@ def test_matcher_index_finds_what_trying_every_pattern_finds(pdefs, pool):
                 expected.append((v, i, m.key()))
                 break
     assert found == expected
+
+
+# The shared strategies of tests/core: patterns abstracted from random terms (so many match,
+# often several times), well-moded or not; checked here on full θ/φ and on both back ends.
+
+
+@given(pattern_and_term(well_moded=False))
+def test_shared_strategies_terms(pt):
+    pdef, t = pt
+    check_same(pdef, t)
+
+
+@given(pattern_and_term(), st.data())
+def test_shared_strategies_graph_values(pt, data):
+    pdef, t = pt
+    g = Graph([t])
+    v = data.draw(st.sampled_from(g.values() + g.inputs))
+    check_same(pdef, v)

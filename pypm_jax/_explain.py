@@ -1,0 +1,453 @@
+"""Why a pattern does not match: the deepest partial match and what stopped it, as data.
+
+:func:`explain` runs the paper's machine (the same transitions as :mod:`pypm_jax._machine`)
+with a tracer: every action that succeeds extends the current *path* (which sub-pattern met
+which term, which variable got which value, which guard held), backtracking shortens it,
+and every failure is compared with the deepest one seen so far. When the search ends
+without a match, the deepest failure is the explanation: an operator mismatch (expected vs
+found), a guard that was false (with the guard as the user wrote it: file, line, source
+text, and the attribute values it read), a variable bound to two different values, a
+literal that differs, an existential never bound. Slow on purpose; the matchers never use it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Attempt", "Explanation", "Failure", "Step", "explain"]
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._calculus import (
+    EAnd,
+    EAttr,
+    EBin,
+    ECall,
+    ECmp,
+    EIndex,
+    ENot,
+    EOpAttr,
+    EOr,
+    ETuple,
+    EUnary,
+    Expr,
+    PAlt,
+    PApp,
+    Pattern,
+    PatternDef,
+    PCall,
+    PConst,
+    PConstr,
+    PExists,
+    PFunVar,
+    PGuard,
+    PMu,
+    PVar,
+    show,
+    show_expr,
+)
+from ._errors import PatternDefinitionError, SourceLoc
+from ._fast import root_operators
+from ._graph import Graph, Value
+from ._guards import Undefined, eval_expr, guard_holds
+from ._match import Match
+from ._subst import FreshNames, unfold
+from ._terms import CONST, LEAF, Operator, const_equal
+
+_WIDTH = 72
+
+
+def _clip(text: str, width: int = _WIDTH) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def describe(t: Any) -> str:
+    """A short description of a term or graph value, with its type and source line."""
+    if isinstance(t, Value):
+        node = t.node
+        if node.op is LEAF and not node.inputs:
+            return f"input {t.name}"
+        if node.op is CONST:
+            return f"{t.name} = const {node.attrs.get('value')!r}"
+        args = ", ".join(v.name for v in node.inputs)
+        ty = "?" if t.dtype is None else t.dtype.name
+        ty += "[?]" if t.shape is None else "[" + ",".join(map(str, t.shape)) + "]"
+        where = f" @ {node.loc}" if node.loc is not None else ""
+        return f"{t.name} = {node.op.name}({args}) : {ty}{where}"
+    return _clip(_term_text(t, 3))
+
+
+def _term_text(t: Any, depth: int) -> str:
+    """A term printed to a bounded depth (``repr`` would walk all of a deep term)."""
+    if t.op is LEAF and not t.inputs:
+        return str(t.attrs.get("name"))
+    if t.op is CONST and not t.inputs:
+        return repr(t.attrs.get("value"))
+    if depth == 0:
+        return f"{t.op.name}(…)"
+    args = ", ".join(_term_text(x, depth - 1) for x in t.inputs)
+    idx = f"#{t.index}" if t.op.n_out > 1 else ""
+    return f"{t.op.name}({args}){idx}"
+
+
+# ------------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One successful action of the partial match."""
+
+    kind: str  # "match", "bind", "same", "guard", "check", "constraint"
+    fragment: Any  # the sub-pattern (or guard expression) involved
+    term: Any  # the term it met (None for guards and checks)
+    text: str  # the step rendered
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What stopped the deepest partial match."""
+
+    kind: str  # op_mismatch, arity_mismatch, index_mismatch, const_mismatch,
+    #            var_conflict, opvar_conflict, guard_failed, unbound
+    message: str
+    fragment: Any = None
+    term: Any = None
+    expected: Any = None
+    found: Any = None
+    guard: str | None = None  # the guard in the calculus' notation
+    loc: SourceLoc | None = None  # where the user wrote it
+    values: tuple[tuple[str, str], ...] = ()  # what the guard read: ("x.rank", "3")
+
+    def __str__(self) -> str:
+        lines = [self.message]
+        if self.loc is not None:
+            text = f": {self.loc.text.strip()}" if self.loc.text else ""
+            lines.append(f"  written at {self.loc.file}:{self.loc.line}{text}")
+        if self.values:
+            lines.append("  with " + ", ".join(f"{k} = {v}" for k, v in self.values))
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """The pattern tried at one term: a match, or the deepest partial match and its end."""
+
+    target: Any
+    matched: bool
+    match: Match | None = None
+    steps: tuple[Step, ...] = ()
+    failure: Failure | None = None
+
+    @property
+    def depth(self) -> int:
+        return len(self.steps)
+
+    def __str__(self) -> str:
+        head = describe(self.target)
+        if self.match is not None:
+            binds = ", ".join(f"{k} = {_show_binding(v)}" for k, v in self.match.items())
+            return f"matches {head}: {binds}"
+        lines = [f"does not match {head}"]
+        if self.steps:
+            lines.append(f"  deepest partial match ({len(self.steps)} steps):")
+            lines += [f"    {s.text}" for s in self.steps]
+        if self.failure is not None:
+            fail = str(self.failure).replace("\n", "\n    ")
+            lines.append(f"  then: {fail}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Per candidate term, why the pattern does (not) match; the closest first."""
+
+    pattern: PatternDef
+    attempts: tuple[Attempt, ...]
+    note: str = ""
+    shown: int = field(default=3, compare=False)
+
+    @property
+    def matched(self) -> bool:
+        return any(a.matched for a in self.attempts)
+
+    @property
+    def best(self) -> Attempt | None:
+        """The attempt that got furthest (a match if there is one)."""
+        return self.attempts[0] if self.attempts else None
+
+    def __str__(self) -> str:
+        where = f" ({self.pattern.loc})" if self.pattern.loc is not None else ""
+        lines = [f"pattern {self.pattern.name}{where}"]
+        if self.note:
+            lines.append(self.note)
+        for a in self.attempts[: self.shown]:
+            lines.append(str(a))
+        rest = len(self.attempts) - self.shown
+        if rest > 0:
+            lines.append(f"... and {rest} more candidate(s) that got less far")
+        return "\n".join(lines)
+
+
+def _show_binding(v: Any) -> str:
+    return v.name if isinstance(v, Operator) else describe(v)
+
+
+# ------------------------------------------------------------------------------ the tracer
+
+
+def _guard_reads(g: Expr) -> list[Expr]:
+    """The attribute reads of a guard (``x.rank``, ``F.op_class``), in order, each once."""
+    out: list[Expr] = []
+    stack = [g]
+    while stack:
+        e = stack.pop()
+        match e:
+            case EAttr() | EOpAttr():
+                if e not in out:
+                    out.append(e)
+            case EIndex(base, index):
+                stack += [index, base]
+            case EBin(_, left, right) | ECmp(_, left, right):
+                stack += [right, left]
+            case EUnary(_, operand) | ENot(operand):
+                stack.append(operand)
+            case EAnd(items) | EOr(items) | ETuple(items) | ECall(_, items):
+                stack.extend(reversed(items))
+    return out
+
+
+def _read(e: Expr, theta: dict, phi: dict) -> str:
+    try:
+        return repr(eval_expr(e, theta, phi))
+    except Undefined as exc:
+        return f"undefined ({exc})"
+
+
+class _Tracer:
+    """The machine of ``_machine`` with a path and a record of the deepest failure."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.best_depth = -1
+        self.best: tuple[tuple[Step, ...], Failure] | None = None
+
+    def fail(self, path: list[Step], failure: Failure) -> None:
+        if len(path) > self.best_depth:
+            self.best_depth = len(path)
+            self.best = (tuple(path), failure)
+
+    def run(self, body: Pattern, t0: Any) -> tuple[dict, dict] | None:
+        fresh = FreshNames()
+        theta: dict[str, Any] = {}
+        phi: dict[str, Any] = {}
+        trail: list[tuple[dict, str]] = []
+        path: list[Step] = []
+        stack: list[tuple[int, int, Any]] = []
+        k: Any = (("m", body, t0), None)
+        steps = 0
+        while True:
+            steps += 1
+            if steps > self.budget:
+                self.fail(path, Failure("budget", f"gave up after {self.budget} steps"))
+                return None
+            if k is None:
+                return theta, phi
+            (tag, a, t), k = k
+            failure: Failure | None = None
+            if tag == "m":
+                failure, k = self.match(a, t, k, theta, phi, trail, path, stack, fresh)
+            elif tag == "g":
+                g: PGuard = a
+                if guard_holds(g.guard, theta, phi):
+                    path.append(Step("guard", g.guard, None, f"guard {show_expr(g.guard)} holds"))
+                else:
+                    reads = tuple(
+                        (show_expr(e), _read(e, theta, phi)) for e in _guard_reads(g.guard)
+                    )
+                    failure = Failure(
+                        "guard_failed",
+                        f"guard {show_expr(g.guard)} is false",
+                        fragment=g,
+                        guard=show_expr(g.guard),
+                        loc=g.loc,
+                        values=reads,
+                    )
+            elif tag == "c":
+                if a in (phi if t == "op" else theta):
+                    path.append(Step("check", a, None, f"{a} is bound"))
+                else:
+                    failure = Failure("unbound", f"local variable {a} was never bound")
+            else:  # matchConstr
+                bound = theta.get(a)
+                if bound is None:
+                    failure = Failure("unbound", f"{a} is unbound where {a} ≈ {show(t)} is checked")
+                else:
+                    text = f"{a} ≈ {_clip(show(t), 48)}   on {describe(bound)}"
+                    path.append(Step("constraint", t, bound, text))
+                    k = (("m", t, bound), k)
+            if failure is not None:
+                self.fail(path, failure)
+                if not stack:
+                    return None
+                n_trail, n_path, k = stack.pop()
+                while len(trail) > n_trail:
+                    d, name = trail.pop()
+                    del d[name]
+                del path[n_path:]
+
+    def match(self, p, t, k, theta, phi, trail, path, stack, fresh):  # noqa: C901
+        """One ST-Match-* transition; returns (failure or None, new continuation)."""
+        if isinstance(p, PVar):
+            bound = theta.get(p.name)
+            if bound is None:
+                theta[p.name] = t
+                trail.append((theta, p.name))
+                path.append(Step("bind", p, t, f"{p.name} := {describe(t)}"))
+            elif bound is t:
+                path.append(Step("same", p, t, f"{p.name} is again {describe(t)}"))
+            else:
+                return Failure(
+                    "var_conflict",
+                    f"{p.name} is {describe(bound)} but must also be {describe(t)}",
+                    fragment=p,
+                    term=t,
+                    expected=bound,
+                    found=t,
+                ), k
+            return None, k
+        if isinstance(p, PApp):
+            if t.op is not p.op:
+                return Failure(
+                    "op_mismatch",
+                    f"expected {p.op.name}, found {t.op.name}: {describe(t)}",
+                    fragment=p,
+                    term=t,
+                    expected=p.op,
+                    found=t.op,
+                ), k
+            if t.index != p.index:
+                return Failure(
+                    "index_mismatch",
+                    f"expected output {p.index} of {p.op.name}, found output {t.index}",
+                    fragment=p,
+                    term=t,
+                    expected=p.index,
+                    found=t.index,
+                ), k
+            if len(t.inputs) != len(p.args):
+                return Failure(
+                    "arity_mismatch",
+                    f"expected {p.op.name} with {len(p.args)} inputs, found {len(t.inputs)}",
+                    fragment=p,
+                    term=t,
+                    expected=len(p.args),
+                    found=len(t.inputs),
+                ), k
+            path.append(Step("match", p, t, f"{_clip(show(p), 40)}   on {describe(t)}"))
+            for arg, sub in zip(reversed(p.args), reversed(t.inputs), strict=True):
+                k = (("m", arg, sub), k)
+            return None, k
+        if isinstance(p, PConst):
+            if not const_equal(p.value, t):
+                return Failure(
+                    "const_mismatch",
+                    f"expected the literal {p.value!r}, found {describe(t)}",
+                    fragment=p,
+                    term=t,
+                    expected=p.value,
+                    found=t,
+                ), k
+            path.append(Step("match", p, t, f"{p.value!r}   on {describe(t)}"))
+            return None, k
+        if isinstance(p, PAlt):
+            stack.append((len(trail), len(path), (("m", p.right, t), k)))
+            return None, (("m", p.left, t), k)
+        if isinstance(p, PGuard):
+            return None, (("m", p.pat, t), (("g", p, None), k))
+        if isinstance(p, PExists):
+            return None, (("m", p.body, t), (("c", p.var, p.kind), k))
+        if isinstance(p, PConstr):
+            return None, (("m", p.pat, t), (("k", p.var, p.constraint), k))
+        if isinstance(p, PFunVar):
+            f = t.op
+            if len(t.inputs) != len(p.args) or (p.n_out is not None and f.n_out != p.n_out):
+                return Failure(
+                    "arity_mismatch",
+                    f"{p.var} takes {len(p.args)} inputs, found {f.name} with "
+                    f"{len(t.inputs)}: {describe(t)}",
+                    fragment=p,
+                    term=t,
+                    expected=len(p.args),
+                    found=len(t.inputs),
+                ), k
+            if t.index != p.index:
+                return Failure(
+                    "index_mismatch",
+                    f"expected output {p.index}, found output {t.index}",
+                    fragment=p,
+                    term=t,
+                ), k
+            bound = phi.get(p.var)
+            if bound is None:
+                phi[p.var] = f
+                trail.append((phi, p.var))
+            elif bound is not f:
+                return Failure(
+                    "opvar_conflict",
+                    f"{p.var} is {bound.name} but {describe(t)} applies {f.name}",
+                    fragment=p,
+                    term=t,
+                    expected=bound,
+                    found=f,
+                ), k
+            path.append(Step("match", p, t, f"{_clip(show(p), 40)}   on {describe(t)}"))
+            for arg, sub in zip(reversed(p.args), reversed(t.inputs), strict=True):
+                k = (("m", arg, sub), k)
+            return None, k
+        if isinstance(p, PMu):
+            return None, (("m", unfold(p, fresh), t), k)
+        if isinstance(p, PCall):
+            raise PatternDefinitionError(
+                f"recursive reference {show(p)} outside a definition μ{p.name}"
+            )
+        raise TypeError(f"not a pattern: {p!r}")
+
+
+def _attempt(pdef: PatternDef, t: Any, budget: int) -> Attempt:
+    tracer = _Tracer(budget)
+    sol = tracer.run(pdef.body, t)
+    if sol is not None:
+        return Attempt(t, True, Match(pdef, t, sol[0], sol[1]))
+    steps, failure = tracer.best if tracer.best is not None else ((), None)
+    return Attempt(t, False, None, steps, failure)
+
+
+def explain(
+    pdef: PatternDef, target: Any, *, shown: int = 3, budget: int = 1_000_000
+) -> Explanation:
+    """Why ``pdef`` does (not) match ``target``: a term, a graph value, or a whole graph.
+
+    For a graph, every value whose operator the pattern's root can have is a candidate; the
+    attempts come sorted, matches first, then by how far the match got.
+    """
+    if not isinstance(target, Graph):
+        return Explanation(pdef, (_attempt(pdef, target, budget),), shown=shown)
+    roots = root_operators(pdef)
+    values: Iterable[Value] = (
+        v for n in target.nodes() for v in n.outputs if roots is None or n.op in roots
+    )
+    attempts = [_attempt(pdef, v, budget) for v in values]
+    order = sorted(
+        range(len(attempts)), key=lambda i: (not attempts[i].matched, -attempts[i].depth, i)
+    )
+    note = ""
+    if not attempts:
+        ops = ", ".join(sorted(op.name for op in roots or ()))
+        note = f"no node of the graph applies {ops}, the operator(s) the pattern starts with"
+    else:
+        n_match = sum(a.matched for a in attempts)
+        note = f"{len(attempts)} candidate node(s), {n_match} match(es)"
+    return Explanation(pdef, tuple(attempts[i] for i in order), note, shown)

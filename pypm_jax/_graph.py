@@ -1,0 +1,554 @@
+"""Computation graphs: the one mutable program representation every frontend lifts into.
+
+A :class:`Graph` holds :class:`Node` s (an operator applied to input values, with attributes,
+a source location and free-form metadata) and their output :class:`Value` s. A value offers
+the read-only *term interface* the matchers use (``op``, ``inputs``, ``index``, ``attrs``,
+``shape``, ``dtype``), so patterns match graph values exactly as they match hash-consed
+terms:
+
+* pure nodes are hash-consed — adding an operator that is already applied to the same inputs
+  with the same attributes and types returns the existing node — so "the same value" is
+  object identity, as for terms, and nonlinear patterns mean what they mean on terms;
+* :meth:`Graph.replace_all_uses` keeps that invariant: a user that becomes equal to another
+  node is merged into it (and so on upwards), never left as a duplicate;
+* nodes of an impure operator (``op.pure == False``) are never merged, and never removed as
+  dead code (they may have effects).
+
+Ids are per-graph counters and every order here is derived from creation order and input
+order, never from hashing, so building the same program twice gives the same graph.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Graph", "Node", "Value"]
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._dtypes import DType, as_dtype
+from ._errors import PyPMError, SourceLoc
+from ._terms import CONST, LEAF, Operator, Shape, Term, freeze, make_term
+
+TypeSpec = tuple[Shape | None, DType | None]
+
+
+def _shape(s: Any) -> Shape | None:
+    if s is None:
+        return None
+    try:
+        return Shape(int(d) for d in s)
+    except TypeError:  # symbolic dimensions: keep them as they are
+        return Shape(s)
+
+
+def _type(spec: Any) -> TypeSpec:
+    shape, dtype = spec
+    return _shape(shape), as_dtype(dtype)
+
+
+def _show_type(shape: Shape | None, dtype: DType | None) -> str:
+    d = "?" if dtype is None else dtype.name
+    s = "[?]" if shape is None else "[" + ",".join(str(x) for x in shape) + "]"
+    return d + s
+
+
+class Value:
+    """One output of a node, or a graph input: what patterns are matched against.
+
+    Identity is equality. ``inputs`` is the producing node's inputs as a tuple; ``attrs`` is
+    the node's attribute dict; ``node.loc`` is where the program wrote it.
+    """
+
+    __slots__ = ("op", "inputs", "index", "attrs", "shape", "dtype", "node", "_users")
+
+    op: Operator
+    inputs: tuple[Value, ...]
+    index: int
+    attrs: dict[str, Any]
+    shape: Shape | None
+    dtype: DType | None
+    node: Node
+
+    @property
+    def loc(self) -> SourceLoc | None:
+        return self.node.loc
+
+    @property
+    def name(self) -> str:
+        """How the value prints: an input's name, ``%<node id>`` (``#i`` for multi-output)."""
+        node = self.node
+        if node.op is LEAF and not node.inputs:
+            return str(node.attrs.get("name"))
+        return f"%{node.id}" if len(node.outputs) == 1 else f"%{node.id}#{self.index}"
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class Node:
+    """An operator applied to values. Change a graph only through :class:`Graph` methods."""
+
+    __slots__ = (
+        "op",
+        "inputs",
+        "attrs",
+        "outputs",
+        "loc",
+        "meta",
+        "id",
+        "_graph",
+        "_key",
+        "_alive",
+        # scratch space of the rewrite driver (pypm_jax._rewrite)
+        "_rank",
+        "_minor",
+        "_queued",
+        "_record",
+    )
+
+    op: Operator
+    inputs: list[Value]
+    attrs: dict[str, Any]
+    outputs: tuple[Value, ...]
+    loc: SourceLoc | None
+    meta: dict[str, Any]
+    id: int
+
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    def __repr__(self) -> str:
+        outs = ", ".join(v.name for v in self.outputs)
+        ins = ", ".join(v.name for v in self.inputs)
+        return f"<Node {outs} = {self.op.name}({ins})>"
+
+
+class Graph:
+    """A DAG of nodes with inputs and outputs; see the module docstring.
+
+    ``Graph([t1, t2])`` builds the graph of hash-consed terms (their leaves become inputs, in
+    first-use order); ``Graph()`` starts empty for :meth:`add_input` / :meth:`add_node`.
+    """
+
+    def __init__(self, outputs: Iterable[Any] | None = None):
+        self._inputs: list[Value] = []
+        self._input_names: dict[str, Value] = {}
+        self._outputs: list[Value] = []
+        self._nodes: dict[int, Node] = {}  # live non-input nodes; topological when _topo_ok
+        self._cse: dict[Any, Node] = {}
+        self._next_id = 0
+        self._topo_ok = True
+        if outputs is not None:
+            self.set_outputs(self._from_terms(list(outputs)))
+
+    # ----------------------------------------------------------------------- building
+
+    @property
+    def inputs(self) -> list[Value]:
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> list[Value]:
+        return list(self._outputs)
+
+    def _new_node(
+        self,
+        op: Operator,
+        inputs: tuple[Value, ...],
+        attrs: dict[str, Any],
+        types: Sequence[TypeSpec],
+        loc: SourceLoc | None,
+        meta: dict[str, Any] | None,
+        key: Any,
+    ) -> Node:
+        node = object.__new__(Node)
+        node.op, node.inputs, node.attrs = op, list(inputs), attrs
+        node.loc, node.meta = loc, dict(meta) if meta else {}
+        node.id = self._next_id
+        self._next_id += 1
+        node._graph, node._key, node._alive = self, key, True
+        node._rank = node._minor = 0
+        node._queued, node._record = False, None
+        outs = []
+        for i, (shape, dtype) in enumerate(types):
+            v = object.__new__(Value)
+            v.op, v.inputs, v.index, v.attrs = op, inputs, i, attrs
+            v.shape, v.dtype, v.node, v._users = shape, dtype, node, []
+            outs.append(v)
+        node.outputs = tuple(outs)
+        for v in inputs:
+            v._users.append(node)
+        return node
+
+    def add_input(self, name: str, shape: Any = None, dtype: Any = None) -> Value:
+        """A new graph input (a leaf ``name`` of the given type)."""
+        if not isinstance(name, str) or not name:
+            raise TypeError("a graph input needs a non-empty name")
+        if name in self._input_names:
+            raise PyPMError(f"graph already has an input named {name!r}")
+        node = self._new_node(
+            LEAF, (), {"name": name}, [(_shape(shape), as_dtype(dtype))], None, None, None
+        )
+        v = node.outputs[0]
+        self._inputs.append(v)
+        self._input_names[name] = v
+        return v
+
+    def infer_types(
+        self, op: Operator, inputs: Sequence[Value], attrs: Mapping[str, Any]
+    ) -> list[TypeSpec]:
+        """Output types of ``op`` on ``inputs``: ``op.infer`` if set, else unknown."""
+        if op.infer is None:
+            return [(None, None)] * op.n_out
+        inferred = op.infer(*inputs, **attrs)
+        specs = list(inferred) if op.n_out > 1 else [inferred]
+        return [_type(s) for s in specs]
+
+    def add_node(
+        self,
+        op: Operator,
+        inputs: Sequence[Value],
+        attrs: Mapping[str, Any] | None = None,
+        out_types: Sequence[tuple[Any, Any]] | None = None,
+        loc: SourceLoc | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Node:
+        """``op(inputs)``; for a pure ``op``, the existing equal node if there is one."""
+        if not isinstance(op, Operator):
+            raise TypeError(f"not an operator: {op!r}")
+        ins = tuple(inputs)
+        for v in ins:
+            if not isinstance(v, Value) or v.node._graph is not self or not v.node._alive:
+                raise PyPMError(f"{op.name}: input {v!r} is not a live value of this graph")
+        if op.n_in is not None and len(ins) != op.n_in:
+            raise PyPMError(f"{op.name} takes {op.n_in} inputs, got {len(ins)}")
+        attrs = dict(attrs) if attrs else {}
+        if out_types is None:
+            types = self.infer_types(op, ins, attrs)
+        else:
+            types = [_type(s) for s in out_types]
+        if len(types) != op.n_out:
+            raise PyPMError(f"{op.name} has {op.n_out} outputs, got {len(types)} output types")
+        key = None
+        if op.pure:
+            key = (op, ins, freeze(attrs) if attrs else (), tuple(types))
+            found = self._cse.get(key)
+            if found is not None:
+                return found
+        node = self._new_node(op, ins, attrs, types, loc, dict(meta) if meta else None, key)
+        if key is not None:
+            self._cse[key] = node
+        self._nodes[node.id] = node
+        return node
+
+    def add_const(self, value: Any, shape: Any = None, dtype: Any = None) -> Value:
+        """A literal (hash-consed like every pure node); scalars get shape ``()``."""
+        if shape is None:
+            shape = np.shape(value)
+        node = self.add_node(CONST, (), {"value": value}, [(shape, dtype)])
+        return node.outputs[0]
+
+    def set_outputs(self, values: Iterable[Value]) -> None:
+        values = list(values)
+        for v in values:
+            if not isinstance(v, Value) or v.node._graph is not self or not v.node._alive:
+                raise PyPMError(f"output {v!r} is not a live value of this graph")
+        self._outputs = values
+
+    def _from_terms(self, terms: list[Any]) -> list[Value]:
+        """Values for hash-consed terms, sharing structure; no recursion per depth."""
+        order: list[Any] = []  # post-order: inputs before users
+        seen: set[int] = set()
+        keep: list[Any] = []  # keep terms alive while their ids are in `seen`
+        for root in terms:
+            if not isinstance(root, Term):
+                raise TypeError(f"Graph([...]) takes terms, got {root!r}")
+            if id(root) in seen:
+                continue
+            stack = [(root, False)]
+            while stack:
+                t, done = stack.pop()
+                if done:
+                    order.append(t)
+                    continue
+                if id(t) in seen:
+                    continue
+                seen.add(id(t))
+                keep.append(t)
+                stack.append((t, True))
+                for x in reversed(t.inputs):
+                    if id(x) not in seen:
+                        stack.append((x, False))
+        # Outputs of one multi-output application are separate terms; group them back.
+        groups: dict[Any, list[dict[int, Any]]] = {}
+        group_of: dict[int, tuple[Any, int]] = {}
+        for t in order:
+            if t.op.n_out == 1:
+                continue
+            key = (t.op, tuple(id(x) for x in t.inputs), freeze(t.attrs))
+            slots = groups.setdefault(key, [])
+            i = next((j for j, slot in enumerate(slots) if t.index not in slot), len(slots))
+            if i == len(slots):
+                slots.append({})
+            slots[i][t.index] = t
+            group_of[id(t)] = (key, i)
+        made: dict[tuple[Any, int], Node] = {}
+        value_of: dict[int, Value] = {}
+        for t in order:
+            if t.op is LEAF and not t.inputs:
+                name = str(t.attrs.get("name"))
+                v = self._input_names.get(name)
+                if v is None or v.shape != t.shape or v.dtype is not t.dtype:
+                    v = self.add_input(name if v is None else f"{name}_{len(self._inputs)}",
+                                       t.shape, t.dtype)  # fmt: skip
+            elif t.op is CONST and not t.inputs:
+                v = self.add_const(t.attrs["value"], t.shape, t.dtype)
+            elif t.op.n_out == 1:
+                ins = [value_of[id(x)] for x in t.inputs]
+                node = self.add_node(t.op, ins, t.attrs, [(t.shape, t.dtype)], t.loc)
+                v = node.outputs[0]
+            else:
+                gk = group_of[id(t)]
+                node = made.get(gk)
+                if node is None:
+                    sibs = groups[gk[0]][gk[1]]
+                    ins = [value_of[id(x)] for x in t.inputs]
+                    unseen = self.infer_types(t.op, ins, t.attrs)  # outputs no term uses
+                    types = [
+                        (sibs[i].shape, sibs[i].dtype) if i in sibs else unseen[i]
+                        for i in range(t.op.n_out)
+                    ]
+                    node = self.add_node(t.op, ins, t.attrs, types, t.loc)
+                    made[gk] = node
+                v = node.outputs[t.index]
+            value_of[id(t)] = v
+        return [value_of[id(t)] for t in terms]
+
+    # ---------------------------------------------------------------------- reading
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def nodes(self) -> list[Node]:
+        """Live nodes (inputs excluded) in a deterministic topological order."""
+        if not self._topo_ok:
+            self._retopo()
+        return list(self._nodes.values())
+
+    def values(self) -> list[Value]:
+        """Every output of every node, in :meth:`nodes` order."""
+        return [v for n in self.nodes() for v in n.outputs]
+
+    def users(self, value: Value) -> list[Node]:
+        """The live nodes that read ``value``, each once, in the order they started to."""
+        out: dict[int, Node] = {}
+        for n in value._users:
+            if n._alive:
+                out.setdefault(n.id, n)
+        return list(out.values())
+
+    def is_output(self, value: Value) -> bool:
+        return any(v is value for v in self._outputs)
+
+    def _retopo(self) -> None:
+        """Re-sort nodes: creation order where it is topological, else inputs first."""
+        done: set[int] = set()
+        active: set[int] = set()
+        order: list[Node] = []
+        for start in list(self._nodes.values()):
+            if start.id in done:
+                continue
+            stack = [(start, 0)]
+            active.add(start.id)
+            while stack:
+                node, i = stack.pop()
+                if i < len(node.inputs):
+                    stack.append((node, i + 1))
+                    p = node.inputs[i].node
+                    if p.id in done or p.id not in self._nodes:
+                        continue
+                    if p.id in active:
+                        raise PyPMError(f"the graph has a cycle through {p!r}")
+                    active.add(p.id)
+                    stack.append((p, 0))
+                else:
+                    active.discard(node.id)
+                    done.add(node.id)
+                    order.append(node)
+        self._nodes = {n.id: n for n in order}
+        self._topo_ok = True
+
+    # --------------------------------------------------------------------- changing
+
+    def set_input(self, node: Node, i: int, value: Value) -> list[Node]:
+        """Make ``node`` read ``value`` at input ``i``; returns the nodes changed (merges)."""
+        if not isinstance(value, Value) or value.node._graph is not self or not value.node._alive:
+            raise PyPMError(f"{value!r} is not a live value of this graph")
+        new_inputs = list(node.inputs)
+        new_inputs[i] = value
+        pending: list[tuple[Value, Value]] = []
+        self._set_inputs(node, new_inputs, pending)
+        return [node, *self._replace(pending)] if pending else [node]
+
+    def _set_inputs(
+        self, node: Node, new_inputs: list[Value], pending: list[tuple[Value, Value]]
+    ) -> None:
+        for v in node.inputs:
+            v._users.remove(node)
+        if node._key is not None and self._cse.get(node._key) is node:
+            del self._cse[node._key]
+        ins = tuple(new_inputs)
+        node.inputs = list(ins)
+        for v in ins:
+            v._users.append(node)
+        for v in node.outputs:
+            v.inputs = ins
+        self._topo_ok = False
+        if node._key is None:
+            return
+        key = (node.op, ins, node._key[2], node._key[3])
+        node._key = key
+        other = self._cse.get(key)
+        if other is None or not other._alive:
+            self._cse[key] = node
+        else:  # now equal to an existing node: merge into it
+            pending.extend(zip(node.outputs, other.outputs, strict=True))
+
+    def replace_all_uses(self, old: Value, new: Value, *, keep: Iterable[Node] = ()) -> list[Node]:
+        """Every reader of ``old`` (nodes and graph outputs) reads ``new`` instead.
+
+        Readers in ``keep`` go on reading ``old``: when ``new`` is computed from ``old``
+        (a rewrite ``x → f(x)``), its own nodes must, or the graph would get a cycle; the
+        node of ``new`` itself is always kept. Returns the nodes whose inputs changed, in
+        order, including users of nodes that became duplicates of existing ones and were
+        merged into them.
+        """
+        if not isinstance(new, Value) or new.node._graph is not self or not new.node._alive:
+            raise PyPMError(f"{new!r} is not a live value of this graph")
+        kept = {n.id for n in keep}
+        kept.add(new.node.id)
+        return self._replace([(old, new)], kept)
+
+    def _replace(self, work: list[tuple[Value, Value]], kept: set[int] = frozenset()) -> list[Node]:
+        touched: list[Node] = []
+        merged: list[Node] = []
+        i = 0
+        while i < len(work):
+            old, new = work[i]
+            i += 1
+            if old is new:
+                continue
+            self._outputs = [new if v is old else v for v in self._outputs]
+            users: dict[int, Node] = {}
+            for n in old._users:
+                users.setdefault(n.id, n)
+            for node in users.values():
+                if not node._alive or (i == 1 and node.id in kept):
+                    continue
+                before = len(work)
+                self._set_inputs(node, [new if v is old else v for v in node.inputs], work)
+                touched.append(node)
+                if len(work) > before:
+                    merged.append(node)
+        for node in merged:
+            if node._alive and not any(v._users for v in node.outputs):
+                if not any(o is v for v in node.outputs for o in self._outputs):
+                    self._remove(node)
+        return [n for n in touched if n._alive]
+
+    def _remove(self, node: Node) -> None:
+        node._alive = False
+        self._nodes.pop(node.id, None)
+        if node._key is not None and self._cse.get(node._key) is node:
+            del self._cse[node._key]
+        for v in node.inputs:
+            v._users.remove(node)
+
+    def _dead(self, node: Node, outputs: set[int]) -> bool:
+        if not node._alive or not node.op.pure or node.op is LEAF and not node.inputs:
+            return False
+        return not any(v._users or id(v) in outputs for v in node.outputs)
+
+    def remove_dead(self, nodes: Iterable[Node]) -> list[Node]:
+        """Remove the given nodes if nothing reads them, then their inputs likewise.
+
+        The incremental dead-code elimination of the rewrite driver: cost proportional to
+        what is removed. Returns the removed nodes in removal order.
+        """
+        outputs = {id(v) for v in self._outputs}
+        stack = list(nodes)
+        stack.reverse()
+        removed: list[Node] = []
+        while stack:
+            node = stack.pop()
+            if not self._dead(node, outputs):
+                continue
+            self._remove(node)
+            removed.append(node)
+            for v in reversed(node.inputs):
+                if v.node._alive:
+                    stack.append(v.node)
+        return removed
+
+    def dce(self) -> int:
+        """Remove every pure node whose outputs nothing reads; returns how many."""
+        live: set[int] = set()
+        stack = [v.node for v in self._outputs]
+        stack += [n for n in self._nodes.values() if not n.op.pure]
+        while stack:
+            node = stack.pop()
+            if node.id in live:
+                continue
+            live.add(node.id)
+            stack.extend(v.node for v in node.inputs)
+        dead = [n for n in self._nodes.values() if n.id not in live]
+        for node in dead:
+            node._alive = False
+        for node in dead:
+            self._nodes.pop(node.id, None)
+            if node._key is not None and self._cse.get(node._key) is node:
+                del self._cse[node._key]
+            for v in node.inputs:
+                v._users.remove(node)
+        return len(dead)
+
+    # ------------------------------------------------------------------- conversion
+
+    def to_terms(self) -> list[Term]:
+        """The outputs as hash-consed terms (for tests: compare graphs by term identity)."""
+        term_of: dict[int, Any] = {}
+        for v in self._inputs:
+            term_of[id(v)] = make_term(
+                LEAF, (), attrs={"name": v.attrs["name"]}, shape=v.shape, dtype=v.dtype
+            )
+        for node in self.nodes():
+            ins = tuple(term_of[id(v)] for v in node.inputs)
+            for v in node.outputs:
+                term_of[id(v)] = make_term(
+                    node.op, ins, index=v.index, attrs=node.attrs, shape=v.shape, dtype=v.dtype
+                )
+        return [term_of[id(v)] for v in self._outputs]
+
+    def __str__(self) -> str:
+        ins = ", ".join(f"{v.name}: {_show_type(v.shape, v.dtype)}" for v in self._inputs)
+        lines = [f"graph({ins}) {{"]
+        for node in self.nodes():
+            lhs = ", ".join(v.name for v in node.outputs)
+            if node.op is CONST:
+                rhs = f"const {node.attrs.get('value')!r}"
+            else:
+                args = ", ".join(v.name for v in node.inputs)
+                attrs = "".join(f", {k}={val!r}" for k, val in node.attrs.items())
+                rhs = f"{node.op.name}({args}{attrs})"
+            types = ", ".join(_show_type(v.shape, v.dtype) for v in node.outputs)
+            where = f"  @ {node.loc}" if node.loc is not None else ""
+            lines.append(f"  {lhs} = {rhs} : {types}{where}")
+        lines.append("  return " + ", ".join(v.name for v in self._outputs))
+        lines.append("}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<Graph: {len(self._inputs)} inputs, {len(self._nodes)} nodes>"

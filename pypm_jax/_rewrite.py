@@ -1,0 +1,472 @@
+"""Greedy, destructive, deterministic rewriting of a :class:`~pypm_jax._graph.Graph`.
+
+The driver visits nodes in topological order (inputs first). At a node it tries the rules
+in list order — only those whose pattern can be rooted at the node's operator, found with
+one dict lookup — and for each rule the solutions of its pattern in the machine's order, and
+for each solution the rule's branches in order: the first branch whose guard holds fires.
+Firing builds the branch's result, makes every reader of the matched root read it instead,
+and removes what became dead. Interior values that something outside the match still reads
+stay alive; a rule with ``single_use=True`` only fires when no interior value has such a
+reader.
+
+After a rewrite only what is near the change is looked at again: the new nodes (next, before
+the sweep goes on), the nodes whose inputs changed and their users up to the depth of the
+deepest pattern, and roots that a single-use rule had to skip. The sweep itself never starts
+over, so a graph where a few rewrites fire costs about one pass of matching.
+
+A rule set that never settles (``A → B`` and ``B → A``) stops after ``max_iterations``
+rewrites with a :class:`~pypm_jax._errors.RewriteLimitError` naming the rules of the cycle.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RewriteRecord",
+    "RewriteReport",
+    "RewriteResult",
+    "rewrite",
+    "rewrite_terms",
+]
+
+import heapq
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._calculus import (
+    PAlt,
+    PApp,
+    Pattern,
+    PConst,
+    PConstr,
+    PExists,
+    PFunVar,
+    PGuard,
+    PMu,
+    PVar,
+    RApp,
+    RConst,
+    Rhs,
+    RTuple,
+    RuleBranch,
+    RuleDef,
+    RVar,
+    show_expr,
+)
+from ._engine import ENGINES, default_engine
+from ._engine import match_all as _engine_match_all
+from ._errors import PyPMError, RewriteLimitError, SourceLoc
+from ._fast import CompiledPattern, Matcher, _has_call
+from ._graph import Graph, Node, Value
+from ._guards import Undefined, eval_expr, guard_holds
+from ._match import Match
+from ._subst import FreshNames, unfold
+from ._terms import LEAF, Term
+
+# ----------------------------------------------------------------------------- the report
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteRecord:
+    """One rewrite: which rule fired, at which node, replacing which nodes, from where."""
+
+    rule: str
+    pattern: str
+    root: int  # id of the node whose value was replaced
+    replaced: tuple[int, ...]  # ids of the nodes the match covered (root first)
+    source: SourceLoc | None  # where the program wrote the root node
+    module_path: str | None  # e.g. the Flax module of the root node
+    op: str = ""  # the root node's operator
+    created: tuple[int, ...] = ()  # ids of the nodes the rewrite added
+
+    def __str__(self) -> str:
+        where = f" at {self.source}" if self.source is not None else ""
+        module = f" [{self.module_path}]" if self.module_path else ""
+        return f"{self.rule} ({self.pattern}) replaced %{self.root} {self.op}{where}{module}"
+
+
+class RewriteReport(list[RewriteRecord]):
+    """The rewrites in the order they fired; ``str()`` is a table."""
+
+    def counts(self) -> dict[str, int]:
+        """How many times each rule fired, in order of first firing."""
+        out: dict[str, int] = {}
+        for r in self:
+            out[r.rule] = out.get(r.rule, 0) + 1
+        return out
+
+    def __str__(self) -> str:
+        if not self:
+            return "no rewrites"
+        header = ("#", "rule", "pattern", "root", "replaced", "source", "module")
+        rows = [
+            (
+                str(i),
+                r.rule,
+                r.pattern,
+                f"%{r.root} {r.op}",
+                " ".join(f"%{n}" for n in r.replaced),
+                str(r.source) if r.source is not None else "-",
+                r.module_path or "-",
+            )
+            for i, r in enumerate(self)
+        ]
+        widths = [max(len(row[c]) for row in [header, *rows]) for c in range(len(header))]
+        lines = [
+            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            for row in [header, *rows]
+        ]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteResult:
+    graph: Graph
+    report: RewriteReport
+
+
+# ------------------------------------------------------------------------ pattern reach
+
+
+def _reach(p: Pattern, budget: list[int]) -> int | None:
+    """How deep below its root a match of ``p`` can look (None: unbounded, recursive)."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return None
+    match p:
+        case PVar():
+            return 0
+        case PConst():
+            return 1
+        case PApp(_, args, _) | PFunVar(_, args, _, _):
+            depth = 0
+            for a in args:
+                r = _reach(a, budget)
+                if r is None:
+                    return None
+                depth = max(depth, r)
+            return depth + 1
+        case PAlt(left, right):
+            a, b = _reach(left, budget), _reach(right, budget)
+            return None if a is None or b is None else max(a, b)
+        case PGuard(pat, _) | PExists(_, pat, _):
+            return _reach(pat, budget)
+        case PConstr(pat, _, constraint):  # the constraint starts inside pat's region
+            a, b = _reach(pat, budget), _reach(constraint, budget)
+            return None if a is None or b is None else a + b
+        case PMu(_, _, _, body):
+            if _has_call(body):
+                return None  # recursive: a match can reach any depth
+            try:
+                return _reach(unfold(p, FreshNames()), budget)
+            except TypeError:
+                return None
+    return None  # PCall: recursion
+
+
+# ---------------------------------------------------------------------------- the driver
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return len(a) == len(b) and all(b.get(k) is v for k, v in a.items())
+
+
+class _Driver:
+    """One rewriting run: the sweep, the revisit queue and the report."""
+
+    def __init__(self, graph: Graph, rules: tuple[RuleDef, ...], engine: str, limit: int):
+        self.g = graph
+        self.rules = rules
+        self.fast = engine == "fast"
+        self.engine = engine
+        self.matcher = Matcher([r.pattern for r in rules])
+        reaches = [_reach(r.pattern.body, [500]) for r in rules]
+        self.reach = None if None in reaches else max(reaches, default=0)
+        self.limit = limit
+        self.report = RewriteReport()
+        self.heap: list[tuple[int, int, int, Node]] = []
+        self.minor = itertools.count(1)
+        self.blocked: dict[int, Node] = {}  # roots a single-use rule skipped
+        self.parents: list[int | None] = []  # per record: the record that made its root
+
+    # -- the sweep
+
+    def run(self) -> None:
+        order = self.g.nodes()
+        for i, n in enumerate(order):
+            n._rank, n._minor, n._queued, n._record = i, 0, False, None
+        get = self.matcher.table.get
+        wild = self.matcher.wildcards
+        heap = self.heap
+        n_order = len(order)
+        pos = 0
+        while True:
+            if heap and (pos >= n_order or heap[0][0] < pos):
+                node = heapq.heappop(heap)[3]
+                node._queued = False
+            elif pos < n_order:
+                node = order[pos]
+                pos += 1
+            else:
+                break
+            if not node._alive:
+                continue
+            cands = get(node.op, wild)
+            if cands:
+                self.visit(node, cands, pos)
+
+    def push(self, node: Node, pos: int) -> None:
+        """Queue ``node`` for a (re)visit unless the sweep or the queue will reach it."""
+        if node._queued or not node._alive or (node._minor == 0 and node._rank >= pos):
+            return
+        node._queued = True
+        heapq.heappush(self.heap, (node._rank, node._minor, node.id, node))
+
+    def visit(self, node: Node, cands: tuple, pos: int) -> None:
+        g = self.g
+        for v in node.outputs:
+            if not node._alive:
+                return
+            if not v._users and not g.is_output(v):
+                continue  # nothing reads it: nothing to rewrite
+            for ri, pdef, cp in cands:
+                rule = self.rules[ri]
+                for m, struct in self.solutions(pdef, cp, v):
+                    for branch in rule.branches:
+                        if guard_holds(branch.guard, m.theta, m.phi):
+                            if self.fire(rule, m, branch, struct, pos):
+                                if node._alive and len(node.outputs) > 1:
+                                    self.push(node, pos)
+                                return
+                            break  # single use refused this match: try the next one
+
+    def solutions(self, pdef: Any, cp: CompiledPattern, v: Value):
+        """(Match, matched terms) in the machine's order, repeated parameters dropped."""
+        if self.fast:
+            if cp.first(v) is None:
+                return
+            seen: set = set()
+            for theta, phi, struct in cp.solutions(v):
+                m = Match(pdef, v, theta, phi)
+                key = m.key()
+                if key not in seen:
+                    seen.add(key)
+                    yield m, struct
+            return
+        for m in _engine_match_all(pdef, v, engine=self.engine):
+            struct: tuple = ()
+            for theta, phi, s in cp.solutions(v):  # which terms this solution covered
+                if _same(m.theta, theta) and _same(m.phi, phi):
+                    struct = s
+                    break
+            yield m, struct
+
+    # -- firing
+
+    def region(self, root: Value, struct: tuple) -> list[Node]:
+        """The nodes a match covers: the root's and those its applications matched."""
+        nodes = {root.node.id: root.node}
+        for v in struct:
+            n = v.node
+            if n.op is LEAF and not n.inputs:
+                continue  # a graph input is never replaced
+            nodes.setdefault(n.id, n)
+        return list(nodes.values())
+
+    def single_use_ok(self, root: Value, region: list[Node]) -> bool:
+        inside = {n.id for n in region}
+        outputs = {id(v) for v in self.g._outputs}
+        for n in region:
+            for v in n.outputs:
+                if v is root:
+                    continue
+                if id(v) in outputs:
+                    return False
+                for u in v._users:
+                    if u._alive and u.id not in inside:
+                        return False
+        return True
+
+    def fire(self, rule: RuleDef, m: Match, branch: RuleBranch, struct: tuple, pos: int) -> bool:
+        g = self.g
+        root: Value = m.root
+        rnode = root.node
+        region = self.region(root, struct)
+        if rule.single_use and not self.single_use_ok(root, region):
+            self.blocked[rnode.id] = rnode
+            return False
+        if len(self.report) >= self.limit:
+            raise self.limit_error(rule, rnode)
+        inst = _Instantiate(g, rule, m, root)
+        pairs = inst.pairs(branch.result)
+        if all(old is new for old, new in pairs):
+            return True  # the result is the root itself: nothing to do
+        created = {i: n for i, n in inst.built.items() if i >= inst.mark}
+        touched: list[Node] = []
+        for old, new in pairs:  # the result's own nodes keep reading the root (x → f(x))
+            touched += g.replace_all_uses(old, new, keep=inst.built.values())
+        removed = g.remove_dead([rnode])
+        record = RewriteRecord(
+            rule=rule.name,
+            pattern=rule.pattern.name,
+            root=rnode.id,
+            replaced=tuple(n.id for n in region),
+            source=rnode.loc,
+            module_path=rnode.meta.get("module_path"),
+            op=rnode.op.name,
+            created=tuple(n.id for n in created.values() if n._alive),
+        )
+        self.report.append(record)
+        self.parents.append(rnode._record)
+        index = len(self.report) - 1
+        for n in created.values():
+            n._rank, n._minor = rnode._rank, next(self.minor)
+            n._record = index
+            n._queued = False
+            self.push(n, pos)
+        self.requeue(touched, pos)
+        if removed and self.blocked:
+            blocked, self.blocked = list(self.blocked.values()), {}
+            for n in blocked:
+                self.push(n, pos)
+        return True
+
+    def requeue(self, touched: list[Node], pos: int) -> None:
+        """Revisit nodes whose inputs changed and their users as deep as patterns look."""
+        levels = None if self.reach is None else self.reach - 1
+        frontier = touched
+        seen: set[int] = set()
+        level = 0
+        while frontier:
+            nxt: list[Node] = []
+            for n in frontier:
+                if n.id in seen or not n._alive:
+                    continue
+                seen.add(n.id)
+                pending = n._queued or (n._minor == 0 and n._rank >= pos)
+                self.push(n, pos)
+                if (levels is None and pending) or (levels is not None and level >= levels):
+                    continue
+                for v in n.outputs:
+                    nxt.extend(v._users)
+            frontier = nxt
+            level += 1
+
+    def limit_error(self, rule: RuleDef, rnode: Node) -> RewriteLimitError:
+        """Name the rules of the cycle: those along the lineage of the node being rewritten
+        (each rewrite of a node that an earlier rewrite created), else the latest ones."""
+        names = {rule.name}
+        index, steps = rnode._record, 0
+        while index is not None and steps < 256:
+            names.add(self.report[index].rule)
+            index, steps = self.parents[index], steps + 1
+        if steps < 2:
+            names.update(r.rule for r in self.report[-256:])
+        ordered = tuple(r.name for r in self.rules if r.name in names)
+        return RewriteLimitError(
+            f"rewriting reached no fixpoint within {self.limit} rewrites (last at %{rnode.id} "
+            f"{rnode.op.name}); the rules that keep firing: {', '.join(ordered)}",
+            ordered,
+        )
+
+
+class _Instantiate:
+    """Builds a rule's result in the graph: the replacement for each replaced value."""
+
+    def __init__(self, g: Graph, rule: RuleDef, m: Match, root: Value):
+        self.g, self.rule, self.m, self.root = g, rule, m, root
+        self.mark = g._next_id  # nodes with ids from here on are new
+        self.built: dict[int, Node] = {}  # every node the result consists of, new or not
+
+    def pairs(self, rhs: Rhs) -> list[tuple[Value, Value]]:
+        if isinstance(rhs, RTuple):
+            outs = self.root.node.outputs
+            if len(rhs.items) != len(outs):
+                raise PyPMError(
+                    f"rule {self.rule.name}: a result of {len(rhs.items)} values replaces a "
+                    f"node of {len(outs)} outputs"
+                )
+            return [(o, self.value(r, o)) for o, r in zip(outs, rhs.items, strict=True)]
+        return [(self.root, self.value(rhs, self.root))]
+
+    def value(self, rhs: Rhs, replaces: Value | None) -> Value:
+        """The value ``rhs`` denotes; ``replaces`` is the value it stands in for (its type
+        fills in what the new value's own type leaves unknown)."""
+        g, m = self.g, self.m
+        match rhs:
+            case RVar(name):
+                v = m.theta.get(name)
+                if not isinstance(v, Value) or v.node._graph is not g:
+                    raise PyPMError(
+                        f"rule {self.rule.name}: its result uses {name}, which is not a value "
+                        "the match bound in this graph"
+                    )
+                return v
+            case RConst(value):
+                dtype = replaces.dtype if replaces is not None else None
+                return g.add_const(value, dtype=dtype)
+            case RApp(op, args, attrs, index):
+                ins = [self.value(a, None) for a in args]
+                values = {}
+                for name, e in attrs:
+                    try:
+                        values[name] = eval_expr(e, m.theta, m.phi)
+                    except Undefined as exc:
+                        raise PyPMError(
+                            f"rule {self.rule.name}: attribute {name} = {show_expr(e)} has no "
+                            f"value for this match ({exc})"
+                        ) from None
+                types = g.infer_types(op, ins, values)
+                if replaces is not None:
+                    shape, dtype = types[index]
+                    types[index] = (
+                        replaces.shape if shape is None else shape,
+                        replaces.dtype if dtype is None else dtype,
+                    )
+                rnode = self.root.node
+                node = g.add_node(op, ins, values, types, loc=rnode.loc, meta=rnode.meta)
+                self.built.setdefault(node.id, node)
+                return node.outputs[index]
+            case RTuple():
+                raise PyPMError(f"rule {self.rule.name}: a tuple result is only allowed whole")
+        raise TypeError(f"not a rule result: {rhs!r}")
+
+
+# ------------------------------------------------------------------------------ the API
+
+
+def rewrite(
+    graph: Graph,
+    rules: Sequence[RuleDef],
+    *,
+    max_iterations: int | None = None,
+    engine: str | None = None,
+) -> RewriteResult:
+    """Rewrite ``graph`` in place, greedily, to a fixpoint; see the module docstring.
+
+    ``max_iterations`` bounds the number of rewrites (default: four per node plus 1000);
+    ``engine`` picks the matcher ("fast" or "reference"; default: ``PYPM_ENGINE``).
+    """
+    if not isinstance(graph, Graph):
+        raise TypeError(f"rewrite() takes a Graph, got {type(graph).__name__}")
+    rules = tuple(rules)
+    for r in rules:
+        if not isinstance(r, RuleDef):
+            raise TypeError(f"rewrite() takes RuleDefs, got {r!r}")
+    engine = engine or default_engine()
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}: expected one of {ENGINES}")
+    limit = 4 * len(graph) + 1000 if max_iterations is None else max_iterations
+    driver = _Driver(graph, rules, engine, limit)
+    driver.run()
+    return RewriteResult(graph, driver.report)
+
+
+def rewrite_terms(
+    terms: Iterable[Term], rules: Sequence[RuleDef], **options: Any
+) -> tuple[list[Term], RewriteReport]:
+    """Rewrite the graph of some terms; returns the rewritten terms and the report."""
+    g = Graph(list(terms))
+    result = rewrite(g, rules, **options)
+    return result.graph.to_terms(), result.report

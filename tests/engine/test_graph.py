@@ -1,0 +1,182 @@
+"""The Graph: building, hash-consing, def-use, replacement with merging, DCE, printing."""
+
+from __future__ import annotations
+
+import pytest
+from engine_helpers import F1, F2, F32, G2, SPLIT, A, B
+
+from pypm_jax._errors import PyPMError, SourceLoc
+from pypm_jax._graph import Graph, Node, Value
+from pypm_jax._terms import CONST, LEAF, Operator, const, leaf
+
+RNG = Operator("rng", 1, pure=False)
+
+
+def test_from_terms_shares_structure_and_round_trips():
+    t = G2(F1(A), F1(A))
+    s0, s1 = SPLIT(B)
+    g = Graph([t, G2(s0, s1), s1])
+    assert [v.name for v in g.inputs] == ["a", "b"]
+    assert len(g) == 4  # F1(a) once, G2, split (one node, two outputs), G2
+    (out0, out1, out2) = g.outputs
+    assert out0.inputs[0] is out0.inputs[1]
+    assert out1.inputs[0].node is out1.inputs[1].node is out2.node
+    assert g.to_terms() == [t, G2(s0, s1), s1]
+
+
+def test_values_implement_the_term_interface():
+    g = Graph([F1(A)])
+    (v,) = g.outputs
+    assert v.op is F1 and v.index == 0 and v.attrs == {}
+    assert v.inputs == (g.inputs[0],) and isinstance(v.inputs, tuple)
+    assert v.shape == (2, 3) and v.dtype is F32  # inferred by F1
+    assert v.node.outputs == (v,) and isinstance(v.node, Node)
+    assert g.inputs[0].op is LEAF and g.inputs[0].attrs["name"] == "a"
+
+
+def test_add_node_hash_conses_pure_nodes_only():
+    g = Graph()
+    x = g.add_input("x", (4,), "f32")
+    n1 = g.add_node(F1, [x])
+    assert g.add_node(F1, [x]) is n1
+    assert g.add_node(F1, [x], attrs={"k": 1}) is not n1
+    assert g.add_node(F1, [x], out_types=[((5,), "f32")]) is not n1
+    r1, r2 = g.add_node(RNG, [x]), g.add_node(RNG, [x])
+    assert r1 is not r2
+    assert g.add_const(2.0) is g.add_const(2.0)
+    assert g.add_const(2.0).op is CONST and g.add_const(2.0).shape == ()
+    assert len(g) == 6
+
+
+def test_out_types_infer_or_unknown():
+    g = Graph()
+    x = g.add_input("x", (4, 2), "f32")
+    assert (g.add_node(F1, [x]).outputs[0].shape) == (4, 2)  # op.infer
+    unknown = Operator("u", 1)
+    v = g.add_node(unknown, [x]).outputs[0]
+    assert v.shape is None and v.dtype is None
+    v = g.add_node(unknown, [x], out_types=[((3,), "i8")]).outputs[0]
+    assert v.shape == (3,) and v.dtype.name == "i8"
+
+
+def test_invalid_construction_is_reported():
+    g = Graph()
+    x = g.add_input("x")
+    with pytest.raises(PyPMError):
+        g.add_node(G2, [x])  # arity
+    with pytest.raises(PyPMError):
+        g.add_node(F1, [Graph().add_input("y")])  # a value of another graph
+    with pytest.raises(PyPMError):
+        g.add_input("x")
+    with pytest.raises(PyPMError):
+        g.add_node(SPLIT, [x], out_types=[(None, None)])
+
+
+def test_users_and_replace_all_uses_merge_duplicates():
+    g = Graph()
+    x = g.add_input("x", (2,), "f32")
+    a = g.add_node(F1, [x]).outputs[0]
+    b = g.add_node(F2, [x]).outputs[0]
+    ua = g.add_node(G2, [a, x]).outputs[0]
+    ub = g.add_node(G2, [b, x]).outputs[0]
+    top = g.add_node(G2, [ua, ub]).outputs[0]
+    g.set_outputs([top])
+    assert g.users(x) == [a.node, b.node, ua.node, ub.node]
+    touched = g.replace_all_uses(b, a)  # ub becomes G2(a, x) == ua: merged into it
+    assert not ub.node.alive and top.inputs == (ua, ua)
+    assert ub.node not in touched and top.node in touched
+    assert g.users(ua) == [top.node]
+    assert g.dce() == 1 and not b.node.alive  # F2(x) is dead now
+    assert [n.op for n in g.nodes()] == [F1, G2, G2]
+
+
+def test_replace_outputs_and_dce_keeps_impure_nodes():
+    g = Graph()
+    x = g.add_input("x")
+    a = g.add_node(F1, [x]).outputs[0]
+    r = g.add_node(RNG, [x]).outputs[0]
+    g.set_outputs([a])
+    g.replace_all_uses(a, x)
+    assert g.outputs == [x]
+    assert g.dce() == 1  # F1 goes, the impure rng stays
+    assert r.node.alive and g.nodes() == [r.node]
+
+
+def test_topological_order_after_replacement_is_deterministic():
+    def build() -> tuple[Graph, str]:
+        g = Graph([G2(F1(A), F2(A))])
+        out = g.outputs[0]
+        late = g.add_node(F2, [g.add_node(F2, [g.inputs[0]]).outputs[0]]).outputs[0]
+        g.replace_all_uses(out.inputs[0], late)  # the user now reads nodes made after it
+        return g, str(g)
+
+    g, text = build()
+    order = g.nodes()
+    pos = {n.id: i for i, n in enumerate(order)}
+    for n in order:
+        for v in n.inputs:
+            if v.node.op is not LEAF:
+                assert pos[v.node.id] < pos[n.id]
+    assert build()[1] == text
+
+
+def test_printing():
+    g = Graph()
+    x = g.add_input("x", (2, 3), "f32")
+    c = g.add_const(0.5)
+    m = g.add_node(G2, [x, c], loc=SourceLoc("model.py", 7, "y = x * 0.5"))
+    s0, s1 = g.add_node(SPLIT, [m.outputs[0]]).outputs
+    g.set_outputs([s1])
+    assert str(g) == (
+        "graph(x: f32[2,3]) {\n"
+        "  %1 = const 0.5 : ?[]\n"
+        "  %2 = g2(x, %1) : f32[2,3]  @ model.py:7\n"
+        "  %3#0, %3#1 = split(%2) : f32[2,3], f32[2,3]\n"
+        "  return %3#1\n"
+        "}"
+    )
+    assert repr(s0) == "%3#0" and isinstance(s0, Value)
+
+
+def test_deep_graphs_need_no_recursion():
+    t = A
+    for _ in range(50_000):
+        t = F1(t)
+    g = Graph([t])
+    assert len(g) == 50_000
+    assert g.to_terms() == [t]
+    g.replace_all_uses(g.outputs[0], g.inputs[0])
+    assert g.dce() == 50_000 and len(g) == 0
+
+
+def test_leaves_with_the_same_name_and_different_types_stay_apart():
+    t = G2(leaf("p", shape=(2,)), leaf("p", shape=(3,)))
+    g = Graph([t])
+    assert len(g.inputs) == 2
+    assert g.to_terms()[0].inputs[0] is leaf("p", shape=(2,))
+
+
+def test_multi_output_types_and_impure_terms():
+    s0, s1 = SPLIT(A)
+    g = Graph([s1])
+    node = g.outputs[0].node
+    assert len(node.outputs) == 2 and node.outputs[0].shape == (2, 3)
+    r1, r2 = RNG(A), RNG(A)
+    g2 = Graph([G2(r1, r2)])
+    assert len(g2) == 3  # two rng nodes, never merged
+    assert g2.to_terms()[0].inputs[0] is not g2.to_terms()[0].inputs[1]
+    assert const(2) is not None
+
+
+def test_replace_all_uses_can_keep_readers():
+    g = Graph([G2(A, B)])
+    (old,) = g.outputs
+    wrapped = g.add_node(F1, [old]).outputs[0]  # computed from old
+    g.replace_all_uses(old, wrapped)  # the node of `new` keeps reading old: no cycle
+    assert wrapped.inputs == (old,) and g.outputs == [wrapped]
+    other = g.add_node(F2, [old]).outputs[0]
+    top = g.add_node(F2, [other]).outputs[0]
+    g.set_outputs([wrapped, top])
+    g.replace_all_uses(old, top, keep=[other.node])
+    assert other.inputs == (old,) and wrapped.inputs == (top,)
+    assert [n.op for n in g.nodes()] == [G2, F2, F2, F1]

@@ -1,0 +1,249 @@
+"""The rewrite driver: order, guards, single use, shared values, cycles, reports, revisits."""
+
+from __future__ import annotations
+
+import pytest
+from engine_helpers import F1, F2, F32, G2, H2, SPLIT, A, B, dags, pattern_defs, same_type
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pypm_jax import _rewrite
+from pypm_jax._calculus import (
+    EAttr,
+    ECmp,
+    EConst,
+    PApp,
+    Param,
+    PatternDef,
+    PConst,
+    PGuard,
+    PVar,
+    RApp,
+    RConst,
+    RTuple,
+    RuleBranch,
+    RuleDef,
+    RVar,
+)
+from pypm_jax._errors import PyPMError, RewriteLimitError, SourceLoc
+from pypm_jax._graph import Graph
+from pypm_jax._rewrite import RewriteRecord, rewrite, rewrite_terms
+from pypm_jax._terms import Operator, const
+
+X, Y = PVar("x"), PVar("y")
+FUSED = Operator("fused", 1, namespace="engine_tests", infer=same_type)
+FUSED2 = Operator("fused2", 2, attrs=("rank",), namespace="engine_tests")  # types unknown
+TRUE = EConst(True)
+
+
+def pdef(name: str, body, *params: str) -> PatternDef:
+    return PatternDef(name, tuple(Param(p) for p in params), body)
+
+
+def rule(name: str, pattern: PatternDef, *branches, single_use: bool = False) -> RuleDef:
+    bs = tuple(b if isinstance(b, RuleBranch) else RuleBranch(TRUE, b) for b in branches)
+    return RuleDef(name, pattern, bs, single_use)
+
+
+def rank_is(var: str, r: int) -> ECmp:
+    return ECmp("==", EAttr(var, "rank"), EConst(r))
+
+
+F1_X = pdef("F1x", PApp(F1, (X,)), "x")
+F2_X = pdef("F2x", PApp(F2, (X,)), "x")
+F1_TO_F2 = rule("f1_to_f2", F1_X, RApp(F2, (RVar("x"),)))
+F2_TO_F1 = rule("f2_to_f1", F2_X, RApp(F1, (RVar("x"),)))
+
+
+def test_rewrites_every_match_and_reports_it():
+    g = Graph([G2(F1(A), F1(B))])
+    loc = SourceLoc("model.py", 3, "h = f1(a)")
+    g.outputs[0].inputs[0].node.loc = loc
+    g.outputs[0].inputs[0].node.meta["module_path"] = "encoder/layer_0"
+    result = rewrite(g, [F1_TO_F2])
+    assert result.graph is g
+    assert g.to_terms() == [G2(F2(A), F2(B))]
+    first = result.report[0]
+    assert isinstance(first, RewriteRecord)
+    assert (first.rule, first.pattern, first.op) == ("f1_to_f2", "F1x", "f1")
+    assert first.source == loc and first.module_path == "encoder/layer_0"
+    assert first.replaced == (first.root,)
+    assert result.report.counts() == {"f1_to_f2": 2}
+    table = str(result.report)
+    assert "f1_to_f2" in table and "model.py:3" in table and "encoder/layer_0" in table
+
+
+def test_rules_in_order_first_whose_guard_passes_fires():
+    p_rank3 = pdef("F1rank3", PGuard(PApp(F1, (X,)), rank_is("x", 3)), "x")
+    never = rule("never", p_rank3, RApp(FUSED, (RVar("x"),)))
+    branchy = rule(
+        "branchy",
+        F1_X,
+        RuleBranch(rank_is("x", 5), RApp(FUSED, (RVar("x"),))),
+        RuleBranch(rank_is("x", 2), RApp(F2, (RVar("x"),))),
+    )
+    later = rule("later", F1_X, RApp(FUSED, (RVar("x"),)))
+    g = Graph([F1(A), F1(B)])  # a: rank 2, b: rank 1
+    report = rewrite(g, [never, branchy, later]).report
+    assert [r.rule for r in report] == ["branchy", "later"]
+    assert g.to_terms() == [F2(A), FUSED(B)]
+
+
+def test_interior_values_used_elsewhere_survive():
+    pat = pdef("F1F2", PApp(F1, (PApp(F2, (X,)),)), "x")
+    fuse = rule("fuse", pat, RApp(FUSED, (RVar("x"),)))
+    inner = F2(A)
+    g = Graph([F1(inner), G2(inner, B)])
+    report = rewrite(g, [fuse]).report
+    assert g.to_terms() == [FUSED(A), G2(inner, B)]  # F2(a) stays: G2 still reads it
+    assert len(report[0].replaced) == 2
+    g2 = Graph([F1(inner), G2(inner, B)])
+    assert not rewrite(g2, [rule("fuse1", pat, RApp(FUSED, (RVar("x"),)), single_use=True)]).report
+    g3 = Graph([F1(F2(B))])
+    single = rule("fuse1", pat, RApp(FUSED, (RVar("x"),)), single_use=True)
+    assert len(rewrite(g3, [single]).report) == 1 and g3.to_terms() == [FUSED(B)]
+
+
+def test_single_use_rule_fires_once_the_other_reader_is_gone():
+    pat = pdef("F1F2", PApp(F1, (PApp(F2, (X,)),)), "x")
+    single = rule("fuse1", pat, RApp(FUSED, (RVar("x"),)), single_use=True)
+    drop = rule("drop", pdef("G2xy", PApp(G2, (X, Y)), "x", "y"), RVar("y"))
+    inner = F2(A)
+    g = Graph([F1(inner), G2(inner, B)])
+    report = rewrite(g, [single, drop]).report
+    assert g.to_terms() == [FUSED(A), B]
+    assert [r.rule for r in report] == ["drop", "fuse1"]  # fuse1 waited for drop
+
+
+def test_cycles_raise_naming_the_rules_of_the_cycle():
+    unrelated = rule("g2_to_h2", pdef("G2xy", PApp(G2, (X, Y)), "x", "y"),
+                     RApp(H2, (RVar("x"), RVar("y"))))  # fmt: skip
+    g = Graph([G2(A, B), F1(A)])
+    with pytest.raises(RewriteLimitError) as info:
+        rewrite(g, [unrelated, F1_TO_F2, F2_TO_F1], max_iterations=100)
+    assert info.value.rules == ("f1_to_f2", "f2_to_f1")
+    assert "f1_to_f2" in str(info.value) and "100" in str(info.value)
+
+
+def test_rewrites_at_new_nodes_and_downstream():
+    # f1 -> f2 creates the f2 that the next rule needs; g2(f2(x), y) -> h2 downstream
+    to_h2 = rule("to_h2", pdef("G2F2", PApp(G2, (PApp(F2, (X,)), Y)), "x", "y"),
+                 RApp(H2, (RVar("x"), RVar("y"))))  # fmt: skip
+    f2_to_fused = rule("f2_fused", pdef("F2F2", PApp(F2, (PApp(F2, (X,)),)), "x"),
+                       RApp(FUSED, (RVar("x"),)))  # fmt: skip
+    g = Graph([G2(F1(A), B), F2(F1(A))])
+    report = rewrite(g, [to_h2, f2_to_fused, F1_TO_F2]).report
+    assert g.to_terms() == [H2(A, B), FUSED(A)]
+    assert [r.rule for r in report] == ["f1_to_f2", "to_h2", "f2_fused"]
+
+
+def test_revisiting_upstream_users_after_a_late_change():
+    # the rewrite of a later node creates an f2(f2(a)) shape higher up: revisited
+    top = rule("top", pdef("F1F2", PApp(F1, (PApp(F2, (X,)),)), "x"), RApp(FUSED, (RVar("x"),)))
+    lift = rule("lift", pdef("G2", PApp(G2, (X, PConst(2))), "x"), RApp(F2, (RVar("x"),)))
+    g = Graph([F1(G2(A, const(2)))])
+    rewrite(g, [top, lift])
+    assert g.to_terms() == [FUSED(A)]
+
+
+def test_result_forms_and_types():
+    ident = rule("mul1", pdef("H2x1", PApp(H2, (X, PConst(1))), "x"), RVar("x"))
+    zero = rule("mul0", pdef("H2x0", PApp(H2, (X, PConst(0))), "x"), RConst(0.0))
+    attr = rule(
+        "fused2",
+        pdef("G2xy", PApp(G2, (X, Y)), "x", "y"),
+        RApp(FUSED2, (RVar("x"), RVar("y")), (("rank", EAttr("x", "rank")),)),
+    )
+    g = Graph([H2(A, const(1)), H2(A, const(0)), G2(A, B)])
+    rewrite(g, [ident, zero, attr])
+    one, zero_v, fused = g.outputs
+    assert one is g.inputs[0]
+    assert zero_v.node.attrs["value"] == 0.0 and zero_v.dtype is F32
+    assert fused.op is FUSED2 and fused.attrs == {"rank": 2}
+    assert fused.shape == (2, 3) and fused.dtype is F32  # unknown type: the old root's
+
+
+def test_tuple_results_replace_every_output():
+    swap = rule("swap", pdef("split", PApp(SPLIT, (X,), 0), "x"),
+                RTuple((RApp(F1, (RVar("x"),)), RApp(F2, (RVar("x"),)))))  # fmt: skip
+    s0, s1 = SPLIT(A)
+    g = Graph([G2(s0, s1)])
+    rewrite(g, [swap])
+    assert g.to_terms() == [G2(F1(A), F2(A))]
+    bad = rule("bad", swap.pattern, RTuple((RVar("x"),)))
+    with pytest.raises(PyPMError):
+        rewrite(Graph([s0]), [bad])
+
+
+def test_result_using_an_unbound_name_is_an_error():
+    bad = rule("bad", F1_X, RApp(F2, (RVar("nope"),)))
+    with pytest.raises(PyPMError, match="bad"):
+        rewrite(Graph([F1(A)]), [bad])
+
+
+def test_identical_results_across_runs():
+    def run() -> tuple[str, str]:
+        terms = [G2(F1(A), F1(B)), F1(G2(F1(A), B)), H2(F1(F1(B)), A)]
+        g = Graph(terms)
+        report = rewrite(g, [F1_TO_F2]).report
+        return str(g), str(report)
+
+    assert run() == run()
+
+
+def test_worklist_visits_each_node_about_once(monkeypatch):
+    visits = []
+    original = _rewrite._Driver.visit
+
+    def counting(self, node, cands, pos):
+        visits.append(node.id)
+        return original(self, node, cands, pos)
+
+    monkeypatch.setattr(_rewrite._Driver, "visit", counting)
+    t = A
+    for i in range(2000):
+        t = G2(F1(t), B) if i % 10 == 0 else G2(t, B)
+    g = Graph([t])
+    report = rewrite(g, [F1_TO_F2, rule("noop", pdef("G2", PApp(G2, (PApp(F2, (X,)), Y)), "x", "y"),
+                                        RApp(H2, (RVar("x"), RVar("y")))) ]).report  # fmt: skip
+    n_rewrites = len(report)
+    assert n_rewrites == 400  # 200 f1 -> f2, then 200 g2(f2(x), b) -> h2
+    assert len(visits) <= 2 * len(set(visits)) + 4 * n_rewrites
+
+
+def test_rewrite_terms_helper():
+    terms, report = rewrite_terms([G2(F1(A), B)], [F1_TO_F2])
+    assert terms == [G2(F2(A), B)] and len(report) == 1
+
+
+def _outcome(pool, pdefs, names, engine):
+    g = Graph(pool[-3:])
+    rules = [
+        rule(n, p, RApp(FUSED, (RVar("x"),)), RApp(F2, (RVar("y"),)), single_use=i % 2 == 1)
+        for i, (n, p) in enumerate(zip(names, pdefs, strict=True))
+    ]
+    try:
+        report = rewrite(g, rules, engine=engine, max_iterations=60).report
+        return str(g), [(r.rule, r.root, r.replaced, r.created) for r in report]
+    except PyPMError as exc:
+        return type(exc).__name__, str(exc)
+
+
+@given(st.lists(pattern_defs(depth=2), min_size=1, max_size=3), dags(max_nodes=8))
+def test_fast_and_reference_engines_rewrite_identically(pdefs, pool):
+    names = [f"r{i}" for i in range(len(pdefs))]
+    assert _outcome(pool, pdefs, names, "fast") == _outcome(pool, pdefs, names, "reference")
+
+
+def test_results_built_from_the_root_itself_make_no_cycle():
+    # g2(x, y) -> f1(g2(x, y)): the result contains the root node, which keeps its inputs
+    wrap = rule("wrap", pdef("G2xy", PApp(G2, (X, Y)), "x", "y"),
+                RApp(F1, (RApp(G2, (RVar("x"), RVar("y"))),)))  # fmt: skip
+    g = Graph([H2(G2(A, B), A)])
+    assert len(rewrite(g, [wrap]).report) == 1
+    assert g.to_terms() == [H2(F1(G2(A, B)), A)]
+    g.nodes()  # still a DAG (a cycle would raise here)
+    wrap_any = rule("wrap_any", pdef("any", X, "x"), RApp(F1, (RVar("x"),)))
+    with pytest.raises(RewriteLimitError) as info:
+        rewrite(Graph([G2(A, B)]), [wrap_any], max_iterations=20)
+    assert info.value.rules == ("wrap_any",)
