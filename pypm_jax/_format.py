@@ -247,12 +247,12 @@ def _canonical(doc: Any) -> str:
 
 
 class _Writer:
-    """Builds the tables. Entries are hash-consed by their canonical text, so structurally
-    equal sub-structures share one entry and the output depends only on the structure."""
+    """Builds the tables. Entries are hash-consed (by :func:`_key`), so structurally equal
+    sub-structures share one entry and the output depends only on the structure."""
 
     def __init__(self) -> None:
         self.tables: dict[str, list[Any]] = {t: [] for t in TABLES}
-        self._by_key: dict[str, dict[str, int]] = {t: {} for t in TABLES}
+        self._by_key: dict[str, dict[Any, int]] = {t: {} for t in TABLES}
         self._by_id: dict[str, dict[int, int]] = {t: {} for t in TABLES}
         self._keep: list[Any] = []  # keeps every indexed object alive, so ids stay unique
         self.ops: dict[str, Operator] = {}
@@ -694,7 +694,8 @@ class _Reader:
             raise FormatError(f"malformed header: version is {_json_kind(version)}, not an integer")
         if version != VERSION:
             raise FormatError(
-                f"unsupported pypm format version {version}: this reader reads version {VERSION}"
+                f"unsupported pypm format version {_short(version)}: this reader reads "
+                f"version {VERSION}"
             )
         minor = doc.get("minor")
         if type(minor) is not int or minor < 0:
