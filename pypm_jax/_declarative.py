@@ -110,6 +110,7 @@ class _Checker:
                 return (
                     f is not None
                     and t.op is f
+                    and f.pure  # opaque/effectful operators are outside Σ for F
                     and t.index == index
                     and (n_out is None or f.n_out == n_out)
                     and len(t.inputs) == len(args)

@@ -29,6 +29,7 @@ __all__ = [
     "as_rule_def",
 ]
 
+import dataclasses
 import inspect
 import sys
 import threading
@@ -44,11 +45,9 @@ from ._calculus import (
     ECall,
     ECmp,
     EConst,
-    EIndex,
     ENot,
     EOpAttr,
     EOr,
-    ETuple,
     Expr,
     PAlt,
     PApp,
@@ -695,24 +694,18 @@ def _check_recursion(name: str, p: Pattern, loc: SourceLoc | None) -> None:
 
 def _op_kind_exprs(e: Expr, op_vars: set[str]) -> Expr:
     """``f.op_class`` on an operator parameter is an operator attribute, not a term's."""
-    match e:
-        case EAttr(v, a) if v in op_vars:
-            return EOpAttr(v, a)
-        case ECmp(o, left, right):
-            return ECmp(o, _op_kind_exprs(left, op_vars), _op_kind_exprs(right, op_vars))
-        case EAnd(items):
-            return EAnd(tuple(_op_kind_exprs(i, op_vars) for i in items))
-        case EOr(items):
-            return EOr(tuple(_op_kind_exprs(i, op_vars) for i in items))
-        case ENot(x):
-            return ENot(_op_kind_exprs(x, op_vars))
-        case EIndex(b, i):
-            return EIndex(_op_kind_exprs(b, op_vars), _op_kind_exprs(i, op_vars))
-        case ETuple(items):
-            return ETuple(tuple(_op_kind_exprs(i, op_vars) for i in items))
-        case ECall(fn, args):
-            return ECall(fn, tuple(_op_kind_exprs(a, op_vars) for a in args))
-    return e
+    if isinstance(e, EAttr):
+        return EOpAttr(e.var, e.attr) if e.var in op_vars else e
+    if isinstance(e, EConst | EOpAttr):
+        return e
+    changes = {}
+    for f in dataclasses.fields(e):
+        value = getattr(e, f.name)
+        if isinstance(value, tuple) and f.name in ("items", "args"):
+            changes[f.name] = tuple(_op_kind_exprs(v, op_vars) for v in value)
+        elif f.name in ("left", "right", "operand", "base", "index"):
+            changes[f.name] = _op_kind_exprs(value, op_vars)
+    return dataclasses.replace(e, **changes)
 
 
 def _fix_op_attrs(p: Pattern, op_vars: set[str]) -> Pattern:

@@ -246,6 +246,7 @@ def step(st: Running, fresh: FreshNames) -> State:
                 len(t.inputs) != len(args)
                 or t.index != index
                 or (n_out is not None and f.n_out != n_out)
+                or not f.pure  # opaque/effectful operators are outside Σ for F (SEMANTICS 11)
             ):
                 return backtrack(stk)  # ST-Match-Fun-Var-Conflict (m ≠ n)
             bound = phi.get(var)

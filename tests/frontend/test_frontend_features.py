@@ -213,3 +213,13 @@ def test_infeasible_paths_are_dropped():
         return Tanh(x)
 
     assert show(OnlyOne.definition.body) == "Relu(x) ; guard(x.rank = 2)"
+
+
+def test_operator_parameter_attributes_inside_arithmetic(engine):
+    @pm.pattern
+    def Unary(x, f):
+        assert f.n_in + 1 == 2
+        return f(x)
+
+    a = L("a")
+    assert pm.match(Unary, Relu(a), engine=engine)["f"] is Relu
