@@ -51,6 +51,7 @@ __all__ = [
     "ATTENTION_RULES",
     "Splat",
     "Expand",
+    "Cast",
     "StopGrad",
     "MaxOf",
     "Softmax",
@@ -113,6 +114,17 @@ def Expand(r):  # noqa: F811
 
 
 @pm.pattern
+def Cast(x):
+    """x, maybe converted to another element type (bf16 softmaxes sum in f32)."""
+    return P.convert_element_type(x)
+
+
+@pm.pattern
+def Cast(x):  # noqa: F811
+    return x
+
+
+@pm.pattern
 def StopGrad(x):
     return P.stop_gradient(x)
 
@@ -149,8 +161,8 @@ def MaxOf(m):  # noqa: F811
 def Softmax(x, z):
     """softmax(x) over the axis z (the normaliser ``reduce_sum``) sums: ``exp(x - max) / sum``."""
     e, m, kept_sum, kept_max = pm.var(), pm.var(), pm.var(), pm.var()
-    kept_sum <= Expand(z)
-    z <= P.reduce_sum(e)
+    kept_sum <= Cast(Expand(z))
+    z <= P.reduce_sum(Cast(e))
     e <= P.exp(P.sub(x, StopGrad(kept_max)))
     kept_max <= Expand(MaxOf(m))
     m <= P.reduce_max(x)
@@ -162,8 +174,8 @@ def Softmax(x, z):
 def Softmax(x, z):  # noqa: F811
     """The unstabilised ``exp(x) / sum(exp(x))``."""
     e, kept_sum = pm.var(), pm.var()
-    kept_sum <= Expand(z)
-    z <= P.reduce_sum(e)
+    kept_sum <= Cast(Expand(z))
+    z <= P.reduce_sum(Cast(e))
     e <= P.exp(x)
     assert softmax_axes(x.shape, z.axes, z.axes, kept_sum.shape, kept_sum.shape)
     return P.div(e, kept_sum)
@@ -181,8 +193,8 @@ def Softmax(x, z):  # noqa: F811
         pm.var(),
         pm.var(),
     )
-    kept_sum <= Expand(z)
-    z <= P.reduce_sum(e)
+    kept_sum <= Cast(Expand(z))
+    z <= P.reduce_sum(Cast(e))
     e <= P.exp(P.sub(x, StopGrad(kept_max)))
     kept_max <= Expand(moved_max)
     moved_max <= P.transpose(MaxOf(m))
@@ -454,7 +466,7 @@ def AttentionDpa(r, q, k, v, s, xt, z, o, t1, t2, c):
     r <= P.reshape(t2)
     t2 <= P.transpose(t1)
     t1 <= P.transpose(o)
-    o <= P.dot_general(v, Softmax(xt, z))
+    o <= P.dot_general(v, Probs(Softmax(xt, z)))
     xt <= P.transpose(P.mul(s, c))
     s <= P.dot_general(q5, k)
     q5 <= P.reshape(q)
@@ -468,7 +480,7 @@ def AttentionDpaMask(r, q, k, v, s, xt, z, o, t1, t2, c, mask):
     r <= P.reshape(t2)
     t2 <= P.transpose(t1)
     t1 <= P.transpose(o)
-    o <= P.dot_general(v, Softmax(xm, z))
+    o <= P.dot_general(v, Probs(Softmax(xm, z)))
     xm <= P.select_n(DpaMask(mask), Splat(fill), xt)
     xt <= P.transpose(P.mul(s, c))
     s <= P.dot_general(q5, k)

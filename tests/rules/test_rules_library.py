@@ -1,0 +1,50 @@
+"""The library as a whole: names and order of the default rules, rules as portable data."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from rules_helpers import check
+
+import pypm_jax as pm
+import pypm_jax.rules as R
+from pypm_jax.jax.optimize import default_rules as optimize_default_rules
+
+
+def test_default_rules_attention_first_then_epilogues():
+    names = [r.name for r in R.default_rules()]
+    n_attention = sum(n.startswith("attention") for n in names)
+    assert n_attention == len(R.attention_rules()) and n_attention >= 10
+    assert all(n.startswith("attention") for n in names[:n_attention])
+    assert all(n.startswith("gemm_epilogue") for n in names[n_attention:])
+    assert "gemm_epilogue_linear" not in names
+    assert [r.name for r in R.gemm_rules(linear=True)][-1] == "gemm_epilogue_linear"
+    assert [r.name for r in optimize_default_rules()] == names  # what pm.optimize uses
+
+
+def test_rules_compile_and_name_their_patterns():
+    for rule in [*R.default_rules(), R.gemm_epilogue_linear]:
+        d = rule.definition
+        assert d.single_use and d.branches and d.pattern.name[0].isupper()
+
+
+def test_serialized_rules_rewrite_the_same():
+    """Guards are data: the loaded rules name the same guard functions and operators."""
+    loaded = pm.deserialize(pm.serialize(R.default_rules()))
+    assert [r.name for r in loaded] == [r.name for r in R.default_rules()]
+
+    def block(q, k, v, x, w, b):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k)
+        a = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
+        return a, jax.nn.gelu(x @ w + b)
+
+    ks = jax.random.split(jax.random.PRNGKey(0), 6)
+    args = (
+        jax.random.normal(ks[0], (2, 8, 2, 32)),
+        jax.random.normal(ks[1], (2, 8, 2, 32)),
+        jax.random.normal(ks[2], (2, 8, 2, 32)),
+        jax.random.normal(ks[3], (2, 8, 64)),
+        jax.random.normal(ks[4], (64, 32)) / 8,
+        jax.random.normal(ks[5], (32,)),
+    )
+    check(block, args, {"attention": 1, "gemm_epilogue": 1}, rules=loaded)
