@@ -102,11 +102,14 @@ def kernel_nodes(fast: Any, args: tuple[Any, ...]) -> list[Any]:
     return out
 
 
-def driver_counts_shared_constants() -> bool:
-    """Does ``single_use=True`` refuse matches whose literals are shared elsewhere?
+def driver_counts_shared_constants(chain: bool = False) -> bool:
+    """Does ``single_use=True`` refuse matches whose constants are shared elsewhere?
 
-    The driver hash-conses constants, so one ``0.5`` serves every GELU of a model; counting
-    it as an interior value with outside users blocks every rule that matches a literal.
+    The graph hash-conses pure nodes, so one literal ``0.5`` serves every GELU of a model
+    and one ``convert(broadcast(1.0))`` head mask every BERT layer. Counting such values as
+    interior values with outside users blocks every rule matching them after the first.
+    ``chain=False`` asks about a shared literal, ``chain=True`` about a shared node computed
+    from literals only.
     """
 
     @pm.op
@@ -123,7 +126,7 @@ def driver_counts_shared_constants() -> bool:
 
     @pm.pattern
     def _Half(x):
-        return _Mul(x, 0.5)
+        return _Mul(x, _Neg(-0.5)) if chain else _Mul(x, 0.5)
 
     @pm.rule(_Half, single_use=True)
     def _half(x):
@@ -131,5 +134,6 @@ def driver_counts_shared_constants() -> bool:
 
     a = pm.leaf("a", shape=(2,), dtype="f32")
     b = pm.leaf("b", shape=(2,), dtype="f32")
-    g = pm.Graph([_Mul(a, 0.5), _Neg(_Mul(b, 0.5))])
+    half = _Neg(-0.5) if chain else 0.5
+    g = pm.Graph([_Mul(a, half), _Neg(_Mul(b, half))])
     return pm.rewrite(g, [_half]).report.counts().get("_half", 0) != 2

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import corpus
 import pytest
-from rules_helpers import check, driver_counts_shared_constants, rewrite
+from rules_helpers import check, driver_counts_shared_constants, kernel_nodes, rewrite
 
 
 @dataclass(frozen=True)
@@ -61,21 +61,29 @@ MODELS = {
 }
 HF = {"bert", "gpt2", "llama", "vit", "bart", "distilbert"}
 
-# The driver hash-conses literals (one 0.5 for every GELU of a model, one all-ones head mask
-# for every BERT layer) and, with single_use=True, counts them as interior values read
-# outside the match: then only a model's first site of each kind is rewritten. Models whose
-# sites share literals wait for the driver to ignore constants in that check.
+# The graph hash-conses constants (one 0.5 for every GELU of a model; one all-ones head
+# mask, ``convert(broadcast(1.0))`` sliced per layer, for every BERT layer). A driver whose
+# single_use check counts them as interior values read outside the match rewrites only the
+# first site of each kind; these models wait for it to ignore constants there.
 SHARES_LITERALS = {"bert", "gpt2", "vit", "bart", "distilbert"}
-_DRIVER_STRICT = driver_counts_shared_constants()
+SHARES_CONSTANT_NODES = {"bert"}
+_STRICT_LITERALS = driver_counts_shared_constants()
+_STRICT_NODES = driver_counts_shared_constants(chain=True)
 
 
 def _params(names):
-    mark = pytest.mark.xfail(
-        _DRIVER_STRICT,
-        reason="rewrite driver: single_use counts shared literals as interior values",
-        strict=True,
-    )
-    return [pytest.param(n, marks=mark) if n in SHARES_LITERALS else n for n in names]
+    out = []
+    for n in names:
+        strict = (n in SHARES_LITERALS and _STRICT_LITERALS) or (
+            n in SHARES_CONSTANT_NODES and _STRICT_NODES
+        )
+        mark = pytest.mark.xfail(
+            strict,
+            reason="rewrite driver: single_use counts shared constants as interior values",
+            strict=True,
+        )
+        out.append(pytest.param(n, marks=mark) if strict else n)
+    return out
 
 
 def _build(name):
@@ -111,3 +119,14 @@ def test_report_names_the_user_source_and_module():
     (record,) = [r for r in report if r.rule.startswith("attention")]
     assert record.module_path and "attention" in record.module_path
     assert record.source is not None
+
+
+def test_llama_kernel_reads_grouped_kv_heads():
+    fn, args, _desc, _counts = _build("llama")
+    fast, _, _ = rewrite(fn, args)
+    nodes = [n for n in kernel_nodes(fast, args) if n.op.name == "FlashAttention"]
+    assert len(nodes) == 2
+    for node in nodes:
+        q_shape, k_shape, v_shape = node.attrs["plan"].kernel_shapes[:3]
+        heads = 2 if node.attrs["plan"].layout == "BSHD" else 1
+        assert (q_shape[heads], k_shape[heads], v_shape[heads]) == (4, 2, 2)
