@@ -304,12 +304,14 @@ class _Tracer:
             self.use_param(name, "op")
             n_out = 1
         else:
-            if sym_op.n_in is not None and len(args) != sym_op.n_in:
-                definition_error(f"{name} was declared with {sym_op.n_in} inputs, got {len(args)}")
-            n_out = sym_op.n_out or 1
+            if sym_op.var_n_in is not None and len(args) != sym_op.var_n_in:
+                definition_error(
+                    f"{name} was declared with {sym_op.var_n_in} inputs, got {len(args)}"
+                )
+            n_out = sym_op.var_n_out or 1
         outs = [
             SymPattern(
-                self, "funvar", (name, args, i, sym_op.n_out if sym_op is not None else None)
+                self, "funvar", (name, args, i, sym_op.var_n_out if sym_op is not None else None)
             )
             for i in range(n_out)
         ]
@@ -399,9 +401,9 @@ class _Tracer:
                 value.data = self.rename_local(value.data, name)
             elif value.kind != "var" and value.hint is None:
                 value.hint = name
-        elif isinstance(value, SymOp) and value.name in auto:
-            auto.discard(value.name)
-            value.name = self.rename_local(value.name, name)
+        elif isinstance(value, SymOp) and value.var_name in auto:
+            auto.discard(value.var_name)
+            value.var_name = self.rename_local(value.var_name, name)
         return value
 
     def call(self, fn: Any, line: int) -> Callable[..., Any]:
@@ -559,7 +561,7 @@ class _PatternBuilder:
             if kind == "const":
                 return PConst(data)
         if isinstance(value, SymOp):
-            definition_error(f"operator variable {value.name} used where a pattern is expected")
+            definition_error(f"operator variable {value.var_name} used where a pattern is expected")
         if isinstance(value, Term) and value.op is CONST:
             return PConst(value.attrs["value"])
         if isinstance(value, bool | int | float):
@@ -590,7 +592,7 @@ class _PatternBuilder:
                     self.tracer.use_param(a.data, kind)
                 actuals.append(a.data)
             elif isinstance(a, SymOp):
-                actuals.append(a.name)
+                actuals.append(a.var_name)
             elif isinstance(a, Operator) and kind in ("op", None):
                 actuals.append(a)
             else:

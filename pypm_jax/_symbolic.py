@@ -187,21 +187,23 @@ class SymPattern(Sym):
 class SymOp(Sym):
     """An operator variable: a parameter called like a function, or ``pm.Op(n_in, n_out)``."""
 
-    __slots__ = ("tracer", "name", "n_in", "n_out")
+    # Slots are prefixed so that ``F.name`` / ``F.n_in`` in a body read the operator's
+    # attributes (guards), not the variable's own bookkeeping.
+    __slots__ = ("tracer", "var_name", "var_n_in", "var_n_out")
 
     def __init__(self, tracer: Any, name: str, n_in: int | None, n_out: int | None):
         self.tracer = tracer
-        self.name = name
-        self.n_in = n_in
-        self.n_out = n_out
+        self.var_name = name
+        self.var_n_in = n_in
+        self.var_n_out = n_out
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.tracer.apply_opvar(self.name, args, kwargs, self)
+        return self.tracer.apply_opvar(self.var_name, args, kwargs, self)
 
     def __getattr__(self, attr: str) -> SymExpr:
         if attr.startswith("__"):
             raise AttributeError(attr)
-        return SymExpr(EOpAttr(self.name, attr))
+        return SymExpr(EOpAttr(self.var_name, attr))
 
     def __repr__(self) -> str:
-        return f"<operator variable {self.name}>"
+        return f"<operator variable {self.var_name}>"

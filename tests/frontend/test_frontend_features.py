@@ -223,3 +223,22 @@ def test_operator_parameter_attributes_inside_arithmetic(engine):
 
     a = L("a")
     assert pm.match(Unary, Relu(a), engine=engine)["f"] is Relu
+
+
+def test_operator_variable_name_in_rule_guards():
+    @pm.pattern
+    def Chain(x, f):
+        return f(f(x))
+
+    @pm.rule(Chain)
+    def collapse(x, f):
+        assert f.name == "Relu"
+        return Relu(x)
+
+    a = L("a")
+    result = pm.rewrite(pm.Graph([Relu(Relu(a))]), [collapse])
+    assert (
+        result.graph.outputs[0].op is Relu and result.graph.outputs[0].inputs[0].op.name == "leaf"
+    )
+    untouched = pm.rewrite(pm.Graph([Tanh(Tanh(a))]), [collapse])
+    assert untouched.report == [] or len(untouched.report) == 0
