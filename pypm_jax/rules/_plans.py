@@ -424,14 +424,10 @@ def attention_plan(
         if e_shape is None or len(e_shape) != 4:
             return None
         extras.append(_perm_apply(e_shape, perm_scores))
-    if (
-        bias is not None
-        and "float" not in str(_dtype_name(bias[1]))
-        and "bfloat" not in str(_dtype_name(bias[1]))
-    ):
-        return None
+    if bias is not None and not str(_dtype_name(bias[1])).startswith(("float", "bfloat")):
+        return None  # the kernel adds floating biases
     if mask is not None and not str(_dtype_name(mask[1])).startswith(("bool", "int", "uint")):
-        return None
+        return None  # and reads boolean or integer masks (nonzero: attend)
     try:
         scaled_i, sign_i = int(scaled), int(sign)
     except (TypeError, ValueError):

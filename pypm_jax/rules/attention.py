@@ -6,8 +6,9 @@ and the rules at the bottom put the pieces together:
 
 * ``Scores``   ``dot_general`` of q and k in any dimension numbers, either operand order;
   kv heads may be repeated for grouped-query attention (``Kv``).
-* ``Scaled``   ``div``/``mul`` of the scores by a scalar constant. A scale on q or k needs no
-  pattern: the scaled q (or k) simply *is* the kernel's q (k), bit for bit.
+* ``Scaled``   ``div``/``mul`` of the scores by a scalar (a literal goes to the kernel, a value
+  computed at run time scales q). A scale on q or k needs no pattern: the scaled q (or k)
+  simply *is* the kernel's q (k), bit for bit.
 * ``Biased``   an additive bias (padding, causal or ALiBi biases): ``add`` either order, or
   ``sub`` (DistilBERT's ``scores - 1e30 * (1 - mask)``).
 * ``Masked``   ``select_n``/``jnp.where`` of the scores and a large negative constant.
