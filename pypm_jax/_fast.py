@@ -35,10 +35,11 @@ __all__ = [
     "match_all",
     "solutions",
     "root_operators",
+    "compile_guard",
 ]
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -71,6 +72,7 @@ from ._calculus import (
     PVar,
     show,
 )
+from ._dtypes import DType
 from ._errors import PatternDefinitionError
 from ._guards import guard_holds, op_attr
 from ._match import Match
@@ -266,7 +268,10 @@ class _State:
 def _name_expr(name: str) -> str:
     """Python source for the run-time θ/φ key of a (possibly fresh) name."""
     if isinstance(name, _Fresh):
-        return f"{name.base + '#'!r} + str({name.counter} + {name.offset})"
+        number = name.counter if name.offset == 0 else f"{name.counter} + {name.offset}"
+        if name.base.isidentifier():
+            return f"f'{name.base}#{{{number}}}'"
+        return f"{name.base + '#'!r} + str({number})"
     return repr(str(name))
 
 
@@ -277,12 +282,16 @@ class _Codegen:
     ``(θ, φ, matched terms)`` in exploration order).
     """
 
-    def __init__(self, mode: str, ns: dict[str, Any], counter: itertools.count):
+    def __init__(
+        self, mode: str, ns: dict[str, Any], counter: itertools.count, dynamic: bool = False
+    ):
         self.mode = mode
+        self.dynamic = dynamic  # variables may hold None (unbound) at run time
         self.ns = ns
         self.counter = counter
         self.lines: list[str] = []
         self.helpers: list[str] = []
+        self.blocks = 0  # alternates emitted: none means at most one solution
         self._consts: dict[int, str] = {}
 
     # -- small utilities
@@ -353,6 +362,7 @@ class _Codegen:
                     if depth >= _MAX_BLOCKS:
                         raise _Unsupported("too many nested alternates")
                     line(ind, "while True:")
+                    self.blocks += 1
                     left = k.copy()
                     left.append(("m", p.left, t))
                     self.emit(left, st.copy(), ind + 1, "break", depth + 1)
@@ -396,7 +406,7 @@ class _Codegen:
                 else:  # PCall, or something unknown: the machine decides
                     raise _Unsupported(f"cannot generate code for {type(p).__name__}")
             elif tag == "g":  # checkGuard
-                line(ind, f"if not {self.guard(act[1], st)}: {fail}")
+                line(ind, f"if not ({self.positive(act[1], st)}): {fail}")
             elif tag == "c":  # checkName
                 var, kind = act[1], act[2]
                 if var not in (st.ovars if kind == "op" else st.tvars):
@@ -420,14 +430,64 @@ class _Codegen:
     def success(self, st: _State, ind: int, fail: str) -> None:
         theta = ", ".join(f"{_name_expr(n)}: {v}" for n, v in st.tvars.items())
         phi = ", ".join(f"{_name_expr(n)}: {v}" for n, v in st.ovars.items())
+        struct = "".join(f"{s}, " for s in st.struct)
         if self.mode == "first":
-            self.line(ind, f"return {{{theta}}}, {{{phi}}}")
+            self.line(ind, f"return {{{theta}}}, {{{phi}}}, ({struct})")
         else:
-            struct = "".join(f"{s}, " for s in st.struct)
             self.line(ind, f"yield {{{theta}}}, {{{phi}}}, ({struct})")
             self.line(ind, fail)  # resume = backtrack into the innermost alternate
 
     # -- guards
+
+    def positive(self, g: Expr, st: _State) -> str:
+        """Inline Python deciding ⟦g[θ, φ]⟧ = True, for a guard in *positive* position.
+
+        At the top of a guard, and inside a conjunction there, "undefined" and "false" mean
+        the same (the guard does not hold), and ``and`` stops at the first of either. So a
+        conjunction of simple comparisons (ranks, dtypes, constants) can be inlined with
+        "undefined" spelled as False; anything else becomes a call of a generated function
+        with the full evaluation rules.
+        """
+        if isinstance(g, EAnd) and g.items:
+            return " and ".join(f"({self.positive(i, st)})" for i in g.items)
+        if isinstance(g, EConst):
+            try:
+                return repr(_truth(g.value))
+            except _Undef:
+                return "False"
+        if isinstance(g, ECmp):
+            inline = self._inline_cmp(g, st)
+            if inline is not None:
+                return inline
+        return self.guard(g, st)
+
+    def _inline_cmp(self, g: ECmp, st: _State) -> str | None:
+        """``x.rank == 2``, ``x.dtype in (f32, bf16)``, ... as inline Python, or None."""
+        conds: list[str] = []
+        sides: list[str] = []
+        for e in (g.left, g.right):
+            if isinstance(e, EConst) and _simple_const(e.value):
+                sides.append(self.const(e.value))
+            elif isinstance(e, ETuple) and all(
+                isinstance(i, EConst) and _simple_const(i.value) for i in e.items
+            ):
+                sides.append(self.const(tuple(i.value for i in e.items)))
+            elif isinstance(e, EAttr) and e.attr in ("rank", "dtype", "eltType"):
+                t = st.tvars.get(e.var) if isinstance(e.var, str) else None
+                if t is None:
+                    return "False"  # reads an unbound variable: undefined
+                if self.dynamic:
+                    conds.append(f"{t} is not None")
+                if e.attr == "rank":
+                    conds.append(f"{t}.shape is not None")
+                    sides.append(f"len({t}.shape)")
+                else:
+                    conds.append(f"{t}.dtype is not None")
+                    sides.append(f"{t}.dtype")
+            else:
+                return None
+        test = f"{sides[0]} {g.op} {sides[1]}"
+        return " and ".join([*conds, test if g.op in ("in", "not in") else f"bool({test})"])
 
     def guard(self, g: Expr, st: _State) -> str:
         """A call to a generated function deciding ⟦g[θ, φ]⟧ = True on this path."""
@@ -490,8 +550,16 @@ class _Codegen:
         raise _Unsupported(f"not an expression: {e!r}")
 
 
-def _generate(body: Pattern) -> tuple[Callable, Callable, str]:
-    """Generated ``first`` and ``all`` functions for a recursion-free pattern."""
+def _simple_const(value: Any) -> bool:
+    """Constants whose comparisons with ranks and dtypes cannot raise."""
+    if isinstance(value, tuple):
+        return all(_simple_const(v) for v in value)
+    return value is None or isinstance(value, bool | int | float | str | DType)
+
+
+def _generate(body: Pattern) -> tuple[Callable, Callable, str, bool]:
+    """Generated ``first`` and ``all`` functions for a recursion-free pattern, and whether
+    it has at most one solution (no alternate anywhere)."""
     names: set[str] = set()
     _plain_names(body, names)
     if any("#" in n for n in names):
@@ -499,14 +567,15 @@ def _generate(body: Pattern) -> tuple[Callable, Callable, str]:
     ns: dict[str, Any] = dict(_RUNTIME)
     counter = itertools.count(1)
     src_first = _Codegen("first", ns, counter).function(body)
-    src_all = _Codegen("all", ns, counter).function(body)
+    gen_all = _Codegen("all", ns, counter)
+    src_all = gen_all.function(body)
     source = src_first + "\n" + src_all
     try:
         code = compile(source, "<pypm-fast>", "exec")
     except (SyntaxError, RecursionError, MemoryError) as exc:
         raise _Unsupported(f"generated code does not compile: {exc}") from None
     exec(code, ns)
-    return ns["_first"], ns["_all"], source
+    return ns["_first"], ns["_all"], source, gen_all.blocks == 0
 
 
 # ------------------------------------------------------------------ the iterative machine
@@ -689,23 +758,25 @@ def root_operators(pdef: PatternDef) -> frozenset[Operator] | None:
 
 
 class CompiledPattern:
-    """A pattern ready to match: ``first(t)`` and ``solutions(t)`` on raw (θ, φ).
+    """A pattern ready to match: ``first(t)`` and ``solutions(t)`` give raw solutions
+    ``(θ, φ, matched terms)``, the first one being the same in both.
 
     ``backend`` says which engine runs it ("generated" or "machine"); ``source`` holds the
     generated Python for inspection (empty for the machine).
     """
 
-    __slots__ = ("pdef", "backend", "source", "root_ops", "_first", "_all")
+    __slots__ = ("pdef", "backend", "source", "root_ops", "unique", "_first", "_all")
 
     def __init__(self, pdef: PatternDef, *, backend: str | None = None):
         self.pdef = pdef
         self.root_ops = root_operators(pdef)
         self.source = ""
         self.backend = "machine"
+        self.unique = False  # True: at most one solution, so first() is all there is
         body = pdef.body
         if backend != "machine" and not _has_call(body):
             try:
-                self._first, self._all, self.source = _generate(body)
+                self._first, self._all, self.source, self.unique = _generate(body)
                 self.backend = "generated"
             except _Unsupported:
                 if backend == "generated":
@@ -714,13 +785,13 @@ class CompiledPattern:
             self._all = lambda t, _b=body: _machine(_b, t)
             self._first = self._machine_first
 
-    def _machine_first(self, t: Any) -> Solution | None:
-        for theta, phi, _ in _machine(self.pdef.body, t):
-            return theta, phi
+    def _machine_first(self, t: Any) -> tuple[dict, dict, tuple] | None:
+        for sol in _machine(self.pdef.body, t):
+            return sol
         return None
 
-    def first(self, t: Any) -> Solution | None:
-        """The machine's first (θ, φ) at ``t``, or None."""
+    def first(self, t: Any) -> tuple[dict, dict, tuple] | None:
+        """The machine's first (θ, φ, matched terms) at ``t``, or None."""
         return self._first(t)
 
     def solutions(self, t: Any) -> Iterator[tuple[dict, dict, tuple]]:
@@ -760,6 +831,41 @@ def compile_pattern(pdef: PatternDef) -> CompiledPattern:
         _by_id.clear()
     _by_id[id(pdef)] = (pdef, cp)
     return cp
+
+
+# ---------------------------------------------------------------------- compiled guards
+
+_guards: dict[int, tuple[Expr, Callable[[Mapping[str, Any], Mapping[str, Any]], bool]]] = {}
+
+
+def compile_guard(g: Expr) -> Callable[[Mapping[str, Any], Mapping[str, Any]], bool]:
+    """``guard_holds(g, θ, φ)`` as generated Python (cached per expression object)."""
+    hit = _guards.get(id(g))
+    if hit is not None and hit[0] is g:
+        return hit[1]
+    names: set[str] = set()
+    _expr_names(g, names)
+    ns: dict[str, Any] = dict(_RUNTIME)
+    gen = _Codegen("first", ns, itertools.count(1), dynamic=True)
+    st = _State()
+    lines = ["def _guard(theta, phi):"]
+    for n in sorted(names):
+        t, o = gen.local("t"), gen.local("o")
+        st.tvars[n], st.ovars[n] = t, o
+        lines.append(f"    {t} = theta.get({n!r})")
+        lines.append(f"    {o} = phi.get({n!r})")
+    try:
+        body = gen.positive(g, st)
+    except _Unsupported:
+        fn = lambda theta, phi, _g=g: guard_holds(_g, theta, phi)  # noqa: E731
+    else:
+        lines.append(f"    return bool({body})")
+        exec(compile("\n".join(gen.helpers + lines) + "\n", "<pypm-guard>", "exec"), ns)
+        fn = ns["_guard"]
+    if len(_guards) >= _CACHE_LIMIT:
+        _guards.clear()
+    _guards[id(g)] = (g, fn)
+    return fn
 
 
 # ------------------------------------------------------------------------- the public API

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 __all__ = ["Graph", "Node", "Value"]
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -54,10 +55,25 @@ def _show_type(shape: Shape | None, dtype: DType | None) -> str:
     return d + s
 
 
+def _use(v: Value, node: Node) -> None:
+    users = v._users
+    users[node] = users.get(node, 0) + 1
+
+
+def _unuse(v: Value, node: Node) -> None:
+    users = v._users
+    n = users[node]
+    if n == 1:
+        del users[node]
+    else:
+        users[node] = n - 1
+
+
 class Value:
     """One output of a node, or a graph input: what patterns are matched against.
 
-    Identity is equality. ``inputs`` is the producing node's inputs as a tuple; ``attrs`` is
+    Identity is equality. ``_users`` maps each reading node to how many of its inputs are
+    this value (a dict, so that forgetting a reader of a much-used constant is O(1)). ``inputs`` is the producing node's inputs as a tuple; ``attrs`` is
     the node's attribute dict; ``node.loc`` is where the program wrote it.
     """
 
@@ -101,11 +117,6 @@ class Node:
         "_graph",
         "_key",
         "_alive",
-        # scratch space of the rewrite driver (pypm_jax._rewrite)
-        "_rank",
-        "_minor",
-        "_queued",
-        "_record",
     )
 
     op: Operator
@@ -141,6 +152,7 @@ class Graph:
         self._cse: dict[Any, Node] = {}
         self._next_id = 0
         self._topo_ok = True
+        self._id_ordered = True  # node ids increase along the topological order
         if outputs is not None:
             self.set_outputs(self._from_terms(list(outputs)))
 
@@ -170,17 +182,15 @@ class Graph:
         node.id = self._next_id
         self._next_id += 1
         node._graph, node._key, node._alive = self, key, True
-        node._rank = node._minor = 0
-        node._queued, node._record = False, None
         outs = []
         for i, (shape, dtype) in enumerate(types):
             v = object.__new__(Value)
             v.op, v.inputs, v.index, v.attrs = op, inputs, i, attrs
-            v.shape, v.dtype, v.node, v._users = shape, dtype, node, []
+            v.shape, v.dtype, v.node, v._users = shape, dtype, node, {}
             outs.append(v)
         node.outputs = tuple(outs)
         for v in inputs:
-            v._users.append(node)
+            _use(v, node)
         return node
 
     def add_input(self, name: str, shape: Any = None, dtype: Any = None) -> Value:
@@ -344,11 +354,7 @@ class Graph:
 
     def users(self, value: Value) -> list[Node]:
         """The live nodes that read ``value``, each once, in the order they started to."""
-        out: dict[int, Node] = {}
-        for n in value._users:
-            if n._alive:
-                out.setdefault(n.id, n)
-        return list(out.values())
+        return [n for n in value._users if n._alive]
 
     def is_output(self, value: Value) -> bool:
         return any(v is value for v in self._outputs)
@@ -380,6 +386,7 @@ class Graph:
                     order.append(node)
         self._nodes = {n.id: n for n in order}
         self._topo_ok = True
+        self._id_ordered = all(a.id < b.id for a, b in itertools.pairwise(order))
 
     # --------------------------------------------------------------------- changing
 
@@ -397,13 +404,13 @@ class Graph:
         self, node: Node, new_inputs: list[Value], pending: list[tuple[Value, Value]]
     ) -> None:
         for v in node.inputs:
-            v._users.remove(node)
+            _unuse(v, node)
         if node._key is not None and self._cse.get(node._key) is node:
             del self._cse[node._key]
         ins = tuple(new_inputs)
         node.inputs = list(ins)
         for v in ins:
-            v._users.append(node)
+            _use(v, node)
         for v in node.outputs:
             v.inputs = ins
         self._topo_ok = False
@@ -442,10 +449,7 @@ class Graph:
             if old is new:
                 continue
             self._outputs = [new if v is old else v for v in self._outputs]
-            users: dict[int, Node] = {}
-            for n in old._users:
-                users.setdefault(n.id, n)
-            for node in users.values():
+            for node in list(old._users):
                 if not node._alive or (i == 1 and node.id in kept):
                     continue
                 before = len(work)
@@ -465,7 +469,7 @@ class Graph:
         if node._key is not None and self._cse.get(node._key) is node:
             del self._cse[node._key]
         for v in node.inputs:
-            v._users.remove(node)
+            _unuse(v, node)
 
     def _dead(self, node: Node, outputs: set[int]) -> bool:
         if not node._alive or not node.op.pure or node.op is LEAF and not node.inputs:
@@ -512,7 +516,7 @@ class Graph:
             if node._key is not None and self._cse.get(node._key) is node:
                 del self._cse[node._key]
             for v in node.inputs:
-                v._users.remove(node)
+                _unuse(v, node)
         return len(dead)
 
     # ------------------------------------------------------------------- conversion

@@ -30,7 +30,7 @@ __all__ = [
 
 import heapq
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,12 +57,12 @@ from ._calculus import (
 from ._engine import ENGINES, default_engine
 from ._engine import match_all as _engine_match_all
 from ._errors import PyPMError, RewriteLimitError, SourceLoc
-from ._fast import CompiledPattern, Matcher, _has_call
+from ._fast import CompiledPattern, Matcher, _has_call, compile_guard
 from ._graph import Graph, Node, Value
 from ._guards import Undefined, eval_expr, guard_holds
 from ._match import Match
 from ._subst import FreshNames, unfold
-from ._terms import LEAF, Term
+from ._terms import CONST, LEAF, Term
 
 # ----------------------------------------------------------------------------- the report
 
@@ -168,6 +168,10 @@ def _reach(p: Pattern, budget: list[int]) -> int | None:
 # ---------------------------------------------------------------------------- the driver
 
 
+def _interpreted_guard(g: Any) -> Any:
+    return lambda theta, phi: guard_holds(g, theta, phi)
+
+
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return len(a) == len(b) and all(b.get(k) is v for k, v in a.items())
 
@@ -189,22 +193,36 @@ class _Driver:
         self.minor = itertools.count(1)
         self.blocked: dict[int, Node] = {}  # roots a single-use rule skipped
         self.parents: list[int | None] = []  # per record: the record that made its root
+        self.made_by: dict[int, int] = {}  # node made by this run -> its record
+        self.new_rank: dict[int, tuple[int, int]] = {}  # node made by this run -> rank
+        self.queued: set[int] = set()
+        guard = compile_guard if self.fast else _interpreted_guard
+        self.guards = [[guard(b.guard) for b in r.branches] for r in rules]
+        self.params = [[(p.name, p.kind == "op") for p in r.pattern.params] for r in rules]
 
     # -- the sweep
+    #
+    # Nodes present at the start are swept in topological order; position ``pos`` is the
+    # next one. Each node has a rank (major, minor): an original node's major is its place
+    # in the sweep (its id, when ids already follow the order), a node made by a rewrite
+    # takes the major of the node it replaced and a minor from a counter, so it is visited
+    # right after, before the sweep moves on. Revisits go through a heap ordered by rank.
 
     def run(self) -> None:
-        order = self.g.nodes()
-        for i, n in enumerate(order):
-            n._rank, n._minor, n._queued, n._record = i, 0, False, None
+        g = self.g
+        order = g.nodes()
+        self.order = order
+        self.mark0 = g._next_id  # ids from here on are made by this run
+        self.rank_of = None if g._id_ordered else {n.id: i for i, n in enumerate(order)}
         get = self.matcher.table.get
         wild = self.matcher.wildcards
         heap = self.heap
         n_order = len(order)
         pos = 0
         while True:
-            if heap and (pos >= n_order or heap[0][0] < pos):
+            if heap and (pos >= n_order or heap[0][0] < self.major(order[pos])):
                 node = heapq.heappop(heap)[3]
-                node._queued = False
+                self.queued.discard(node.id)
             elif pos < n_order:
                 node = order[pos]
                 pos += 1
@@ -216,51 +234,101 @@ class _Driver:
             if cands:
                 self.visit(node, cands, pos)
 
+    def major(self, node: Node) -> int:
+        new = self.new_rank.get(node.id)
+        if new is not None:
+            return new[0]
+        return node.id if self.rank_of is None else self.rank_of[node.id]
+
+    def pending(self, node: Node, pos: int) -> bool:
+        """Will the sweep or the queue still visit ``node``?"""
+        if node.id in self.queued:
+            return True
+        if node.id >= self.mark0:
+            return False
+        return pos < len(self.order) and self.major(node) >= self.major(self.order[pos])
+
     def push(self, node: Node, pos: int) -> None:
         """Queue ``node`` for a (re)visit unless the sweep or the queue will reach it."""
-        if node._queued or not node._alive or (node._minor == 0 and node._rank >= pos):
+        if not node._alive or self.pending(node, pos):
             return
-        node._queued = True
-        heapq.heappush(self.heap, (node._rank, node._minor, node.id, node))
+        self.queued.add(node.id)
+        major, minor = self.new_rank.get(node.id) or (self.major(node), 0)
+        heapq.heappush(self.heap, (major, minor, node.id, node))
 
     def visit(self, node: Node, cands: tuple, pos: int) -> None:
         g = self.g
+        fast = self.fast
         for v in node.outputs:
             if not node._alive:
                 return
             if not v._users and not g.is_output(v):
                 continue  # nothing reads it: nothing to rewrite
             for ri, pdef, cp in cands:
-                rule = self.rules[ri]
-                for m, struct in self.solutions(pdef, cp, v):
-                    for branch in rule.branches:
-                        if guard_holds(branch.guard, m.theta, m.phi):
-                            if self.fire(rule, m, branch, struct, pos):
-                                if node._alive and len(node.outputs) > 1:
-                                    self.push(node, pos)
-                                return
-                            break  # single use refused this match: try the next one
+                if fast:
+                    first = cp._first(v)
+                    if first is None:
+                        continue
+                    fired = self.try_rule(ri, pdef, cp, v, first, pos)
+                else:
+                    fired = self.try_reference(ri, pdef, cp, v, pos)
+                if fired:
+                    if node._alive and len(node.outputs) > 1:
+                        self.push(node, pos)
+                    return
 
-    def solutions(self, pdef: Any, cp: CompiledPattern, v: Value):
-        """(Match, matched terms) in the machine's order, repeated parameters dropped."""
-        if self.fast:
-            if cp.first(v) is None:
-                return
-            seen: set = set()
-            for theta, phi, struct in cp.solutions(v):
-                m = Match(pdef, v, theta, phi)
-                key = m.key()
-                if key not in seen:
-                    seen.add(key)
-                    yield m, struct
-            return
+    def try_rule(
+        self, ri: int, pdef: Any, cp: CompiledPattern, v: Value, first: tuple, pos: int
+    ) -> bool:
+        """The rule's branches on each solution, in order, repeated parameters dropped: the
+        first branch whose guard holds fires (unless single use refuses that match; then
+        the next solution is tried)."""
+        rule = self.rules[ri]
+        theta, phi, struct = first
+        for branch, holds in zip(rule.branches, self.guards[ri], strict=True):
+            if holds(theta, phi):
+                if self.fire(rule, Match(pdef, v, theta, phi), branch, struct, pos):
+                    return True
+                break
+        if cp.unique:
+            return False
+        params = self.params[ri]
+        seen = {tuple(id((phi if op else theta).get(name)) for name, op in params)}
+        rest = cp.solutions(v)
+        next(rest, None)  # the first solution again
+        for theta, phi, struct in rest:
+            key = tuple(id((phi if op else theta).get(name)) for name, op in params)
+            if key in seen:
+                continue
+            seen.add(key)
+            for branch, holds in zip(rule.branches, self.guards[ri], strict=True):
+                if holds(theta, phi):
+                    if self.fire(rule, Match(pdef, v, theta, phi), branch, struct, pos):
+                        return True
+                    break
+        return False
+
+    def try_reference(self, ri: int, pdef: Any, cp: CompiledPattern, v: Value, pos: int) -> bool:
+        """``try_rule`` with the reference machine's solutions and interpreted guards."""
+        rule = self.rules[ri]
+        for theta, phi, struct in self.reference_solutions(pdef, cp, v):
+            for branch, holds in zip(rule.branches, self.guards[ri], strict=True):
+                if holds(theta, phi):
+                    if self.fire(rule, Match(pdef, v, theta, phi), branch, struct, pos):
+                        return True
+                    break
+        return False
+
+    def reference_solutions(self, pdef: Any, cp: CompiledPattern, v: Value) -> Iterator[tuple]:
+        """The reference machine's solutions (with the terms each covered, found by the
+        compiled pattern, which explores in the same order)."""
         for m in _engine_match_all(pdef, v, engine=self.engine):
             struct: tuple = ()
-            for theta, phi, s in cp.solutions(v):  # which terms this solution covered
+            for theta, phi, s in cp.solutions(v):
                 if _same(m.theta, theta) and _same(m.phi, phi):
                     struct = s
                     break
-            yield m, struct
+            yield m.theta, m.phi, struct
 
     # -- firing
 
@@ -278,6 +346,8 @@ class _Driver:
         inside = {n.id for n in region}
         outputs = {id(v) for v in self.g._outputs}
         for n in region:
+            if n.op is CONST:
+                continue  # a literal is no work to keep: sharing it is fine
             for v in n.outputs:
                 if v is root:
                     continue
@@ -318,12 +388,12 @@ class _Driver:
             created=tuple(n.id for n in created.values() if n._alive),
         )
         self.report.append(record)
-        self.parents.append(rnode._record)
+        self.parents.append(self.made_by.get(rnode.id))
         index = len(self.report) - 1
+        major = self.major(rnode)
         for n in created.values():
-            n._rank, n._minor = rnode._rank, next(self.minor)
-            n._record = index
-            n._queued = False
+            self.new_rank[n.id] = (major, next(self.minor))
+            self.made_by[n.id] = index
             self.push(n, pos)
         self.requeue(touched, pos)
         if removed and self.blocked:
@@ -344,9 +414,10 @@ class _Driver:
                 if n.id in seen or not n._alive:
                     continue
                 seen.add(n.id)
-                pending = n._queued or (n._minor == 0 and n._rank >= pos)
+                if self.pending(n, pos):
+                    continue  # the sweep will get there, and to its users after it
                 self.push(n, pos)
-                if (levels is None and pending) or (levels is not None and level >= levels):
+                if levels is not None and level >= levels:
                     continue
                 for v in n.outputs:
                     nxt.extend(v._users)
@@ -357,7 +428,7 @@ class _Driver:
         """Name the rules of the cycle: those along the lineage of the node being rewritten
         (each rewrite of a node that an earlier rewrite created), else the latest ones."""
         names = {rule.name}
-        index, steps = rnode._record, 0
+        index, steps = self.made_by.get(rnode.id), 0
         while index is not None and steps < 256:
             names.add(self.report[index].rule)
             index, steps = self.parents[index], steps + 1

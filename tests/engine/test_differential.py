@@ -11,15 +11,17 @@ from __future__ import annotations
 import itertools
 
 from core.strategies import pattern_and_term
-from engine_helpers import dags, pattern_defs, solution_key
+from engine_helpers import F1, LEAVES, OPS, SPLIT, A, B, dags, guards, pattern_defs, solution_key
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pypm_jax import _fast, _machine
-from pypm_jax._fast import CompiledPattern, Matcher
+from pypm_jax._fast import CompiledPattern, Matcher, compile_guard
 from pypm_jax._graph import Graph
+from pypm_jax._guards import guard_holds
 
 MAX_SOLUTIONS = 50
+TARGETS = [*LEAVES, F1(A), SPLIT(B)[1]]
 
 
 def reference_solutions(pdef, t):
@@ -41,7 +43,7 @@ def check_same(pdef, t):
     cp = CompiledPattern(pdef)
     assert compiled_solutions(cp, t) == expected
     first = cp.first(t)
-    assert (None if first is None else solution_key(*first)) == (expected[:1] or [None])[0]
+    assert (None if first is None else solution_key(*first[:2])) == (expected[:1] or [None])[0]
     machine = CompiledPattern(pdef, backend="machine")
     assert compiled_solutions(machine, t) == expected
     # the public API: deduplicated by parameters, wrapped in Match
@@ -96,3 +98,12 @@ def test_shared_strategies_graph_values(pt, data):
     g = Graph([t])
     v = data.draw(st.sampled_from(g.values() + g.inputs))
     check_same(pdef, v)
+
+
+@given(
+    guards(("x", "y", "z"), ("F", "G")),
+    st.dictionaries(st.sampled_from(["x", "y"]), st.sampled_from(TARGETS), max_size=2),
+    st.dictionaries(st.sampled_from(["F"]), st.sampled_from(OPS), max_size=1),
+)
+def test_compiled_guards_hold_exactly_when_interpreted_ones_do(g, theta, phi):
+    assert compile_guard(g)(theta, phi) is guard_holds(g, theta, phi)
