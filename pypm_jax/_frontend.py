@@ -618,11 +618,17 @@ class _PatternBuilder:
         if result is None:
             definition_error(f"pattern {self.self_fn.name} must return a pattern on every path")
         body = self.convert(result)
-        for x, p, loc in self.path.constraints:
-            body = PConstr(body, x, self.convert(p), loc)
-        while self.pending:
-            x, p, loc = self.pending.pop(0)
+        todo = [(x, self.convert(p), loc) for x, p, loc in self.path.constraints]
+        while self.pending:  # constraints naming sub-patterns that guards read
+            todo.append(self.pending.pop(0))
+        # Check each constraint once its variable is bound (the written order otherwise), so
+        # a constraint on a variable that only another constraint binds still works.
+        bound = _bound_names(body)
+        while todo:
+            i = next((j for j, (x, _, _) in enumerate(todo) if x in bound), 0)
+            x, p, loc = todo.pop(i)
             body = PConstr(body, x, p, loc)
+            bound |= _bound_names(p) | {x}
         for alias, sym in self.path.aliases.values():
             if id(sym) not in self.scheduled:
                 definition_error(

@@ -242,3 +242,20 @@ def test_operator_variable_name_in_rule_guards():
     )
     untouched = pm.rewrite(pm.Graph([Tanh(Tanh(a))]), [collapse])
     assert untouched.report == [] or len(untouched.report) == 0
+
+
+def test_constraints_are_checked_once_their_variable_is_bound(engine):
+    @pm.pattern
+    def Nested(x):
+        y = pm.var()
+        z = pm.var()
+        t = Exp(y)
+        assert t.rank == 2
+        y <= Exp(z)  # y is bound only by the alias constraint on t
+        x <= Relu(t)
+        return x
+
+    a = L("a")
+    term = Relu(Exp(Exp(a)))
+    m = pm.match(Nested, term, engine=engine)
+    assert m is not None and m["x"] is term
