@@ -192,6 +192,7 @@ class _Driver:
         self.heap: list[tuple[int, int, int, Node]] = []
         self.minor = itertools.count(1)
         self.blocked: dict[int, Node] = {}  # roots a single-use rule skipped
+        self.const_memo: dict[int, bool] = {}  # node id -> computed from literals alone
         self.parents: list[int | None] = []  # per record: the record that made its root
         self.made_by: dict[int, int] = {}  # node made by this run -> its record
         self.new_rank: dict[int, tuple[int, int]] = {}  # node made by this run -> rank
@@ -342,12 +343,44 @@ class _Driver:
             nodes.setdefault(n.id, n)
         return list(nodes.values())
 
+    def constant_only(self, node: Node) -> bool:
+        """Is ``node`` a literal, or pure and computed from literals alone?
+
+        Such nodes (a broadcast fill value, an all-ones head mask) are shared by every match
+        that reads them; keeping them alive costs nothing, so they never block single use.
+        Iterative with a memo on the driver, so deep constant chains cost O(1) amortized.
+        """
+        memo = self.const_memo
+        if node.id in memo:
+            return memo[node.id]
+        stack = [node]
+        while stack:
+            n = stack[-1]
+            if n.id in memo:
+                stack.pop()
+                continue
+            if n.op is CONST:
+                memo[n.id] = True
+                stack.pop()
+                continue
+            if n.op is LEAF or not n.op.pure or not n.inputs:
+                memo[n.id] = False
+                stack.pop()
+                continue
+            pending = [v.node for v in n.inputs if v.node.id not in memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            memo[n.id] = all(memo[v.node.id] for v in n.inputs)
+            stack.pop()
+        return memo[node.id]
+
     def single_use_ok(self, root: Value, region: list[Node]) -> bool:
         inside = {n.id for n in region}
         outputs = {id(v) for v in self.g._outputs}
         for n in region:
-            if n.op is CONST:
-                continue  # a literal is no work to keep: sharing it is fine
+            if self.constant_only(n):
+                continue  # literals and what is computed from them alone: sharing is free
             for v in n.outputs:
                 if v is root:
                     continue
