@@ -13,8 +13,9 @@ gets there by running that machine ahead of time instead of at match time:
   backtracking undoes nothing. Calls to other patterns (non-recursive ``PMu``) are unfolded
   at compile time with :func:`pypm_jax._subst.unfold`; the fresh-name counter the machine
   keeps at run time becomes a local integer, so fresh names match the reference exactly.
-  Guards become small generated functions with the evaluation rules of
-  :mod:`pypm_jax._guards`.
+  Guards are inlined where "undefined" and "false" coincide (a conjunction of rank, dtype
+  and constant comparisons at the top of a guard); anything else becomes a small generated
+  function with the evaluation rules of :mod:`pypm_jax._guards`.
 * **An iterative machine** (recursive patterns, and patterns too branchy to generate): the
   paper's machine with a trail instead of copied substitutions, so backtracking costs the
   bindings it undoes, and an explicit continuation and stack, so a 100 000-deep chain never
@@ -79,7 +80,8 @@ from ._match import Match
 from ._subst import FreshNames, unfold
 from ._terms import CONST, UNDEFINED, Operator, const_equal, term_attr
 
-Solution = tuple[dict[str, Any], dict[str, Operator]]
+RawSolution = tuple[dict[str, Any], dict[str, Operator], tuple[Any, ...]]
+"""(θ, φ, the terms the pattern's applications and literals matched)."""
 
 # Python refuses more than 20 statically nested blocks in one function; each alternate on a
 # generated path opens one. Patterns deeper than this run on the iterative machine.
@@ -606,7 +608,7 @@ def _count_exists(p: Pattern) -> int:
     return n
 
 
-def _machine(body: Pattern, t0: Any) -> Iterator[tuple[dict, dict, tuple]]:
+def _trail_machine(body: Pattern, t0: Any) -> Iterator[RawSolution]:
     """The paper's machine with a trail: yields ``(θ, φ, matched terms)`` per solution.
 
     Bindings live in two dicts that are changed in place; the trail records each binding so
@@ -782,19 +784,19 @@ class CompiledPattern:
                 if backend == "generated":
                     raise
         if self.backend == "machine":
-            self._all = lambda t, _b=body: _machine(_b, t)
+            self._all = lambda t, _b=body: _trail_machine(_b, t)
             self._first = self._machine_first
 
-    def _machine_first(self, t: Any) -> tuple[dict, dict, tuple] | None:
-        for sol in _machine(self.pdef.body, t):
+    def _machine_first(self, t: Any) -> RawSolution | None:
+        for sol in _trail_machine(self.pdef.body, t):
             return sol
         return None
 
-    def first(self, t: Any) -> tuple[dict, dict, tuple] | None:
+    def first(self, t: Any) -> RawSolution | None:
         """The machine's first (θ, φ, matched terms) at ``t``, or None."""
         return self._first(t)
 
-    def solutions(self, t: Any) -> Iterator[tuple[dict, dict, tuple]]:
+    def solutions(self, t: Any) -> Iterator[RawSolution]:
         """Every (θ, φ, matched terms) in exploration order, repeats included.
 
         The matched terms are those the pattern's applications and literals matched (the

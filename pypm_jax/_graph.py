@@ -35,13 +35,22 @@ from ._terms import CONST, LEAF, Operator, Shape, Term, freeze, make_term
 TypeSpec = tuple[Shape | None, DType | None]
 
 
+_shapes: dict[tuple, Shape] = {}  # interned: a model has few distinct shapes
+
+
 def _shape(s: Any) -> Shape | None:
     if s is None:
         return None
     try:
-        return Shape(int(d) for d in s)
+        key = tuple(int(d) for d in s)
     except TypeError:  # symbolic dimensions: keep them as they are
         return Shape(s)
+    shape = _shapes.get(key)
+    if shape is None:
+        if len(_shapes) > 100_000:
+            _shapes.clear()
+        shape = _shapes[key] = Shape(key)
+    return shape
 
 
 def _type(spec: Any) -> TypeSpec:
@@ -55,13 +64,30 @@ def _show_type(shape: Shape | None, dtype: DType | None) -> str:
     return d + s
 
 
+# A value's readers: a list (one entry per use) while there are few, a dict node -> number of
+# uses once there are many (a constant read all over a model), so that forgetting a reader
+# stays cheap without a dict's memory on every value.
+_FEW_USERS = 16
+
+
 def _use(v: Value, node: Node) -> None:
     users = v._users
-    users[node] = users.get(node, 0) + 1
+    if type(users) is list:
+        users.append(node)
+        if len(users) > _FEW_USERS:
+            counts: dict[Node, int] = {}
+            for n in users:
+                counts[n] = counts.get(n, 0) + 1
+            v._users = counts
+    else:
+        users[node] = users.get(node, 0) + 1
 
 
 def _unuse(v: Value, node: Node) -> None:
     users = v._users
+    if type(users) is list:
+        users.remove(node)
+        return
     n = users[node]
     if n == 1:
         del users[node]
@@ -69,11 +95,16 @@ def _unuse(v: Value, node: Node) -> None:
         users[node] = n - 1
 
 
+def _readers(v: Value) -> list[Node]:
+    """Each node reading ``v`` once, in the order they started to."""
+    users = v._users
+    return list(dict.fromkeys(users)) if type(users) is list else list(users)
+
+
 class Value:
     """One output of a node, or a graph input: what patterns are matched against.
 
-    Identity is equality. ``_users`` maps each reading node to how many of its inputs are
-    this value (a dict, so that forgetting a reader of a much-used constant is O(1)). ``inputs`` is the producing node's inputs as a tuple; ``attrs`` is
+    Identity is equality. ``_users`` holds the nodes reading it (see ``_use``). ``inputs`` is the producing node's inputs as a tuple; ``attrs`` is
     the node's attribute dict; ``node.loc`` is where the program wrote it.
     """
 
@@ -112,7 +143,7 @@ class Node:
         "attrs",
         "outputs",
         "loc",
-        "meta",
+        "_meta",
         "id",
         "_graph",
         "_key",
@@ -124,8 +155,20 @@ class Node:
     attrs: dict[str, Any]
     outputs: tuple[Value, ...]
     loc: SourceLoc | None
-    meta: dict[str, Any]
     id: int
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Free-form data about the node (the JAX lifter keeps the equation and the Flax
+        module path here); made on first use, as most nodes of a big graph have none."""
+        meta = self._meta
+        if meta is None:
+            meta = self._meta = {}
+        return meta
+
+    @meta.setter
+    def meta(self, value: dict[str, Any]) -> None:
+        self._meta = value
 
     @property
     def alive(self) -> bool:
@@ -178,7 +221,7 @@ class Graph:
     ) -> Node:
         node = object.__new__(Node)
         node.op, node.inputs, node.attrs = op, list(inputs), attrs
-        node.loc, node.meta = loc, dict(meta) if meta else {}
+        node.loc, node._meta = loc, dict(meta) if meta else None
         node.id = self._next_id
         self._next_id += 1
         node._graph, node._key, node._alive = self, key, True
@@ -186,7 +229,7 @@ class Graph:
         for i, (shape, dtype) in enumerate(types):
             v = object.__new__(Value)
             v.op, v.inputs, v.index, v.attrs = op, inputs, i, attrs
-            v.shape, v.dtype, v.node, v._users = shape, dtype, node, {}
+            v.shape, v.dtype, v.node, v._users = shape, dtype, node, []
             outs.append(v)
         node.outputs = tuple(outs)
         for v in inputs:
@@ -354,7 +397,7 @@ class Graph:
 
     def users(self, value: Value) -> list[Node]:
         """The live nodes that read ``value``, each once, in the order they started to."""
-        return [n for n in value._users if n._alive]
+        return [n for n in _readers(value) if n._alive]
 
     def is_output(self, value: Value) -> bool:
         return any(v is value for v in self._outputs)
@@ -449,7 +492,7 @@ class Graph:
             if old is new:
                 continue
             self._outputs = [new if v is old else v for v in self._outputs]
-            for node in list(old._users):
+            for node in _readers(old):
                 if not node._alive or (i == 1 and node.id in kept):
                     continue
                 before = len(work)

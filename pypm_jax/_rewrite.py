@@ -416,7 +416,7 @@ class _Driver:
             root=rnode.id,
             replaced=tuple(n.id for n in region),
             source=rnode.loc,
-            module_path=rnode.meta.get("module_path"),
+            module_path=rnode._meta.get("module_path") if rnode._meta else None,
             op=rnode.op.name,
             created=tuple(n.id for n in created.values() if n._alive),
         )
@@ -529,7 +529,7 @@ class _Instantiate:
                         replaces.dtype if dtype is None else dtype,
                     )
                 rnode = self.root.node
-                node = g.add_node(op, ins, values, types, loc=rnode.loc, meta=rnode.meta)
+                node = g.add_node(op, ins, values, types, loc=rnode.loc, meta=rnode._meta)
                 self.built.setdefault(node.id, node)
                 return node.outputs[index]
             case RTuple():
