@@ -381,7 +381,10 @@ class _Codegen:
                 elif cls is PFunVar:
                     st.struct.append(t)
                     n = len(p.args)
-                    cond = f"len(a := {t}.inputs) != {n} or {t}.index != {p.index}"
+                    # opaque (impure) operators are outside the range of F (SEMANTICS 11)
+                    cond = (
+                        f"len(a := {t}.inputs) != {n} or {t}.index != {p.index} or not {t}.op.pure"
+                    )
                     if p.n_out is not None:
                         cond += f" or {t}.op.n_out != {p.n_out}"
                     bound = st.ovars.get(p.var)
@@ -672,6 +675,7 @@ def _trail_machine(body: Pattern, t0: Any) -> Iterator[RawSolution]:
                         len(ins) != len(args)
                         or t.index != a.index
                         or (a.n_out is not None and f.n_out != a.n_out)
+                        or not f.pure  # opaque operators are outside the range of F
                     ):
                         ok = False
                     else:

@@ -259,3 +259,22 @@ def test_constraints_are_checked_once_their_variable_is_bound(engine):
     term = Relu(Exp(Exp(a)))
     m = pm.match(Nested, term, engine=engine)
     assert m is not None and m["x"] is term
+
+
+def test_operator_variables_never_bind_opaque_operators(engine):
+    @pm.op(pure=False)
+    def Effect(x):
+        return 1
+
+    @pm.pattern
+    def AnyUnary(x, f):
+        return f(x)
+
+    @pm.pattern
+    def Named(x):
+        return Effect(x)
+
+    a = L("a")
+    assert pm.match(AnyUnary, Effect(a), engine=engine) is None
+    assert pm.match(AnyUnary, Relu(a), engine=engine)["f"] is Relu
+    assert pm.match(Named, Effect(a), engine=engine)["x"] is a  # named explicitly: fine

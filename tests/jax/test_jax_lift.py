@@ -305,11 +305,6 @@ def test_kept_whole_table_ops_match_only_when_named():
     assert [r.rule for r in report] == ["drop_barrier"]  # named explicitly: the user's call
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the matchers let operator variables match any op of the right arity; opaque "
-    "(op_class 'opaque', impure) ops need to be excluded there (pypm_jax._fast/_machine)",
-)
 def test_opaque_nodes_are_never_matched_by_operator_variables():
     """Operator variables must not match through an opaque (effectful/unknown) node."""
 
