@@ -165,9 +165,26 @@ def _rename(p: Pattern, env: dict[str, Arg], fresh: FreshNames) -> Pattern:
     raise TypeError(f"not a pattern: {p!r}")
 
 
+# Resolving the recursive references of a body depends only on (body, name, params), not on
+# the arguments, and bodies live as long as their pattern definitions: memoize it, so an
+# unfolding costs a walk of the body's own nodes (renaming), not of every nested definition.
+# The cached body is kept in the value, so its id cannot be reused while the entry exists.
+_RESOLVED: dict[tuple[int, str, tuple], tuple[Pattern, Pattern]] = {}
+
+
+def _resolved_body(mu: PMu) -> Pattern:
+    key = (id(mu.body), mu.name, mu.params)
+    hit = _RESOLVED.get(key)
+    if hit is not None and hit[0] is mu.body:
+        return hit[1]
+    body = _replace_calls(mu.body, mu)
+    _RESOLVED[key] = (mu.body, body)
+    return body
+
+
 def unfold(mu: PMu, fresh: FreshNames) -> Pattern:
     """One unfolding of ``μP(xs)[ys]. body``: recursive references resolved, xs := ys,
     bound variables renamed apart."""
-    body = _replace_calls(mu.body, mu)
+    body = _resolved_body(mu)
     env: dict[str, Arg] = {x.name: y for x, y in zip(mu.params, mu.args, strict=True)}
     return _rename(body, env, fresh)

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""pm.optimize's compile-time cost on a 12-layer BERT-base-sized model (issue: JAX end to end).
+
+Prints, for Hugging Face's FlaxBertModel with BERT-base dimensions (12 layers, hidden 768,
+12 heads, ffn 3072; random weights, never downloaded): the time of each phase — trace
+(`jax.make_jaxpr`), lift, match + rewrite (default rules), lower + trace the rewritten program —
+the number of nodes and rewrites, and `pm.optimize`'s first call (all phases + XLA compile +
+run) against `jax.jit`'s first call (trace + compile + run). Phases are medians of
+``--repeats`` runs; first calls are measured once each in fresh processes' worth of state
+(new function objects, so no cache is shared).
+
+Usage: python benchmarks/bert_base.py [--batch 1] [--seq 128] [--layers 12] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import pypm_jax as pm  # noqa: E402
+from pypm_jax.jax import default_rules, lift, lower, rewrite_nested  # noqa: E402
+
+
+def build(layers: int, batch: int, seq: int):
+    from transformers import BertConfig, FlaxBertModel
+
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=768,
+        num_hidden_layers=layers,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        max_position_embeddings=max(512, seq),
+    )
+    model = FlaxBertModel(config, seed=0)
+    ids = jax.random.randint(jax.random.PRNGKey(1), (batch, seq), 0, config.vocab_size)
+    mask = jnp.ones((batch, seq), jnp.int32)
+
+    def bert(params, ids, mask):
+        return model(ids, attention_mask=mask, params=params).last_hidden_state
+
+    return bert, (model.params, ids, mask)
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    fn, inputs = build(args.layers, args.batch, args.seq)
+    rules = default_rules()
+    phases: dict[str, list[float]] = {"trace": [], "lift": [], "rewrite": [], "lower": []}
+    nodes = rewrites = 0
+    for _ in range(args.repeats):
+        closed, t = timed(lambda: jax.make_jaxpr(fn)(*inputs))
+        phases["trace"].append(t)
+        prog, t = timed(lambda c=closed: lift(c))
+        phases["lift"].append(t)
+        nodes = len(prog.graph)
+        result, t = timed(lambda p=prog: rewrite_nested(p, rules))
+        phases["rewrite"].append(t)
+        rewrites = len(result.report)
+        flat = jax.tree.leaves(inputs)
+        _, t = timed(lambda p=prog, f=flat: jax.make_jaxpr(lower(p))(*f))
+        phases["lower"].append(t)
+    print(
+        f"BERT-base-sized FlaxBertModel: {args.layers} layers, hidden 768, 12 heads, "
+        f"batch {args.batch}, seq {args.seq}; backend {jax.default_backend()}; "
+        f"{nodes} lifted nodes, {rewrites} rewrites"
+    )
+    for name, ts in phases.items():
+        print(
+            f"  {name:8s} median {statistics.median(ts) * 1e3:9.1f} ms  "
+            f"(runs: {', '.join(f'{t * 1e3:.0f}' for t in ts)})"
+        )
+
+    def fresh(f):  # a new function object: no jit or optimize cache is shared
+        return lambda *a: f(*a)
+
+    _, t_jit = timed(lambda: jax.block_until_ready(jax.jit(fresh(fn))(*inputs)))
+    _, t_opt = timed(lambda: jax.block_until_ready(pm.optimize(fresh(fn))(*inputs)))
+    print(
+        f"  first call: jax.jit {t_jit:.2f} s, pm.optimize {t_opt:.2f} s, "
+        f"ratio {t_opt / t_jit:.2f}x (target <= 1.25x)"
+    )
+
+
+if __name__ == "__main__":
+    main()
