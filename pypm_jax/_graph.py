@@ -39,8 +39,8 @@ _shapes: dict[tuple, Shape] = {}  # interned: a model has few distinct shapes
 
 
 def _shape(s: Any) -> Shape | None:
-    if s is None:
-        return None
+    if s is None or type(s) is Shape:
+        return s
     try:
         key = tuple(int(d) for d in s)
     except TypeError:  # symbolic dimensions: keep them as they are
@@ -509,35 +509,35 @@ class Graph:
     def _remove(self, node: Node) -> None:
         node._alive = False
         self._nodes.pop(node.id, None)
-        if node._key is not None and self._cse.get(node._key) is node:
-            del self._cse[node._key]
+        key = node._key
+        if key is not None:
+            entry = self._cse.pop(key, None)
+            if entry is not None and entry is not node:  # (a merged duplicate's key)
+                self._cse[key] = entry
         for v in node.inputs:
             _unuse(v, node)
-
-    def _dead(self, node: Node, outputs: set[int]) -> bool:
-        if not node._alive or not node.op.pure or node.op is LEAF and not node.inputs:
-            return False
-        return not any(v._users or id(v) in outputs for v in node.outputs)
 
     def remove_dead(self, nodes: Iterable[Node]) -> list[Node]:
         """Remove the given nodes if nothing reads them, then their inputs likewise.
 
         The incremental dead-code elimination of the rewrite driver: cost proportional to
-        what is removed. Returns the removed nodes in removal order.
+        what is removed. Graph inputs and impure nodes stay. Returns the removed nodes in
+        removal order.
         """
         outputs = {id(v) for v in self._outputs}
+        live = self._nodes  # graph inputs are not in it
         stack = list(nodes)
         stack.reverse()
         removed: list[Node] = []
         while stack:
             node = stack.pop()
-            if not self._dead(node, outputs):
+            if node.id not in live or not node.op.pure:
+                continue
+            if any(v._users or id(v) in outputs for v in node.outputs):
                 continue
             self._remove(node)
             removed.append(node)
-            for v in reversed(node.inputs):
-                if v.node._alive:
-                    stack.append(v.node)
+            stack.extend(v.node for v in reversed(node.inputs))
         return removed
 
     def dce(self) -> int:

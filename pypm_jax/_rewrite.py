@@ -124,6 +124,7 @@ class RewriteReport(list[RewriteRecord]):
 class RewriteResult:
     graph: Graph
     report: RewriteReport
+    visits: int = 0  # how many times a node was tried against the rules (revisits count)
 
 
 # ------------------------------------------------------------------------ pattern reach
@@ -166,6 +167,9 @@ def _reach(p: Pattern, budget: list[int]) -> int | None:
 
 
 # ---------------------------------------------------------------------------- the driver
+
+
+_CONST_DEPTH = 8  # how deep constant_only looks for literals
 
 
 def _interpreted_guard(g: Any) -> Any:
@@ -219,7 +223,8 @@ class _Driver:
         wild = self.matcher.wildcards
         heap = self.heap
         n_order = len(order)
-        pos = 0
+        fast, is_output, try_rule = self.fast, g.is_output, self.try_rule
+        visits = pos = 0
         while True:
             if heap and (pos >= n_order or heap[0][0] < self.major(order[pos])):
                 node = heapq.heappop(heap)[3]
@@ -232,8 +237,21 @@ class _Driver:
             if not node._alive:
                 continue
             cands = get(node.op, wild)
-            if cands:
+            if not cands:
+                continue
+            visits += 1
+            if not fast or len(node.outputs) > 1:
                 self.visit(node, cands, pos)
+                continue
+            # the common case, inlined: a single-output node, the compiled patterns
+            v = node.outputs[0]
+            if not v._users and not is_output(v):
+                continue  # nothing reads it: nothing to rewrite
+            for ri, pdef, cp in cands:
+                first = cp._first(v)
+                if first is not None and try_rule(ri, pdef, cp, v, first, pos):
+                    break
+        self.visits = visits
 
     def major(self, node: Node) -> int:
         new = self.new_rank.get(node.id)
@@ -343,52 +361,46 @@ class _Driver:
             nodes.setdefault(n.id, n)
         return list(nodes.values())
 
-    def constant_only(self, node: Node) -> bool:
+    def constant_only(self, node: Node, depth: int = 0) -> bool:
         """Is ``node`` a literal, or pure and computed from literals alone?
 
         Such nodes (a broadcast fill value, an all-ones head mask) are shared by every match
         that reads them; keeping them alive costs nothing, so they never block single use.
-        Iterative with a memo on the driver, so deep constant chains cost O(1) amortized.
+        Constant expressions are small: the search gives up (answers no) below
+        ``_CONST_DEPTH`` levels and stops at the first input read from the program, so it
+        never walks the whole model upstream of a match. Memoized until the next rewrite.
         """
         memo = self.const_memo
-        if node.id in memo:
-            return memo[node.id]
-        stack = [node]
-        while stack:
-            n = stack[-1]
-            if n.id in memo:
-                stack.pop()
-                continue
-            if n.op is CONST:
-                memo[n.id] = True
-                stack.pop()
-                continue
-            if n.op is LEAF or not n.op.pure or not n.inputs:
-                memo[n.id] = False
-                stack.pop()
-                continue
-            pending = [v.node for v in n.inputs if v.node.id not in memo]
-            if pending:
-                stack.extend(pending)
-                continue
-            memo[n.id] = all(memo[v.node.id] for v in n.inputs)
-            stack.pop()
-        return memo[node.id]
+        hit = memo.get(node.id)
+        if hit is not None:
+            return hit
+        op = node.op
+        if op is CONST:
+            return True
+        if op is LEAF or not op.pure or not node.inputs or depth >= _CONST_DEPTH:
+            return False
+        ins = [v.node for v in node.inputs]
+        if any(n.op is LEAF for n in ins):
+            result = False
+        else:
+            result = all(self.constant_only(n, depth + 1) for n in ins)
+        if result or depth == 0:  # a "no" found deeper may be the depth limit speaking
+            memo[node.id] = result
+        return result
 
     def single_use_ok(self, root: Value, region: list[Node]) -> bool:
+        """Does nothing outside the match read an interior value (other than literals and
+        what is computed from literals alone, which sharing costs nothing)?"""
         inside = {n.id for n in region}
         outputs = {id(v) for v in self.g._outputs}
         for n in region:
-            if self.constant_only(n):
-                continue  # literals and what is computed from them alone: sharing is free
             for v in n.outputs:
                 if v is root:
                     continue
-                if id(v) in outputs:
-                    return False
-                for u in v._users:
-                    if u._alive and u.id not in inside:
+                if id(v) in outputs or any(u.id not in inside for u in v._users):
+                    if not self.constant_only(n):
                         return False
+                    break
         return True
 
     def fire(self, rule: RuleDef, m: Match, branch: RuleBranch, struct: tuple, pos: int) -> bool:
@@ -410,6 +422,7 @@ class _Driver:
         for old, new in pairs:  # the result's own nodes keep reading the root (x → f(x))
             touched += g.replace_all_uses(old, new, keep=inst.built.values())
         removed = g.remove_dead([rnode])
+        self.const_memo.clear()  # inputs changed somewhere: recompute on demand
         record = RewriteRecord(
             rule=rule.name,
             pattern=rule.pattern.name,
@@ -564,7 +577,7 @@ def rewrite(
     limit = 4 * len(graph) + 1000 if max_iterations is None else max_iterations
     driver = _Driver(graph, rules, engine, limit)
     driver.run()
-    return RewriteResult(graph, driver.report)
+    return RewriteResult(graph, driver.report, driver.visits)
 
 
 def rewrite_terms(
