@@ -363,7 +363,7 @@ def measure(
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=float, nargs="+", default=[1e3, 1e4, 1e5, 1e6])
-    ap.add_argument("--repeat", type=int, default=5, help="runs per measurement (median)")
+    ap.add_argument("--repeat", type=int, default=9, help="runs per measurement (median)")
     ap.add_argument("--reference-max", type=float, default=1e5,
                     help="largest size the reference machine runs on")  # fmt: skip
     ap.add_argument("--reference-repeat", type=int, default=5)

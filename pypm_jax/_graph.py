@@ -24,6 +24,7 @@ __all__ = ["Graph", "Node", "Value"]
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,24 @@ def _shape(s: Any) -> Shape | None:
 def _type(spec: Any) -> TypeSpec:
     shape, dtype = spec
     return _shape(shape), as_dtype(dtype)
+
+
+_type_lists: dict[tuple[TypeSpec, ...], tuple[TypeSpec, ...]] = {}
+
+
+def _intern_types(types: Sequence[TypeSpec]) -> tuple[TypeSpec, ...]:
+    """One shared tuple per distinct list of output types (they repeat all over a model)."""
+    t = tuple(types)
+    shared = _type_lists.get(t)
+    if shared is None:
+        if len(_type_lists) > 100_000:
+            _type_lists.clear()
+        shared = _type_lists[t] = t
+    return shared
+
+
+# The attributes of the many nodes that have none: one shared, read-only mapping.
+_NO_ATTRS: Mapping[str, Any] = MappingProxyType({})
 
 
 def _show_type(shape: Shape | None, dtype: DType | None) -> str:
@@ -113,7 +132,7 @@ class Value:
     op: Operator
     inputs: tuple[Value, ...]
     index: int
-    attrs: dict[str, Any]
+    attrs: Mapping[str, Any]  # read-only (shared by the outputs of a node)
     shape: Shape | None
     dtype: DType | None
     node: Node
@@ -152,7 +171,7 @@ class Node:
 
     op: Operator
     inputs: list[Value]
-    attrs: dict[str, Any]
+    attrs: Mapping[str, Any]  # a dict, or one shared empty mapping; never mutate
     outputs: tuple[Value, ...]
     loc: SourceLoc | None
     id: int
@@ -213,7 +232,7 @@ class Graph:
         self,
         op: Operator,
         inputs: tuple[Value, ...],
-        attrs: dict[str, Any],
+        attrs: Mapping[str, Any],
         types: Sequence[TypeSpec],
         loc: SourceLoc | None,
         meta: dict[str, Any] | None,
@@ -278,16 +297,17 @@ class Graph:
                 raise PyPMError(f"{op.name}: input {v!r} is not a live value of this graph")
         if op.n_in is not None and len(ins) != op.n_in:
             raise PyPMError(f"{op.name} takes {op.n_in} inputs, got {len(ins)}")
-        attrs = dict(attrs) if attrs else {}
+        attrs = dict(attrs) if attrs else _NO_ATTRS
         if out_types is None:
             types = self.infer_types(op, ins, attrs)
         else:
             types = [_type(s) for s in out_types]
         if len(types) != op.n_out:
             raise PyPMError(f"{op.name} has {op.n_out} outputs, got {len(types)} output types")
+        types = _intern_types(types)
         key = None
         if op.pure:
-            key = (op, ins, freeze(attrs) if attrs else (), tuple(types))
+            key = (op, ins, freeze(attrs) if attrs else (), types)
             found = self._cse.get(key)
             if found is not None:
                 return found
