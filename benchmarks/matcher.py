@@ -13,8 +13,10 @@ layer norm, with guards on ranks and dtypes. Its patterns are core-calculus data
 here the way the frontend emits them (a sub-pattern call is ``μ`` with a match constraint
 for a pattern argument).
 
-Measured in one run, on the same list of values, each the median of ``--repeat`` runs
-(default 5) with the garbage collector off during a run (as ``timeit`` does):
+Measured in one run, on the same list of values, each the median of ``--repeat`` samples
+(default 9; 5 for the reference machine), a sample lasting at least 50 ms (small graphs are
+matched several times per sample), with the garbage collector off during a sample (as
+``timeit`` does):
 
 * ``fast``       — :class:`pypm_jax._fast.Matcher` (root-operator index + compiled code):
   the first matching pattern of each value;
@@ -284,16 +286,27 @@ def rules() -> list[PatternDef]:
 # ----------------------------------------------------------------------------- measuring
 
 
-def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
-    """Median seconds of ``repeat`` runs with the garbage collector off; last result."""
-    times, result = [], None
+def timed(fn: Callable[[], Any], repeat: int, min_time: float = 0.05) -> tuple[float, Any]:
+    """Median seconds per call over ``repeat`` samples, and the last result.
+
+    A sample calls ``fn`` often enough to last ``min_time`` (as ``timeit`` autoranges),
+    so that small graphs are not timed at the resolution of the scheduler. The garbage
+    collector is off during a sample.
+    """
+    loops, result = 1, None
+    if min_time > 0:  # one untimed call to see how many make a sample
+        start = time.perf_counter()
+        result = fn()
+        loops = max(1, int(min_time / max(time.perf_counter() - start, 1e-9)))
+    times = []
     for _ in range(repeat):
         gc.collect()
         gc.disable()
         try:
             start = time.perf_counter()
-            result = fn()
-            times.append(time.perf_counter() - start)
+            for _ in range(loops):
+                result = fn()
+            times.append((time.perf_counter() - start) / loops)
         finally:
             gc.enable()
     return statistics.median(times), result
@@ -375,7 +388,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{p.name}: {c.backend}" for p, c in zip(pdefs, matcher.compiled, strict=True)
     )
     print(f"rule set: {backends}")
-    print(f"python {sys.version.split()[0]}, median of {args.repeat} runs, gc off while timing")
+    print(
+        f"python {sys.version.split()[0]}, median of {args.repeat} samples "
+        f"({args.reference_repeat} for the reference) of ≥ 50 ms each, gc off while timing"
+    )
     header = (
         f"{'nodes':>9} {'fast':>9} {'reference':>10} {'ref+index':>10} {'bare loop':>10}"
         f" {'ref/fast':>9} {'matches':>8}   (µs per node)"
