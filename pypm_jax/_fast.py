@@ -813,26 +813,20 @@ class CompiledPattern:
 
 
 _by_id: dict[int, tuple[PatternDef, CompiledPattern]] = {}
-_by_value: dict[PatternDef, CompiledPattern] = {}
 _CACHE_LIMIT = 4096
 
 
 def compile_pattern(pdef: PatternDef) -> CompiledPattern:
-    """The compiled form of ``pdef``, built once per pattern (cached by identity and value)."""
+    """The compiled form of ``pdef``, built once per definition object.
+
+    Cached by identity, not by value: dataclass equality calls ``EConst(1)`` and
+    ``EConst(1.0)`` equal, yet a guard such as ``str(c) == "1"`` tells them apart, so two
+    equal-looking definitions may not share generated code.
+    """
     hit = _by_id.get(id(pdef))
     if hit is not None and hit[0] is pdef:
         return hit[1]
-    try:
-        cp = _by_value.get(pdef)
-        hashable = True
-    except TypeError:  # a guard constant that cannot be hashed
-        cp, hashable = None, False
-    if cp is None:
-        cp = CompiledPattern(pdef)
-        if hashable:
-            if len(_by_value) >= _CACHE_LIMIT:
-                _by_value.clear()
-            _by_value[pdef] = cp
+    cp = CompiledPattern(pdef)
     if len(_by_id) >= _CACHE_LIMIT:
         _by_id.clear()
     _by_id[id(pdef)] = (pdef, cp)

@@ -10,9 +10,11 @@ from engine_helpers import CAT, F1, F2, F32, G2, H2, SPLIT, A, B, C
 from pypm_jax import _fast
 from pypm_jax._calculus import (
     EAttr,
+    ECall,
     ECmp,
     EConst,
     EOpAttr,
+    GuardFn,
     PAlt,
     PApp,
     Param,
@@ -33,6 +35,7 @@ from pypm_jax._graph import Graph
 from pypm_jax._terms import Operator, const, leaf
 
 X, Y, Z = PVar("x"), PVar("y"), PVar("z")
+STR = GuardFn("str", str)
 
 
 def pdef(body, *params: str | tuple[str, str]) -> PatternDef:
@@ -247,10 +250,16 @@ def test_deep_graph_chain_matches():
 # ---------------------------------------------------------------------- compiled patterns
 
 
-def test_compiled_once_and_shared_between_equal_definitions():
+def test_compiled_once_per_definition():
     p = pdef(PApp(F1, (X,)), "x")
     assert compile_pattern(p) is compile_pattern(p)
-    assert compile_pattern(pdef(PApp(F1, (X,)), "x")) is compile_pattern(p)
+    # equal-looking definitions are compiled apart: 1 and 1.0 are equal constants to a
+    # dataclass, but not to a guard that prints them
+    one = pdef(PGuard(X, ECmp("==", ECall(STR, (EConst(1),)), EConst("1"))), "x")
+    one_f = pdef(PGuard(X, ECmp("==", ECall(STR, (EConst(1.0),)), EConst("1"))), "x")
+    assert one == one_f
+    assert _fast.match_first(one, A) is not None
+    assert _fast.match_first(one_f, A) is None
 
 
 def test_backends():

@@ -270,3 +270,49 @@ def test_graphs_whose_ids_do_not_follow_the_order():
     g2.replace_all_uses(out.inputs[0], late)
     assert [r.rule for r in rewrite(g2, [twice]).report] == ["f1f1"]
     assert repr(g2.to_terms()) == repr([G2(FUSED(B), B)])
+
+
+_DETERMINISM_SCRIPT = """
+from engine_helpers import F1, F2, G2, H2, A, B
+from pypm_jax._calculus import PApp, Param, PatternDef, PVar, RApp, RuleBranch, RuleDef, RVar
+from pypm_jax._calculus import EConst
+from pypm_jax._graph import Graph
+from pypm_jax._rewrite import rewrite
+from pypm_jax._explain import explain
+x, y = PVar("x"), PVar("y")
+p1 = PatternDef("F1x", (Param("x"),), PApp(F1, (x,)))
+p2 = PatternDef("G2F2", (Param("x"), Param("y")), PApp(G2, (PApp(F2, (x,)), y)))
+rules = [
+    RuleDef("a", p1, (RuleBranch(EConst(True), RApp(F2, (RVar("x"),))),)),
+    RuleDef("b", p2, (RuleBranch(EConst(True), RApp(H2, (RVar("x"), RVar("y")))),)),
+]
+t = A
+for i in range(300):
+    t = G2(F1(t), B) if i % 3 else H2(F1(F1(t)), G2(t, B))
+g = Graph([t, F1(B)])
+print(explain(p2, g))
+result = rewrite(g, rules)
+print(g)
+print(result.report)
+"""
+
+
+def test_identical_across_processes_with_different_hash_seeds(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    script = tmp_path / "determinism.py"
+    script.write_text(_DETERMINISM_SCRIPT)
+    outputs = []
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parent.parent)])
+        run = subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, check=True
+        )
+        outputs.append(run.stdout)
+    assert outputs[0] == outputs[1]
+    assert "a " in outputs[0] and len(outputs[0].splitlines()) > 300
