@@ -120,6 +120,12 @@ def _readers(v: Value) -> list[Node]:
     return list(dict.fromkeys(users)) if type(users) is list else list(users)
 
 
+def _short(value: Any, width: int = 60) -> str:
+    """``repr`` for printing a graph, cut short (attributes may hold whole arrays)."""
+    text = repr(value).replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 class Value:
     """One output of a node, or a graph input: what patterns are matched against.
 
@@ -375,8 +381,10 @@ class Graph:
                 name = str(t.attrs.get("name"))
                 v = self._input_names.get(name)
                 if v is None or v.shape != t.shape or v.dtype is not t.dtype:
-                    v = self.add_input(name if v is None else f"{name}_{len(self._inputs)}",
-                                       t.shape, t.dtype)  # fmt: skip
+                    unique, k = name, 1
+                    while unique in self._input_names:  # same name, another type
+                        unique, k = f"{name}_{k}", k + 1
+                    v = self.add_input(unique, t.shape, t.dtype)
             elif t.op is CONST and not t.inputs:
                 v = self.add_const(t.attrs["value"], t.shape, t.dtype)
             elif t.op.n_out == 1:
@@ -605,10 +613,10 @@ class Graph:
         for node in self.nodes():
             lhs = ", ".join(v.name for v in node.outputs)
             if node.op is CONST:
-                rhs = f"const {node.attrs.get('value')!r}"
+                rhs = f"const {_short(node.attrs.get('value'))}"
             else:
                 args = ", ".join(v.name for v in node.inputs)
-                attrs = "".join(f", {k}={val!r}" for k, val in node.attrs.items())
+                attrs = "".join(f", {k}={_short(val)}" for k, val in node.attrs.items())
                 rhs = f"{node.op.name}({args}{attrs})"
             types = ", ".join(_show_type(v.shape, v.dtype) for v in node.outputs)
             where = f"  @ {node.loc}" if node.loc is not None else ""

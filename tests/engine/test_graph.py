@@ -180,3 +180,16 @@ def test_replace_all_uses_can_keep_readers():
     g.replace_all_uses(old, top, keep=[other.node])
     assert other.inputs == (old,) and wrapped.inputs == (top,)
     assert [n.op for n in g.nodes()] == [G2, F2, F2, F1]
+
+
+def test_big_attributes_print_short_and_clashing_leaf_names_get_unique_inputs():
+    import numpy as np
+
+    g = Graph()
+    x = g.add_input("x", (1000,), "f32")
+    c = g.add_const(np.arange(1000.0))
+    g.set_outputs([g.add_node(G2, [x, c]).outputs[0]])
+    assert max(len(line) for line in str(g).splitlines()) < 120
+    t = G2(G2(leaf("p", shape=(2,)), leaf("p", shape=(3,))), leaf("p_1"))
+    names = [v.name for v in Graph([t]).inputs]
+    assert len(set(names)) == 3
