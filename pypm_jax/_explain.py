@@ -110,8 +110,8 @@ class Step:
 class Failure:
     """What stopped the deepest partial match."""
 
-    kind: str  # op_mismatch, arity_mismatch, index_mismatch, const_mismatch,
-    #            var_conflict, opvar_conflict, guard_failed, unbound
+    kind: str  # op_mismatch, arity_mismatch, index_mismatch, const_mismatch, var_conflict,
+    #            opvar_conflict, opaque_operator, guard_failed, unbound
     message: str
     fragment: Any = None
     term: Any = None
@@ -373,6 +373,15 @@ class _Tracer:
             return None, (("m", p.pat, t), (("k", p.var, p.constraint), k))
         if isinstance(p, PFunVar):
             f = t.op
+            if not f.pure:  # SEMANTICS 11: opaque operators are outside the range of F
+                return Failure(
+                    "opaque_operator",
+                    f"{p.var} ranges over pure operators only; {describe(t)} applies the "
+                    f"opaque operator {f.name}",
+                    fragment=p,
+                    term=t,
+                    found=f,
+                ), k
             if len(t.inputs) != len(p.args) or (p.n_out is not None and f.n_out != p.n_out):
                 return Failure(
                     "arity_mismatch",

@@ -23,7 +23,7 @@ from pypm_jax._calculus import (
 from pypm_jax._errors import SourceLoc
 from pypm_jax._explain import explain
 from pypm_jax._graph import Graph
-from pypm_jax._terms import const, leaf
+from pypm_jax._terms import Operator, const, leaf
 
 X, Y = PVar("x"), PVar("y")
 GUARD_LOC = SourceLoc("attention_rules.py", 42, "    assert q.rank == 4")
@@ -117,3 +117,10 @@ def test_deep_recursive_patterns_explain_without_recursion_error():
         t = F1(t)
     f = explain(p, t).best.failure
     assert f.kind in ("guard_failed", "arity_mismatch")
+
+
+def test_operator_variables_do_not_look_through_opaque_operators():
+    rng = Operator("rng", 1, pure=False)
+    p = PatternDef("AnyUnary", (Param("x"),), PFunVar("F", (X,)))
+    f = explain(p, rng(A)).best.failure
+    assert f.kind == "opaque_operator" and f.found is rng
