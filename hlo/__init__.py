@@ -1,0 +1,28 @@
+"""The StableHLO frontend: lift a module into the same pm Graph as a jaxpr, match rules there.
+
+``hlo.lift(module)`` lifts a ``jax.stages.Lowered`` (``jax.jit(f).lower(*args)``), StableHLO
+text, MLIR bytecode / a portable artifact, or a path to a file written by any XLA frontend
+into a :class:`pypm_jax.Graph` whose nodes are the JAX primitives' operators
+(``pypm_jax.jax.prims``) with JAX's attributes, so the same patterns and rules run on it.
+``hlo.find(module)`` reports where the standard rules (or yours) fire, with source lines.
+See ``docs/HLO.md``.
+"""
+
+from __future__ import annotations
+
+from ._find import SiteReport, find, normalize_rules
+from ._lift import HloError, lift, module_path, nested_graphs
+from ._ops import TABLE, OpSpec, opaque_op
+
+__all__ = [
+    "lift",
+    "find",
+    "SiteReport",
+    "HloError",
+    "normalize_rules",
+    "nested_graphs",
+    "module_path",
+    "TABLE",
+    "OpSpec",
+    "opaque_op",
+]
