@@ -31,6 +31,9 @@ __all__ = [
     "Dense",
     "TypeSpec",
     "load",
+    "load_for_editing",
+    "Editor",
+    "execute",
     "context",
     "dtype_name",
     "MLIRError",
@@ -269,6 +272,184 @@ def load(source: Any, *, small: int = 64) -> Module:
         return _Reader(small).module(module)
 
 
+def load_for_editing(source: Any, *, small: int = 64) -> tuple[Module, Editor]:
+    """A snapshot of a private copy of ``source`` and an :class:`Editor` of that copy (the
+    caller's module, e.g. a ``Lowered``'s, is never changed)."""
+    original = _ir_module(source)
+    ctx = context()
+    module = _parse_text(original.operation.get_asm(enable_debug_info=True), "module")
+    with ctx:
+        reader = _Reader(small)
+        snapshot = reader.module(module)
+    return snapshot, Editor(module, reader.handles)
+
+
+# ----------------------------------------------------------------------------- editing
+
+
+class Editor:
+    """Edits a parsed module in place: calls inserted before ops, uses replaced, functions
+    imported, dead pure ops erased. Values are the snapshot's ids."""
+
+    def __init__(self, module: Any, handles: list[Any]) -> None:
+        self.module = module
+        self.handles = handles
+        self.ctx = module.context
+        self._names: set[str] = set()
+
+    def _fresh(self, base: str) -> str:
+        table = ir.SymbolTable(self.module.operation)
+        name, i = base, 0
+        while name in self._names or _has_symbol(table, name):
+            i += 1
+            name = f"{base}_{i}"
+        self._names.add(name)
+        return name
+
+    def import_functions(self, text: str, base: str) -> str:
+        """Add the functions of the module ``text`` (its ``main`` made private and renamed
+        ``base``, the others prefixed alike); returns the new name of its ``main``."""
+        with self.ctx:
+            other = _parse_text(text, "kernel module")
+            funcs = [
+                op.operation for op in other.body.operations if op.operation.name == "func.func"
+            ]
+            renames = {}
+            for f in funcs:
+                old = f.attributes["sym_name"].value
+                renames[old] = self._fresh(base if old == "main" else f"{base}__{old}")
+            for old, new in renames.items():
+                ir.SymbolTable.replace_all_symbol_uses(old, new, other.operation)
+            for f in funcs:
+                ir.SymbolTable.set_symbol_name(f, renames[f.attributes["sym_name"].value])
+                ir.SymbolTable.set_visibility(f, "private")
+                f.detach_from_parent()
+                self.module.body.append(f)
+            return renames["main"]
+
+    def call(self, before: int, callee: str, args: list[int], result_like: int) -> int:
+        """``func.call @callee(args)`` inserted before the op defining ``before``, with the
+        type and location of value ``result_like``; returns the new value's id."""
+        anchor = self.handles[before].owner
+        like = self.handles[result_like]
+        with self.ctx, ir.InsertionPoint(anchor):
+            op = ir.Operation.create(
+                "func.call",
+                results=[like.type],
+                operands=[self.handles[a] for a in args],
+                attributes={"callee": ir.FlatSymbolRefAttr.get(callee)},
+                loc=anchor.location,
+            )
+        self.handles.append(op.results[0])
+        return len(self.handles) - 1
+
+    def clone(self, result: int, before: int, operands: list[int]) -> list[int]:
+        """A copy of the op defining value ``result`` (regions included), inserted before the
+        op defining ``before``, reading ``operands``; returns the ids of its results."""
+        source = self.handles[result].owner
+        anchor = self.handles[before].owner
+        with self.ctx:
+            copy = source.operation.clone(ip=ir.InsertionPoint(anchor))
+            for i, a in enumerate(operands):
+                copy.operands[i] = self.handles[a]
+        first = len(self.handles)
+        self.handles.extend(copy.results)
+        return list(range(first, len(self.handles)))
+
+    def replace_uses(self, old: int, new: int) -> None:
+        self.handles[old].replace_all_uses_with(self.handles[new])
+
+    def erase_dead(self, function: str, pure: Callable[[str], bool]) -> int:
+        """Erase ops of ``function``'s body whose results nothing reads and whose names
+        ``pure`` accepts (calls: if their callee is pure), to a fixpoint; returns how many."""
+        funcs = {
+            f.operation.attributes["sym_name"].value: f.operation
+            for f in self.module.body.operations
+            if f.operation.name == "func.func"
+        }
+        memo: dict[str, bool] = {}
+
+        def pure_func(name: str) -> bool:
+            if name not in memo:
+                memo[name] = False  # recursion: not pure
+                f = funcs.get(name)
+                memo[name] = f is not None and all(
+                    o.operation.name in ("func.return", "stablehlo.return") or pure_op(o.operation)
+                    for r in f.regions
+                    for b in r.blocks
+                    for o in b.operations
+                )
+            return memo[name]
+
+        def pure_op(o: Any) -> bool:
+            if o.name == "func.call":
+                return pure_func(o.attributes["callee"].value)
+            return pure(o.name) and all(
+                pure_op(x.operation) or x.operation.name == "stablehlo.return"
+                for r in o.regions
+                for b in r.blocks
+                for x in b.operations
+            )
+
+        body = funcs[function].regions[0].blocks[0]
+        erased = 0
+        changed = True
+        while changed:
+            changed = False
+            for o in reversed(list(body.operations)):
+                o = o.operation
+                if not o.results or o.name == "func.return":
+                    continue
+                if any(next(iter(r.uses), None) is not None for r in o.results):
+                    continue
+                if pure_op(o):
+                    o.erase()
+                    erased += 1
+                    changed = True
+        return erased
+
+    def text(self) -> str:
+        """The module, verified, printed with its locations."""
+        with self.ctx:
+            if not self.module.operation.verify():
+                raise FormatError("the edited module does not verify")
+            return self.module.operation.get_asm(enable_debug_info=True)
+
+
+def _has_symbol(table: Any, name: str) -> bool:
+    try:
+        table[name]
+    except KeyError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def execute(module: Any, args: list[Any]) -> list[Any]:
+    """Compile a StableHLO module for the default device and run it on ``args`` (arrays in
+    the order of ``main``'s parameters); the outputs as numpy arrays. For checking what an
+    edited module computes: XLA's own compile path, through jaxlib's client."""
+    import jax
+    from jax.extend import backend
+
+    try:
+        from jaxlib._jax import CompileOptions
+    except ImportError:  # pragma: no cover - older layouts
+        from jax._src.lib.xla_client import CompileOptions
+
+    if isinstance(module, str):
+        text = module
+    else:
+        text = _ir_module(module).operation.get_asm(enable_debug_info=True)
+    client = backend.get_backend()
+    device = client.devices()[0]
+    executable = client.compile_and_load(text, [device], CompileOptions())
+    outs = executable.execute([jax.device_put(a, device) for a in args])
+    return [np.asarray(o) for o in outs]
+
+
 # ----------------------------------------------------------------------------- types
 
 _DTYPES = {
@@ -465,6 +646,7 @@ class _Reader:
     def __init__(self, small: int) -> None:
         self.small = small
         self.ids: dict[Any, int] = {}
+        self.handles: list[Any] = []  # the ir.Value of each id (for the editor)
         self.types: dict[int, TypeSpec] = {}
         self.locs: dict[Any, Loc] = {}
 
@@ -505,6 +687,7 @@ class _Reader:
         i = self.ids.get(v)
         if i is None:
             i = self.ids[v] = len(self.ids)
+            self.handles.append(v)
             self.types[i] = _type(v.type)
         return i
 

@@ -209,6 +209,12 @@ class _Lifter:
 
     def __init__(self, mod: _compat.Module) -> None:
         self.mod = mod
+        # graph value -> id of the first MLIR value of the entry function's own block it
+        # stands for (what an editor of the module can refer to)
+        self.top: dict[Any, int] = {}
+        # graph value -> (op, result index, the reader of that op's operands) it was first
+        # lifted from: how an editor re-creates a value of an inlined function's body
+        self.origin: dict[Any, tuple[_compat.Op, int, Callable[[int], Any]]] = {}
         self.sources: dict[tuple[str, int], SourceLoc] = {}
         self.wheres: dict[tuple[_compat.Loc, _Site], tuple[SourceLoc | None, str]] = {}
         self.producers: dict[int, _compat.Op] = {}
@@ -226,7 +232,8 @@ class _Lifter:
             zip(body.args, body.arg_types, body.arg_names, strict=True)
         ):
             env[vid] = g.add_input(self._input_name(name, f"arg{i}", used), *t)
-        outs = self._block(g, body, env, _Site(), (fn.name,), None)
+            self.top[env[vid]] = vid
+        outs = self._block(g, body, env, _Site(), (fn.name,), None, top=True)
         g.set_outputs(outs)
         g.dce()  # broadcasts read through and unused reduction inits
         return g
@@ -288,6 +295,8 @@ class _Lifter:
         site: _Site,
         stack: tuple[str, ...],
         capture: Callable[[int], Any] | None,
+        *,
+        top: bool = False,
     ) -> list[Any]:
         def read(vid: int) -> Any:
             v = env.get(vid)
@@ -301,8 +310,12 @@ class _Lifter:
             for r in op.results:
                 self.producers[r] = op
             outs = self._op(g, op, read, site, stack, capture)
-            for vid, v in zip(op.results, outs, strict=False):
+            for i, (vid, v) in enumerate(zip(op.results, outs, strict=False)):
                 env[vid] = v
+                if top:
+                    self.top.setdefault(v, vid)
+                elif op.name != "func.call":
+                    self.origin.setdefault(v, (op, i, read))
         return [read(v) for v in block.returns]
 
     # ---------------------------------------------------------------- sources
