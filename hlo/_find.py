@@ -23,7 +23,7 @@ import pypm_jax as pm
 from pypm_jax._rewrite import RewriteReport
 from pypm_jax.jax import prims as P
 
-from ._lift import lift, nested_graphs
+from ._lift import lift
 
 
 class SiteReport(RewriteReport):
@@ -117,6 +117,3 @@ def _children(graph: Any) -> Any:
     for node in graph.nodes():
         if node.op.namespace == "hlo.opaque":
             yield from node.attrs.get("regions", ())
-
-
-_ = nested_graphs  # re-exported by the package

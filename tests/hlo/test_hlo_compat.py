@@ -50,6 +50,16 @@ def test_binding_names_exist():
         assert hasattr(stablehlo, name), f"jaxlib.mlir.dialects.stablehlo.{name} is gone"
     assert hasattr(chlo, "register_dialect")
     assert hasattr(_jax_mlir_ext, "register_dialects")
+    # editing (hlo.emit) and running (hlo.execute)
+    for name in ("replace_all_symbol_uses", "set_symbol_name", "set_visibility"):
+        assert hasattr(ir.SymbolTable, name), f"jaxlib.mlir.ir.SymbolTable.{name} is gone"
+    for name in ("clone", "create", "erase", "detach_from_parent", "verify", "get_asm"):
+        assert hasattr(ir.Operation, name), f"jaxlib.mlir.ir.Operation.{name} is gone"
+    assert hasattr(ir, "InsertionPoint") and hasattr(ir.Value, "replace_all_uses_with")
+    from jax.extend import backend
+    from jaxlib._jax import CompileOptions  # noqa: F401
+
+    assert hasattr(backend.get_backend(), "compile_and_load")
 
 
 def test_context_parses_stablehlo_chlo_func_and_unknown_dialects():
@@ -138,3 +148,29 @@ def test_portable_artifact_bytes():
 def test_parse_errors_are_format_errors():
     with pytest.raises(pm.FormatError, match="not a valid MLIR module"):
         _compat.load("func.func @main( this is not MLIR")
+
+
+def test_editor_imports_calls_erases_and_the_result_runs():
+    text = """
+    func.func @main(%x: tensor<3xf32>) -> tensor<3xf32> {
+      %0 = stablehlo.exponential %x : tensor<3xf32>
+      %1 = stablehlo.tanh %0 : tensor<3xf32>
+      return %1 : tensor<3xf32>
+    }
+    """
+    mod, editor = _compat.load_for_editing(text)
+    exp, tanh = mod.funcs["main"].body.ops
+    kernel = jax.jit(lambda a: jnp.sin(a) + 1.0).lower(jnp.ones(3, jnp.float32)).as_text()
+    name = editor.import_functions(kernel, "k")
+    (copy,) = editor.clone(exp.results[0], tanh.results[0], [mod.funcs["main"].body.args[0]])
+    new = editor.call(tanh.results[0], name, [copy], tanh.results[0])
+    editor.replace_uses(tanh.results[0], new)
+    assert editor.erase_dead("main", lambda op: op.startswith("stablehlo.")) == 2  # tanh, exp
+    out = editor.text()
+    assert [op.name for op in _compat.load(out).funcs["main"].body.ops] == [
+        "stablehlo.exponential",
+        "func.call",
+    ]
+    x = np.linspace(0.0, 1.0, 3, dtype=np.float32)
+    (got,) = _compat.execute(out, [x])
+    np.testing.assert_allclose(got, np.sin(np.exp(x)) + 1.0, rtol=1e-6)
