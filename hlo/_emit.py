@@ -69,7 +69,7 @@ def emit(
     ``rules`` (default: the standard library) and return the new module's text."""
     snapshot, editor = _compat.load_for_editing(module, small=SMALL_CONST_ELEMENTS)
     fn = _entry(snapshot, function)
-    lifter = _Lifter(snapshot)
+    lifter = _Lifter(snapshot, track=True)
     graph = lifter.function(fn)
     if rules is None:
         from pypm_jax.rules import default_rules

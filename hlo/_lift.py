@@ -207,8 +207,9 @@ def _identity(binop: str, dtype: str | None) -> Any:
 class _Lifter:
     """One lifting run over a snapshot module."""
 
-    def __init__(self, mod: _compat.Module) -> None:
+    def __init__(self, mod: _compat.Module, *, track: bool = False) -> None:
         self.mod = mod
+        self.track = track  # keep what an editor of the module needs (hlo.emit)
         # graph value -> id of the first MLIR value of the entry function's own block it
         # stands for (what an editor of the module can refer to)
         self.top: dict[Any, int] = {}
@@ -312,6 +313,8 @@ class _Lifter:
             outs = self._op(g, op, read, site, stack, capture)
             for i, (vid, v) in enumerate(zip(op.results, outs, strict=False)):
                 env[vid] = v
+                if not self.track:
+                    continue
                 if top:
                     self.top.setdefault(v, vid)
                 elif op.name != "func.call":
