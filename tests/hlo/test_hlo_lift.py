@@ -365,3 +365,29 @@ def test_a_module_without_functions_is_an_hlo_error():
 def test_wrong_python_types_are_type_errors():
     with pytest.raises(TypeError, match="expected a jax.stages.Lowered"):
         hlo.lift(42)
+
+
+def test_mutated_modules_lift_or_raise_a_typed_error(lowered):
+    """Random edits of a real module: each one lifts, or raises a pm error; none crashes."""
+    import random
+
+    text = lowered.as_text(debug_info=True)
+    rng = random.Random(0)
+    outcomes = {"lifted": 0, "error": 0}
+    for _ in range(60):
+        chars = list(text)
+        for _ in range(rng.randint(1, 4)):
+            j = rng.randrange(len(chars))
+            r = rng.random()
+            if r < 0.4:
+                del chars[j]
+            elif r < 0.7:
+                chars[j] = rng.choice('0123456789%[]{}()<>x,:@"# ')
+            else:
+                chars.insert(j, rng.choice("0123456789%x, "))
+        try:
+            hlo.lift("".join(chars))
+            outcomes["lifted"] += 1
+        except pm.PyPMError:
+            outcomes["error"] += 1
+    assert outcomes["error"] > 0 and sum(outcomes.values()) == 60
