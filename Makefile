@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(PY) -m pypm_jax.demo
 
 test: $(STAMP)
-	$(PY) -m ruff check pypm_jax pallas_kernels tests benchmarks
+	$(PY) -m ruff check pypm_jax pallas_kernels hlo tests benchmarks
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
