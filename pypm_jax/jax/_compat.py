@@ -1,13 +1,24 @@
 """The one place that touches JAX internals (STYLE.md, practice 10).
 
 Everything the bridge needs from JAX beyond its documented API goes through a function here,
-and ``tests/jax/test_compat.py`` exercises each of them, so a JAX upgrade that moves one fails
-loudly in one test instead of silently degrading lifting (e.g. losing source lines).
+and ``tests/jax/test_jax_compat.py`` exercises each of them, so a JAX upgrade that moves one
+fails loudly in one test instead of silently degrading lifting (e.g. losing source lines).
 
 Used here: ``jax.extend.core`` (Jaxpr, ClosedJaxpr, Literal, Var, Primitive, the primitive
 objects), ``Primitive.get_bind_params`` (how ``eval_jaxpr`` re-binds call primitives),
-``jax._src.source_info_util`` (user frames, name stacks) and
-``jax._src.interpreters.partial_eval.convert_constvars_jaxpr`` (hoisting a body's consts).
+``jax._src.source_info_util`` (user frames, name stacks),
+``jax._src.interpreters.partial_eval.convert_constvars_jaxpr`` (hoisting a body's consts), and
+the params of control-flow equations, whose form changes between JAX versions.
+
+Supported: jax 0.10.2 (the pin) and jax 0.11.2. What moved between them, and where it is
+absorbed here:
+
+* ``ClosedJaxpr`` and ``Jaxpr`` are one class on 0.11 (a ``Jaxpr`` carries its consts, and
+  ``.jaxpr`` is a legacy accessor returning itself): :func:`body_parts`.
+* ``scan`` params ``num_consts``/``num_carry`` became ``ft_in``/``ft_out`` (flat trees of the
+  (consts, carry, xs) inputs and (carry, ys) outputs): :func:`control_params`.
+* ``reduce_max``/``reduce_min`` gained ``out_sharding`` and ``top_k`` gained ``is_stable``:
+  :func:`absent_params` / :func:`adapt_params`.
 """
 
 from __future__ import annotations
@@ -31,6 +42,13 @@ __all__ = [
     "closed_jaxpr",
     "jaxpr_as_fun",
     "is_tracer",
+    "has_tracers",
+    "JAX_VERSION",
+    "body_parts",
+    "control_params",
+    "CONTROL_PARAMS",
+    "absent_params",
+    "adapt_params",
 ]
 
 import linecache
@@ -52,6 +70,8 @@ JaxprEqn = _jex.JaxprEqn
 Literal = _jex.Literal
 Var = _jex.Var
 Primitive = _jex.Primitive
+
+JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__)
 
 # ------------------------------------------------------------------------------ primitives
 
@@ -197,6 +217,10 @@ def is_tracer(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
+def has_tracers(values: Sequence[Any]) -> bool:
+    return any(isinstance(v, jax.core.Tracer) for v in values)
+
+
 def closed_jaxpr(jaxpr: Any, consts: Sequence[Any]) -> Any:
     return ClosedJaxpr(jaxpr, list(consts))
 
@@ -204,3 +228,87 @@ def closed_jaxpr(jaxpr: Any, consts: Sequence[Any]) -> Any:
 def is_extended_dtype(dtype: Any) -> bool:
     """PRNG key types and other extended dtypes have no numpy equivalent."""
     return jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+
+
+# ------------------------------------------------------------------------------ versioned params
+
+
+def body_parts(body: Any) -> tuple[Any, list[Any]]:
+    """A body param (of ``scan``, ``while``, ``cond``, ``jit``, ``custom_jvp_call``, ...) as
+    ``(jaxpr, consts)``, with ``jaxpr.constvars`` paired with ``consts``.
+
+    jax 0.10 gives a ``ClosedJaxpr`` (``.jaxpr`` + ``.consts``) or an open ``Jaxpr`` (no
+    consts: ``remat2``); jax 0.11 merged the two classes, a ``Jaxpr`` carrying its consts.
+    """
+    consts = list(getattr(body, "consts", None) or ())
+    inner = getattr(body, "jaxpr", body)
+    if not isinstance(inner, Jaxpr):
+        raise TypeError(f"expected a jaxpr, got {type(body).__name__}")
+    if len(inner.constvars) != len(consts):
+        raise TypeError(
+            f"a jaxpr with {len(inner.constvars)} constvars came with {len(consts)} consts"
+        )
+    return inner, consts
+
+
+# The version-independent params of the nested (control-flow) primitives: lifted nodes carry
+# these as attrs whatever JAX produced, and lowering reads them.
+CONTROL_PARAMS: dict[str, tuple[str, ...]] = {
+    "scan": ("reverse", "length", "jaxpr", "num_consts", "num_carry", "unroll"),
+    "while": ("cond_jaxpr", "body_jaxpr", "cond_nconsts", "body_nconsts"),
+    "cond": ("branches",),
+}
+
+
+def control_params(prim_name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A ``scan``/``while``/``cond`` equation's params in the form :data:`CONTROL_PARAMS` names.
+
+    ``scan``: jax 0.10 has ``num_consts``/``num_carry``; jax 0.11 replaced them by ``ft_in``
+    (a flat tree of the (consts, carry, xs) inputs) and ``ft_out`` ((carry, ys)). The body's
+    inputs are consts, carry, xs and its outputs carry, ys in both. Anything else raises, so
+    a JAX that changes these params again fails here, not with a wrong lowering.
+    """
+    want = CONTROL_PARAMS.get(prim_name)
+    if want is None:
+        raise KeyError(f"{prim_name} is not a control-flow primitive")
+    if prim_name == "scan" and "num_consts" not in params and "ft_in" in params:
+        parts = params["ft_in"].unpack()
+        if len(parts) != 3:
+            raise TypeError(f"scan ft_in has {len(parts)} parts, expected (consts, carry, xs)")
+        n_consts, n_carry, _ = (len(p) for p in parts)
+        n_carry_out = len(params["ft_out"].unpack()[0])
+        if n_carry_out != n_carry:
+            raise TypeError(f"scan ft_out has {n_carry_out} carries, ft_in {n_carry}")
+        params = {**params, "num_consts": n_consts, "num_carry": n_carry}
+    missing = [k for k in want if k not in params]
+    if missing:
+        raise TypeError(
+            f"unsupported {prim_name} params on jax {jax.__version__}: {sorted(params)} "
+            f"(missing {missing}); update pypm_jax.jax._compat.control_params"
+        )
+    return {k: params[k] for k in want}
+
+
+# Params that only some supported JAX versions give a primitive, with the first version that
+# has each. The op table lists them (a rule may set them); lowering an op a rule built drops
+# the ones the installed JAX does not take.
+_PARAMS_SINCE: dict[tuple[str, str], tuple[int, int]] = {
+    ("reduce_max", "out_sharding"): (0, 11),
+    ("reduce_min", "out_sharding"): (0, 11),
+    ("top_k", "is_stable"): (0, 11),
+}
+
+
+def absent_params(prim_name: str) -> frozenset[str]:
+    """Params the op table lists for ``prim_name`` that the installed JAX does not take."""
+    return frozenset(
+        param
+        for (name, param), since in _PARAMS_SINCE.items()
+        if name == prim_name and JAX_VERSION[:2] < since
+    )
+
+
+def adapt_params(prim_name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` without the ones the installed JAX does not take for ``prim_name``."""
+    absent = absent_params(prim_name)
+    return {k: v for k, v in params.items() if k not in absent} if absent else params

@@ -143,11 +143,14 @@ def _graph_cls() -> Any:
 
 def lift(closed_jaxpr: Any, *, in_names: Sequence[str] | None = None) -> LiftedProgram:
     """Lift a ``ClosedJaxpr`` (from ``jax.make_jaxpr``) into a :class:`LiftedProgram`."""
-    return _Lifter().program(closed_jaxpr.jaxpr, closed_jaxpr.consts, None, in_names)
+    jaxpr, consts = _compat.body_parts(closed_jaxpr)
+    return _Lifter().program(jaxpr, consts, None, in_names)
 
 
 def lift_jaxpr(jaxpr: Any, consts: Sequence[Any] = ()) -> LiftedProgram:
-    """Lift an open ``Jaxpr`` with explicit consts."""
+    """Lift an open ``Jaxpr`` with explicit consts (the values of its constvars)."""
+    body = _compat.closed_jaxpr(jaxpr, consts) if len(consts) else jaxpr
+    jaxpr, consts = _compat.body_parts(body)
     return _Lifter().program(jaxpr, consts, None, None)
 
 
@@ -294,8 +297,8 @@ class _Lifter:
                 # equations become opaque one by one, the rest of its body stays matchable
                 kind = "opaque"
             if kind == "inline":
-                body = eqn.params[_INLINE_BODY[prim.name]]
-                outs = self._inline(prog, body.jaxpr, body.consts, ins, stack, regions, loc)
+                jaxpr, consts = _compat.body_parts(eqn.params[_INLINE_BODY[prim.name]])
+                outs = self._inline(prog, jaxpr, consts, ins, stack, regions, loc)
             elif kind == "region":
                 outs = self._region(prog, eqn, ins, stack, regions, loc)
             else:
@@ -328,8 +331,7 @@ class _Lifter:
         regions: list[Region],
         loc: SourceLoc | None,
     ) -> list[Any]:
-        body = eqn.params[_REGION_BODY[eqn.primitive.name]]
-        jaxpr, consts = (body.jaxpr, body.consts) if hasattr(body, "consts") else (body, ())
+        jaxpr, consts = _compat.body_parts(eqn.params[_REGION_BODY[eqn.primitive.name]])
         region = Region(
             id=self._next_region,
             primitive=eqn.primitive,
@@ -367,10 +369,13 @@ class _Lifter:
             attrs: dict[str, Any] = {}
         else:
             op = op_for(prim.name, n_out)
-            attrs = lift_attrs(eqn.params)
             if kind == "nested":
+                # the version-independent params (jax 0.11 changed scan's)
+                attrs = lift_attrs(_compat.control_params(prim.name, eqn.params))
                 for name in NESTED_PARAMS[prim.name]:
-                    attrs[name] = self._bodies(eqn.params[name], stack, loc)
+                    attrs[name] = self._bodies(attrs[name], stack, loc)
+            else:
+                attrs = lift_attrs(eqn.params)
         info = EqnInfo(
             primitive=prim,
             params=dict(eqn.params),
@@ -400,4 +405,5 @@ class _Lifter:
     def _bodies(self, value: Any, stack: Any, loc: SourceLoc | None) -> Any:
         if isinstance(value, tuple):
             return tuple(self._bodies(v, stack, loc) for v in value)
-        return self.program(value.jaxpr, value.consts, stack, None, loc)
+        jaxpr, consts = _compat.body_parts(value)
+        return self.program(jaxpr, consts, stack, None, loc)

@@ -55,7 +55,7 @@ def lower_attrs(prim_name: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
     params = dict(spec.defaults) if spec is not None else {}
     for k, v in attrs.items():
         params[k] = numpy_dtype(v) if k in DTYPE_PARAMS else v
-    return params
+    return _compat.adapt_params(prim_name, params)
 
 
 def infer_types(prim_name: str, inputs: tuple[Any, ...], attrs: Mapping[str, Any]) -> Any:
@@ -300,7 +300,7 @@ def _run_node(node: Any, env: dict[int, Any]) -> None:
             outs = _call_impl(node, impl, args)
     elif info is not None and info.kind == "nested":
         with _compat.source_context(source_info):
-            outs = _NESTED[op.name](node, info.params, args)
+            outs = _NESTED[op.name](node, _compat.control_params(op.name, info.params), args)
     elif info is not None:
         out = _compat.bind(info.primitive, args, info.params, source_info, info.ctx)
         outs = list(out) if info.primitive.multiple_results else [out]

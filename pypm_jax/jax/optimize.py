@@ -139,7 +139,7 @@ def _user_stacklevel() -> int:
 
 
 def _has_tracers(values: Sequence[Any]) -> bool:
-    return any(isinstance(v, jax.core.Tracer) for v in values)
+    return _compat.has_tracers(values)
 
 
 def _describe(exc: BaseException) -> str:

@@ -161,7 +161,11 @@ _def("select_n", None, "select")  # predicate, then one case per value of the pr
 _def("clamp", 3, "ternary_pointwise")  # clamp(lo, x, hi)
 
 # ---------------------------------------------------------------- reductions
-for _n in ("reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor"):
+# Params only some supported JAX versions have (out_sharding of reduce_max/min and is_stable
+# of top_k: jax >= 0.11) are listed; lowering drops them on a JAX without them (_compat).
+for _n in ("reduce_max", "reduce_min"):
+    _def(_n, 1, "reduction", ("axes", "out_sharding"), defaults={"out_sharding": None})
+for _n in ("reduce_prod", "reduce_and", "reduce_or", "reduce_xor"):
     _def(_n, 1, "reduction", ("axes",))
 _def("reduce_sum", 1, "reduction", ("axes", "out_sharding"), defaults={"out_sharding": None})
 for _n in ("argmax", "argmin"):
@@ -238,7 +242,7 @@ _def(
     "iota", 0, "creation", ("dtype", "shape", "dimension", "sharding"), defaults={"sharding": None}
 )
 _def("sort", None, "sort", ("dimension", "is_stable", "num_keys"))  # one output per operand
-_def("top_k", 1, "sort", ("k", "axis"), n_out=2)
+_def("top_k", 1, "sort", ("k", "axis", "is_stable"), n_out=2, defaults={"is_stable": True})
 
 # ---------------------------------------------------------------- calls: bodies lifted in place
 _JIT = ("jaxpr", "in_shardings", "out_shardings", "in_layouts", "out_layouts", "donated_invars",
@@ -262,6 +266,7 @@ _def(
 _def("remat2", None, "call", ("jaxpr", "prevent_cse", "differentiated", "policy"), kind="region")
 
 # ---------------------------------------------------------------- control flow: nested graphs
+# attrs: the version-independent params (_compat.CONTROL_PARAMS), whatever JAX gives
 _def(
     "scan",
     None,

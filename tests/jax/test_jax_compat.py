@@ -11,6 +11,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from pypm_jax.jax import _compat
 
@@ -111,3 +112,102 @@ def test_constvars_and_extended_dtypes():
     seen = []
     jax.jit(lambda x: seen.append(_compat.is_tracer(x)) or x)(1.0)
     assert seen == [True] and not _compat.is_tracer(jnp.ones(1))
+
+
+def test_jax_version_is_a_supported_one():
+    # the versions docs/JAX.md lists as verified; a new one needs a run of tests/jax and
+    # tests/rules, then an entry here and there
+    assert _compat.JAX_VERSION[:3] in {(0, 10, 2), (0, 11, 2)}, jax.__version__
+
+
+def _control_eqns(x):
+    w = jnp.arange(3.0)
+
+    def f(x):
+        y = jax.lax.scan(lambda c, a: (c + a * w[0], (c * a, a + 1.0)), x[0], x)[1][0]
+        y = jax.lax.while_loop(lambda c: c[0] < w[2], lambda c: (c[0] + 1, c[1] * w), (0.0, y))
+        return jax.lax.cond(y[1].sum() > 0, lambda a: a + w, lambda a: a - 1, y[1])
+
+    return {e.primitive.name: e for e in _eqns(f, x).jaxpr.eqns}
+
+
+# The raw params JAX gives control-flow equations, per supported version: a JAX that changes
+# them again fails here first (then teach _compat.control_params the new form).
+_RAW_CONTROL_PARAMS = {
+    "scan": [
+        {"reverse", "length", "jaxpr", "num_consts", "num_carry", "unroll"},  # jax 0.10.2
+        {"reverse", "length", "jaxpr", "ft_in", "ft_out", "unroll"},  # jax 0.11.2
+    ],
+    "while": [{"cond_jaxpr", "body_jaxpr", "cond_nconsts", "body_nconsts"}],
+    "cond": [{"branches"}],
+}  # fmt: skip
+
+
+def test_control_params_are_version_independent():
+    eqns = _control_eqns(jnp.ones(3))
+    for name, known in _RAW_CONTROL_PARAMS.items():
+        raw = set(eqns[name].params)
+        assert raw in known, f"jax {jax.__version__} gives {name} params {sorted(raw)}"
+
+    scan = _compat.control_params("scan", dict(eqns["scan"].params))
+    assert set(scan) == set(_compat.CONTROL_PARAMS["scan"])
+    # one closed-over const (w), one carry, two ys: the body takes consts, carry, xs
+    assert (scan["num_consts"], scan["num_carry"], scan["length"]) == (1, 1, 3)
+    assert scan["reverse"] is False and scan["unroll"] == 1
+    body, consts = _compat.body_parts(scan["jaxpr"])
+    n_in = scan["num_consts"] + scan["num_carry"] + 1
+    assert len(body.invars) + len(consts) == n_in and len(eqns["scan"].invars) == n_in
+    assert len(body.outvars) == len(eqns["scan"].outvars)
+
+    wl = _compat.control_params("while", dict(eqns["while"].params))
+    assert (wl["cond_nconsts"], wl["body_nconsts"]) == (1, 1)
+    cd = _compat.control_params("cond", dict(eqns["cond"].params))
+    assert len(cd["branches"]) == 2
+
+    with pytest.raises(TypeError, match="unsupported scan params"):
+        _compat.control_params("scan", {"jaxpr": scan["jaxpr"], "length": 3})
+    with pytest.raises(KeyError):
+        _compat.control_params("add", {})
+
+
+def test_body_parts_of_every_body_param():
+    closed = _eqns(lambda x: x + np.arange(100.0, dtype=np.float32), jnp.ones(100))
+    jaxpr, consts = _compat.body_parts(closed)
+    assert isinstance(jaxpr, _compat.Jaxpr) and len(consts) == len(jaxpr.constvars) == 1
+    assert len(jaxpr.invars) == 1
+
+    @jax.custom_jvp
+    def cj(x):
+        return jnp.sin(x)
+
+    cj.defjvps(lambda g, ans, x: g * jnp.cos(x))
+
+    def f(x):
+        return jax.jit(jnp.cos)(x) + jax.checkpoint(jnp.sin)(x) + cj(x)
+
+    eqns = {e.primitive.name: e for e in _eqns(f, jnp.ones(3)).jaxpr.eqns}
+    for name, param in (("jit", "jaxpr"), ("remat2", "jaxpr"), ("custom_jvp_call", "call_jaxpr")):
+        jaxpr, consts = _compat.body_parts(eqns[name].params[param])
+        assert isinstance(jaxpr, _compat.Jaxpr), name
+        assert len(jaxpr.invars) == len(eqns[name].invars) and not consts, name
+    for body in _control_eqns(jnp.ones(3))["cond"].params["branches"]:
+        assert isinstance(_compat.body_parts(body)[0], _compat.Jaxpr)
+    with pytest.raises(TypeError, match="expected a jaxpr"):
+        _compat.body_parts(object())
+
+
+def test_versioned_params_bind_on_the_installed_jax():
+    x = jnp.arange(6.0).reshape(2, 3)
+    table = {"reduce_max": {"axes": (1,), "out_sharding": None},
+             "reduce_min": {"axes": (1,), "out_sharding": None},
+             "top_k": {"k": 2, "axis": 1, "is_stable": True}}  # fmt: skip
+    raw = {e.primitive.name: set(e.params) for e in _eqns(
+        lambda x: [jax.lax.reduce_max(x, (1,)), jax.lax.reduce_min(x, (1,)),
+                   *jax.lax.top_k(x, 2)], x).jaxpr.eqns}  # fmt: skip
+    for name, params in table.items():
+        adapted = _compat.adapt_params(name, params)
+        assert set(adapted) == raw[name] == set(params) - _compat.absent_params(name), name
+        out = _compat.bind(_compat.primitive_by_name(name), [x], adapted)
+        assert (out[0] if isinstance(out, list | tuple) else out).shape[0] == 2
+    assert _compat.adapt_params("add", {}) == {}
+    assert _compat.has_tracers([1, jnp.ones(1)]) is False

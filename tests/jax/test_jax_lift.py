@@ -427,3 +427,18 @@ def test_deep_graphs_lower_without_recursion():
     closed = jax.make_jaxpr(f)(x)
     out = lower(lift(closed))(x)[0]
     np.testing.assert_allclose(out, jax.jit(f)(x), rtol=1e-6)
+
+
+def test_lift_jaxpr_takes_open_jaxprs_with_or_without_consts():
+    from pypm_jax.jax import _compat
+    from pypm_jax.jax.lift import lift_jaxpr
+
+    w = np.arange(100.0, dtype=np.float32)
+    x = jnp.linspace(0.0, 1.0, 100)
+    jaxpr, consts = _compat.body_parts(jax.make_jaxpr(lambda x: x + w)(x))
+    with_consts = lift_jaxpr(jaxpr, consts)  # constvars bound to the consts given
+    assert len(with_consts.inputs) == 1
+    np.testing.assert_allclose(lower(with_consts)(x)[0], x + w)
+    as_inputs = lift_jaxpr(_compat.convert_constvars(jaxpr))  # constvars as leading inputs
+    assert len(as_inputs.inputs) == 2
+    np.testing.assert_allclose(lower(as_inputs)(w, x)[0], x + w)
