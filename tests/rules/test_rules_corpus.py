@@ -13,7 +13,16 @@ from dataclasses import dataclass
 
 import corpus
 import pytest
-from rules_helpers import check, driver_counts_shared_constants, kernel_nodes, rewrite
+from rules_helpers import (
+    CORPUS_BF16,
+    CORPUS_SITES,
+    assert_kernels_run_as,
+    build_corpus_model,
+    check,
+    corpus_params,
+    kernel_nodes,
+    rewrite,
+)
 
 
 @dataclass(frozen=True)
@@ -30,87 +39,29 @@ SMALL = Size(hidden=64, heads=2)
 LLAMA = Size(hidden=128, heads=4)  # 4 query heads on the corpus's 2 kv heads
 BF16 = Size(hidden=64, heads=2, dtype="bfloat16")
 
-# Sites per model (2 layers each). BERT and ViT return the pooler too (dense + tanh). BART:
-# encoder self, decoder self and cross attention per layer. Llama's MLP gate is a dense
-# + SiLU without bias. A scanned stack has one layer body, rewritten once for all layers.
-MODELS = {
-    "bert": (lambda: corpus.hf_bert(SMALL), {"attention_bias": 2, "gemm_epilogue": 3}),
-    "gpt2": (lambda: corpus.hf_gpt2(SMALL), {"attention_bias": 2, "gemm_epilogue": 2}),
-    "llama": (
-        lambda: corpus.hf_llama(LLAMA),
-        {"attention_bias": 2, "gemm_epilogue_no_bias": 2},
-    ),
-    "vit": (lambda: corpus.hf_vit(SMALL), {"attention": 2, "gemm_epilogue": 3}),
-    "bart": (lambda: corpus.hf_bart(SMALL), {"attention_bias": 6, "gemm_epilogue": 4}),
-    "distilbert": (
-        lambda: corpus.hf_distilbert(SMALL),
-        {"attention_bias": 2, "gemm_epilogue": 2},
-    ),
-    "linen_mha": (lambda: corpus.linen_mha(False, SMALL), {"attention": 1}),
-    "linen_mha_masked": (lambda: corpus.linen_mha(True, SMALL), {"attention_mask": 1}),
-    "nnx_mha": (lambda: corpus.nnx_mha(False, SMALL), {"attention_dpa": 1}),
-    "nnx_mha_masked": (lambda: corpus.nnx_mha(True, SMALL), {"attention_dpa_mask": 1}),
-    "linen_scan": (
-        lambda: corpus.linen_scan(False, SMALL),
-        {"attention": 1, "gemm_epilogue": 1},
-    ),
-    "linen_scan_remat": (
-        lambda: corpus.linen_scan(True, SMALL),
-        {"attention": 1, "gemm_epilogue": 1},
-    ),
-}
-HF = {"bert", "gpt2", "llama", "vit", "bart", "distilbert"}
 
-# The graph hash-conses constants (one 0.5 for every GELU of a model; one all-ones head
-# mask, ``convert(broadcast(1.0))`` sliced per layer, for every BERT layer). A driver whose
-# single_use check counts them as interior values read outside the match rewrites only the
-# first site of each kind; these models wait for it to ignore constants there.
-SHARES_LITERALS = {"bert", "gpt2", "vit", "bart", "distilbert"}
-SHARES_CONSTANT_NODES = {"bert"}
-_STRICT_LITERALS = driver_counts_shared_constants()
-_STRICT_NODES = driver_counts_shared_constants(chain=True)
+def _build(name, size=None):
+    fn, args, desc = build_corpus_model(name, size or (LLAMA if name == "llama" else SMALL))
+    return fn, args, desc, CORPUS_SITES[name]
 
 
-def _params(names):
-    out = []
-    for n in names:
-        strict = (n in SHARES_LITERALS and _STRICT_LITERALS) or (
-            n in SHARES_CONSTANT_NODES and _STRICT_NODES
-        )
-        mark = pytest.mark.xfail(
-            strict,
-            reason="rewrite driver: single_use counts shared constants as interior values",
-            strict=True,
-        )
-        out.append(pytest.param(n, marks=mark) if strict else n)
-    return out
-
-
-def _build(name):
-    if name in HF and not corpus.has_transformers():
-        pytest.skip("transformers is not installed")
-    build, counts = MODELS[name]
-    return (*build(), counts)
-
-
-@pytest.mark.parametrize("name", _params(MODELS))
+@pytest.mark.parametrize("name", corpus_params(CORPUS_SITES))
 def test_every_site_rewritten_outputs_and_gradients_match(name):
     fn, args, desc, counts = _build(name)
     check(fn, args, counts, what=desc, grad=True)
 
 
-@pytest.mark.parametrize("name", _params(["bert", "linen_mha_masked", "nnx_mha"]))
+@pytest.mark.parametrize("name", corpus_params(CORPUS_BF16))
 def test_bf16_models(name):
-    builders = {
-        "bert": (lambda: corpus.hf_bert(BF16), {"attention_bias": 2, "gemm_epilogue": 3}),
-        "linen_mha_masked": (lambda: corpus.linen_mha(True, BF16), {"attention_mask": 1}),
-        "nnx_mha": (lambda: corpus.nnx_mha(False, BF16), {"attention_dpa": 1}),
-    }
-    if name in HF and not corpus.has_transformers():
-        pytest.skip("transformers is not installed")
-    build, counts = builders[name]
-    fn, args, desc = build()
+    fn, args, desc, counts = _build(name, BF16)
     check(fn, args, counts, what=desc)
+
+
+def test_kernels_are_pallas_calls_in_scan_bodies_too():
+    """The check test_rules_corpus_gpu.py makes with Triton kernels, here interpreted."""
+    fn, args, _desc, _counts = _build("linen_scan")
+    fast, _, _ = rewrite(fn, args)
+    assert_kernels_run_as(fast, args, "interpret")
 
 
 def test_report_names_the_user_source_and_module():
