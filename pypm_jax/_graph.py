@@ -528,6 +528,9 @@ class Graph:
                 touched.append(node)
                 if len(work) > before:
                     merged.append(node)
+                    # the node it merged into gains readers (and may be one a caller is
+                    # replacing right now): report it, so a rewrite driver revisits it
+                    touched.append(work[-1][1].node)
         for node in merged:
             if node._alive and not any(v._users for v in node.outputs):
                 if not any(o is v for v in node.outputs for o in self._outputs):

@@ -201,6 +201,7 @@ class _Driver:
         self.made_by: dict[int, int] = {}  # node made by this run -> its record
         self.new_rank: dict[int, tuple[int, int]] = {}  # node made by this run -> rank
         self.queued: set[int] = set()
+        self.changed = False  # did the latest rewrite that fired change the graph?
         guard = compile_guard if self.fast else _interpreted_guard
         self.guards = [[guard(b.guard) for b in r.branches] for r in rules]
         self.params = [[(p.name, p.kind == "op") for p in r.pattern.params] for r in rules]
@@ -292,6 +293,8 @@ class _Driver:
                 else:
                     fired = self.try_reference(ri, pdef, cp, v, pos)
                 if fired:
+                    if not self.changed:
+                        break  # a rule matched and left the graph as it was: next output
                     if node._alive and len(node.outputs) > 1:
                         self.push(node, pos)
                     return
@@ -415,12 +418,21 @@ class _Driver:
             raise self.limit_error(rule, rnode)
         inst = _Instantiate(g, rule, m, root)
         pairs = inst.pairs(branch.result)
+        self.changed = False
         if all(old is new for old, new in pairs):
             return True  # the result is the root itself: nothing to do
         created = {i: n for i, n in inst.built.items() if i >= inst.mark}
         touched: list[Node] = []
+        outputs_changed = False
         for old, new in pairs:  # the result's own nodes keep reading the root (x → f(x))
+            outputs_changed = outputs_changed or (old is not new and g.is_output(old))
             touched += g.replace_all_uses(old, new, keep=inst.built.values())
+        if not touched and not outputs_changed:
+            # x → f(x) where only f(x) itself reads x: the graph is the same; a rewrite
+            # that changes nothing is no rewrite (and must not show in the report)
+            g.remove_dead(created.values())
+            return True
+        self.changed = True
         removed = g.remove_dead([rnode])
         self.const_memo.clear()  # inputs changed somewhere: recompute on demand
         record = RewriteRecord(

@@ -316,3 +316,46 @@ def test_identical_across_processes_with_different_hash_seeds(tmp_path):
         outputs.append(run.stdout)
     assert outputs[0] == outputs[1]
     assert "a " in outputs[0] and len(outputs[0].splitlines()) > 300
+
+
+# -- fixpoints ---------------------------------------------------------------------------
+
+COLLAPSE = rule(
+    "collapse",
+    pdef("F1F1", PApp(F1, (PApp(F1, (X,)),)), "x"),
+    RApp(F1, (RVar("x"),)),
+)
+
+
+@pytest.mark.parametrize("depth", range(1, 8))
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_collapsing_a_chain_reaches_the_fixpoint(depth, engine):
+    # f1(f1(x)) -> f1(x) on f1^n(a): replacing f1^2 by f1 turns the f1^3 above it into a
+    # hash-cons duplicate of the f1^2 being replaced; the merged node must be revisited
+    t = A
+    for _ in range(depth):
+        t = F1(t)
+    g = Graph([t])
+    report = rewrite(g, [COLLAPSE], engine=engine).report
+    assert g.to_terms() == [F1(A)]
+    assert len(report) == depth - 1
+
+
+@given(
+    st.lists(st.tuples(pattern_defs(depth=2), guards(("x", "y"), ("F",))), min_size=1, max_size=3),
+    dags(max_nodes=8),
+)
+def test_a_rewritten_graph_is_a_fixpoint(rules_, pool):
+    # whatever the rules, rewriting the result again fires nothing
+    g = Graph(pool[-3:])
+    rules = [
+        rule(f"r{i}", p, RuleBranch(guard, RApp(FUSED, (RVar("x"),))), RApp(F2, (RVar("x"),)))
+        for i, (p, guard) in enumerate(rules_)
+    ]
+    try:
+        rewrite(g, rules, max_iterations=60)
+    except PyPMError:
+        return  # cycling rule sets (or results using unbound names) are tested elsewhere
+    before = str(g)
+    assert not rewrite(g, rules, max_iterations=60).report
+    assert str(g) == before
