@@ -16,10 +16,19 @@ gets there by running that machine ahead of time instead of at match time:
   Guards are inlined where "undefined" and "false" coincide (a conjunction of rank, dtype
   and constant comparisons at the top of a guard); anything else becomes a small generated
   function with the evaluation rules of :mod:`pypm_jax._guards`.
-* **An iterative machine** (recursive patterns, and patterns too branchy to generate): the
-  paper's machine with a trail instead of copied substitutions, so backtracking costs the
-  bindings it undoes, and an explicit continuation and stack, so a 100 000-deep chain never
-  touches the Python stack.
+  A recursive sub-pattern inside a generated pattern becomes a ``for`` loop over the
+  solutions of the iterative machine run from it (``_sub``): a failure after it resumes the
+  machine, which is the reference machine's backtracking into the recursion. Both share one
+  fresh-name counter, so names still match the reference.
+* **An iterative machine** (patterns that are one recursive definition, and patterns too
+  branchy to generate): the paper's machine with a trail instead of copied substitutions,
+  so backtracking costs the bindings it undoes, and an explicit continuation and stack, so
+  a 100 000-deep chain never touches the Python stack. It never copies a μ-body: entering
+  a definition makes an environment (parameters -> arguments, each ∃ -> its fresh name),
+  so an unfolding costs what the match visits, not the body's size.
+* **A structural pre-check** in front of the machine: the operators and arities a match
+  must have in its first three levels (``x <= q`` constraints included), computed once per
+  pattern; a term that fails it has no match, so the machine is not started.
 
 :class:`Matcher` indexes many patterns by the operators their root can have; a value is only
 tried against the patterns of its operator (plus those whose root can be anything), and most
@@ -77,7 +86,7 @@ from ._dtypes import DType
 from ._errors import PatternDefinitionError
 from ._guards import guard_holds, op_attr
 from ._match import Match
-from ._subst import FreshNames, unfold
+from ._subst import FreshNames, rename_expr, unfold
 from ._terms import CONST, UNDEFINED, Operator, const_equal, term_attr
 
 RawSolution = tuple[dict[str, Any], dict[str, Operator], tuple[Any, ...]]
@@ -87,7 +96,9 @@ RawSolution = tuple[dict[str, Any], dict[str, Operator], tuple[Any, ...]]
 # generated path opens one. Patterns deeper than this run on the iterative machine.
 _MAX_BLOCKS = 18
 # Generated paths duplicate the continuation after an alternate; cap the code size.
-_MAX_LINES = 6000
+_MAX_LINES = 1000
+# Entries kept per compile cache (patterns, guards, μ-bodies) before it is cleared.
+_CACHE_LIMIT = 4096
 
 
 # ----------------------------------------------------------------------- runtime helpers
@@ -132,7 +143,17 @@ def _dtype(t: Any) -> Any:
     return d
 
 
+def _sub(
+    mu: PMu, args: tuple, t: Any, theta: dict[str, Any], phi: dict[str, Any], cell: list[int]
+) -> Any:
+    """Generated code's call of a recursive sub-pattern: the trail machine from ``mu`` with
+    ``args`` (its arguments' names at run time: fresh names are only known then) at ``t``,
+    with the caller's bindings of them and the caller's fresh-name counter."""
+    return _trail_machine(PMu(mu.name, mu.params, args, mu.body), t, theta, phi, cell)
+
+
 _RUNTIME = {
+    "_sub": _sub,
     "CONST": CONST,
     "const_equal": const_equal,
     "_T": _truth,
@@ -248,22 +269,139 @@ def _has_call(p: Pattern) -> bool:
     return False
 
 
+def _calls_self(mu: PMu) -> bool:
+    """Does ``mu``'s body refer to ``mu`` itself (a recursive definition)?"""
+    stack = [mu.body]
+    while stack:
+        q = stack.pop()
+        match q:
+            case PCall(name, _):
+                if name == mu.name:
+                    return True
+            case PApp(_, args, _) | PFunVar(_, args, _, _):
+                stack.extend(args)
+            case PAlt(left, right):
+                stack += [left, right]
+            case PGuard(pat, _) | PExists(_, pat, _):
+                stack.append(pat)
+            case PConstr(pat, _, constraint):
+                stack += [pat, constraint]
+            case PMu(name, _, _, body):
+                if name != mu.name:  # an inner definition of the same name shadows
+                    stack.append(body)
+    return False
+
+
+def _closed(mu: PMu) -> bool:
+    """Does ``mu`` (its arguments aside) mention only its parameters, variables it binds
+    with ∃ and definitions inside it? Then a machine run of it needs only the caller's
+    bindings of its arguments."""
+
+    def scope_ok(p: Pattern, names: frozenset[str], defs: frozenset[str]) -> bool:
+        match p:
+            case PVar(name):
+                return name in names
+            case PConst():
+                return True
+            case PApp(_, args, _):
+                return all(scope_ok(a, names, defs) for a in args)
+            case PFunVar(var, args, _, _):
+                return var in names and all(scope_ok(a, names, defs) for a in args)
+            case PAlt(left, right):
+                return scope_ok(left, names, defs) and scope_ok(right, names, defs)
+            case PGuard(pat, guard):
+                used: set[str] = set()
+                _expr_names(guard, used)
+                return used <= names and scope_ok(pat, names, defs)
+            case PExists(var, body, _):
+                return scope_ok(body, names | {var}, defs)
+            case PConstr(pat, var, constraint):
+                return (
+                    var in names and scope_ok(pat, names, defs) and scope_ok(constraint, names, defs)
+                )
+            case PMu(name, params, args, body):
+                if not all(not isinstance(a, str) or a in names for a in args):
+                    return False
+                inner = frozenset(x.name for x in params)
+                return scope_ok(body, inner, defs | {name})
+            case PCall(name, args):
+                return name in defs and all(not isinstance(a, str) or a in names for a in args)
+        return False
+
+    try:
+        return scope_ok(mu.body, frozenset(x.name for x in mu.params), frozenset((mu.name,)))
+    except RecursionError:
+        return False
+
+
+def _definitely_bound(mu: PMu) -> frozenset[int]:
+    """Indices of ``mu``'s parameters that every solution of it binds (greatest fixpoint
+    over the recursive references), so generated code knows them bound after a call."""
+
+    def binds(p: Pattern, assumed: dict[str, tuple[tuple[str, ...], frozenset[int]]]) -> set:
+        match p:
+            case PVar(name):
+                return {name}
+            case PConst():
+                return set()
+            case PApp(_, args, _):
+                return set().union(*(binds(a, assumed) for a in args))
+            case PFunVar(var, args, _, _):
+                return {var}.union(*(binds(a, assumed) for a in args))
+            case PAlt(left, right):
+                return binds(left, assumed) & binds(right, assumed)
+            case PGuard(pat, _):
+                return binds(pat, assumed)
+            case PExists(var, body, _):
+                return binds(body, assumed) - {var}
+            case PConstr(pat, _, constraint):
+                return binds(pat, assumed) | binds(constraint, assumed)
+            case PMu(name, params, args, body):
+                got = fixpoint(name, params, body, assumed)
+                return {args[i] for i in got if isinstance(args[i], str)}
+            case PCall(name, args):
+                entry = assumed.get(name)
+                if entry is None:
+                    return set()
+                return {args[i] for i in entry[1] if isinstance(args[i], str)}
+        return set()
+
+    def fixpoint(name, params, body, assumed) -> frozenset[int]:
+        names = tuple(x.name for x in params)
+        current = frozenset(range(len(params)))
+        while True:
+            inner = {**assumed, name: (names, current)}
+            got = binds(body, inner)
+            new = frozenset(i for i, n in enumerate(names) if n in got) & current
+            if new == current:
+                return current
+            current = new
+
+    try:
+        return fixpoint(mu.name, mu.params, mu.body, {})
+    except RecursionError:
+        return frozenset()
+
+
 # ------------------------------------------------------------------------ code generation
 
 
 class _State:
     """What is statically known on one generated path: bound variables and matched terms."""
 
-    __slots__ = ("tvars", "ovars", "struct")
+    __slots__ = ("tvars", "ovars", "struct", "extra_theta", "extra_phi")
 
     def __init__(self) -> None:
         self.tvars: dict[str, str] = {}  # θ name -> Python local holding the term
         self.ovars: dict[str, str] = {}  # φ name -> Python local holding the operator
         self.struct: list[str] = []  # locals of terms matched by applications/literals
+        self.extra_theta: list[str] = []  # θ dicts of sub-machine solutions on this path
+        self.extra_phi: list[str] = []
 
     def copy(self) -> _State:
         s = _State()
         s.tvars, s.ovars, s.struct = dict(self.tvars), dict(self.ovars), list(self.struct)
+        s.extra_theta, s.extra_phi = list(self.extra_theta), list(self.extra_phi)
         return s
 
 
@@ -295,6 +433,7 @@ class _Codegen:
         self.helpers: list[str] = []
         self.blocks = 0  # alternates emitted: none means at most one solution
         self._consts: dict[int, str] = {}
+        self.ctr = "ctr"  # the fresh-name counter: a local, or a cell shared with machines
 
     # -- small utilities
 
@@ -320,7 +459,11 @@ class _Codegen:
     def function(self, body: Pattern) -> str:
         name = "_first" if self.mode == "first" else "_all"
         self.lines.append(f"def {name}(t0):")
-        self.line(1, "ctr = 1")
+        if _has_call(body):  # recursive sub-patterns run on machines sharing the counter
+            self.ctr = "C[0]"
+            self.line(1, "C = [1]")
+        else:
+            self.line(1, "ctr = 1")
         fail = "return None" if self.mode == "first" else "return"
         self.emit([("m", body, "t0")], _State(), 1, fail, 0)
         if self.mode == "all":
@@ -397,6 +540,9 @@ class _Codegen:
                         line(ind, f"if {cond} or {t}.op is not {bound}: {fail}")
                     if n:
                         self._unpack(p.args, k, ind)
+                elif cls is PMu and _calls_self(p):  # recursive: a machine, in a loop
+                    self.submachine(p, t, k, st, ind, fail, depth)
+                    return
                 elif cls is PMu:  # ST-Match-Mu, unfolded now; fresh numbers at run time
                     counter = self.local("b")
                     supply = _FreshSupply(counter)
@@ -405,8 +551,8 @@ class _Codegen:
                     except TypeError as exc:  # the machine raises this at run time
                         raise _Unsupported(str(exc)) from None
                     if supply.count:
-                        line(ind, f"{counter} = ctr")
-                        line(ind, f"ctr += {supply.count}")
+                        line(ind, f"{counter} = {self.ctr}")
+                        line(ind, f"{self.ctr} += {supply.count}")
                     k.append(("m", q, t))
                 else:  # PCall, or something unknown: the machine decides
                     raise _Unsupported(f"cannot generate code for {type(p).__name__}")
@@ -426,6 +572,61 @@ class _Codegen:
                 k.append(("m", pat, bound))
         self.success(st, ind, fail)
 
+    def submachine(
+        self, p: PMu, t: str, k: list[tuple], st: _State, ind: int, fail: str, depth: int
+    ) -> None:
+        """A recursive sub-pattern: ``for`` each solution of the trail machine run from
+        ``p`` at ``t`` (given the arguments bound so far), the rest of the continuation.
+
+        A failure in the rest resumes the machine (``continue``): its next solution is the
+        reference machine's next backtrack point inside ``p``. After the loop, the
+        enclosing failure. The machine's θ and φ (its fresh names included) and matched
+        terms join the solution. Needs ``p`` closed (it reads no variable of the caller but
+        its arguments) and every argument unbound at the call bound by every solution.
+        """
+        if depth >= _MAX_BLOCKS:
+            raise _Unsupported("too many nested alternates")
+        if not _closed(p):
+            raise _Unsupported(f"recursive {p.name} reads variables it is not passed")
+        definite = _definitely_bound(p)
+        theta_in: list[str] = []
+        phi_in: list[str] = []
+        after: list[tuple[str, str, str]] = []  # (kind, caller name, runtime key expr)
+        for i, (param, arg) in enumerate(zip(p.params, p.args, strict=True)):
+            if not isinstance(arg, str):
+                continue  # an operator: the machine's unfolding substitutes it
+            is_op = param.kind == "op"
+            bound = (st.ovars if is_op else st.tvars).get(arg)
+            key = _name_expr(arg)
+            if bound is not None:
+                (phi_in if is_op else theta_in).append(f"{key}: {bound}")
+            elif i in definite:
+                after.append(("op" if is_op else "term", arg, key))
+            else:
+                raise _Unsupported(f"recursive {p.name} may leave {arg} unbound")
+        mu = self.const(p)
+        args = "".join(
+            f"{_name_expr(a) if isinstance(a, str) else self.const(a)}, " for a in p.args
+        )
+        sol, th, ph, sx = (self.local(x) for x in ("s", "th", "ph", "sx"))
+        self.blocks += 1
+        self.line(
+            ind,
+            f"for {sol} in _sub({mu}, ({args}), {t}, {{{', '.join(theta_in)}}}, "
+            f"{{{', '.join(phi_in)}}}, C):",
+        )
+        inner = st.copy()
+        self.line(ind + 1, f"{th}, {ph}, {sx} = {sol}")
+        for kind, arg, key in after:
+            loc = self.local("o" if kind == "op" else "t")
+            self.line(ind + 1, f"{loc} = {ph if kind == 'op' else th}[{key}]")
+            (inner.ovars if kind == "op" else inner.tvars)[arg] = loc
+        inner.extra_theta.append(th)
+        inner.extra_phi.append(ph)
+        inner.struct.append(f"*{sx}")
+        self.emit(k, inner, ind + 1, "continue", depth + 1)
+        self.line(ind, fail)
+
     def _unpack(self, args: tuple[Pattern, ...], k: list[tuple], ind: int) -> None:
         locs = [self.local("t") for _ in args]
         self.line(ind, f"{', '.join(locs)}, = a")
@@ -433,8 +634,14 @@ class _Codegen:
             k.append(("m", arg, loc))
 
     def success(self, st: _State, ind: int, fail: str) -> None:
-        theta = ", ".join(f"{_name_expr(n)}: {v}" for n, v in st.tvars.items())
-        phi = ", ".join(f"{_name_expr(n)}: {v}" for n, v in st.ovars.items())
+        theta = ", ".join(
+            [f"**{x}" for x in st.extra_theta]
+            + [f"{_name_expr(n)}: {v}" for n, v in st.tvars.items()]
+        )
+        phi = ", ".join(
+            [f"**{x}" for x in st.extra_phi]
+            + [f"{_name_expr(n)}: {v}" for n, v in st.ovars.items()]
+        )
         struct = "".join(f"{s}, " for s in st.struct)
         if self.mode == "first":
             self.line(ind, f"return {{{theta}}}, {{{phi}}}, ({struct})")
@@ -585,21 +792,65 @@ def _generate(body: Pattern) -> tuple[Callable, Callable, str, bool]:
 
 # ------------------------------------------------------------------ the iterative machine
 
-# Actions: (tag, a, b) with tag 0 = match(a, b), 1 = guard(a), 2 = checkName(a, kind b),
-# 3 = matchConstr(a, b). The continuation is a cons list (action, rest) | None.
+# Actions: (tag, a, b, ctx) with tag 0 = match(a, b), 1 = guard(a), 2 = checkName(a, kind b),
+# 3 = matchConstr(a, b); ``ctx`` is the context they run in (see below). The continuation is
+# a cons list (action, rest) | None.
 _MATCH, _GUARD, _CHECK, _CONSTR = 0, 1, 2, 3
 
 
-def _count_exists(p: Pattern) -> int:
-    """How many fresh names one unfolding of a body with this pattern draws."""
-    n = 0
-    stack = [p]
+class _BodyInfo:
+    """What entering a μ-definition's body needs, computed once per body object.
+
+    ``offsets``: each ∃ of the body (outside nested definitions) -> its place in the order
+    in which an unfolding draws fresh names (``_subst._rename``'s pre-order), so its name is
+    ``var#(base + offset)``; ``count``: how many names an unfolding draws; ``pvars``: the
+    variables used as terms, in that order and not shadowed by an ∃ (an unfolding that
+    binds one of them to an operator is an error); ``shared``: an ∃ node occurs twice, so
+    offsets are ambiguous and this body is unfolded the slow way.
+    """
+
+    __slots__ = ("offsets", "count", "pvars", "shared")
+
+    def __init__(self, body: Pattern):
+        self.offsets: dict[int, int] = {}
+        self.pvars: list[str] = []
+        self.shared = False
+        seen_pvars: set[str] = set()
+        stack: list[tuple[Pattern, frozenset[str]]] = [(body, frozenset())]
+        while stack:  # pre-order, left to right, as _rename draws names
+            q, shadow = stack.pop()
+            match q:
+                case PVar(name):
+                    if name not in shadow and name not in seen_pvars:
+                        seen_pvars.add(name)
+                        self.pvars.append(name)
+                case PApp(_, args, _) | PFunVar(_, args, _, _):
+                    stack.extend((a, shadow) for a in reversed(args))
+                case PAlt(left, right):
+                    stack += [(right, shadow), (left, shadow)]
+                case PGuard(pat, _):
+                    stack.append((pat, shadow))
+                case PExists(var, inner, _):
+                    if id(q) in self.offsets:
+                        self.shared = True
+                    self.offsets[id(q)] = len(self.offsets)
+                    stack.append((inner, shadow | {var}))
+                case PConstr(pat, _, constraint):
+                    stack += [(constraint, shadow), (pat, shadow)]
+        self.count = len(self.offsets)
+        if self.shared:
+            self.count = sum(1 for _ in _exists_nodes(body))
+
+
+def _exists_nodes(body: Pattern) -> Iterator[PExists]:
+    """Every ∃ of a body outside nested definitions, repeats included."""
+    stack = [body]
     while stack:
         q = stack.pop()
         match q:
-            case PExists(_, body, _):
-                n += 1
-                stack.append(body)
+            case PExists(_, inner, _):
+                yield q
+                stack.append(inner)
             case PApp(_, args, _) | PFunVar(_, args, _, _):
                 stack.extend(args)
             case PAlt(left, right):
@@ -608,40 +859,122 @@ def _count_exists(p: Pattern) -> int:
                 stack.append(pat)
             case PConstr(pat, _, constraint):
                 stack += [pat, constraint]
-    return n
 
 
-def _trail_machine(body: Pattern, t0: Any) -> Iterator[RawSolution]:
+class _ByIdentity:
+    """A cache keyed by an object's identity (patterns are compared by identity: equal-
+    looking ones may differ, see ``compile_pattern``). It holds the key object, so its id is
+    not reused while its entry lives; bounded by clearing when full."""
+
+    __slots__ = ("make", "entries")
+
+    def __init__(self, make: Callable[[Any], Any]):
+        self.make = make
+        self.entries: dict[int, tuple[Any, Any]] = {}
+
+    def __call__(self, key: Any) -> Any:
+        hit = self.entries.get(id(key))
+        if hit is not None and hit[0] is key:
+            return hit[1]
+        value = self.make(key)
+        if len(self.entries) >= _CACHE_LIMIT:
+            self.entries.clear()
+        self.entries[id(key)] = (key, value)
+        return value
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+_body_info = _ByIdentity(_BodyInfo)
+
+
+class _CellFresh:
+    """``FreshNames`` drawing from a counter cell ``[next number]``."""
+
+    __slots__ = ("cell",)
+
+    def __init__(self, cell: list[int]):
+        self.cell = cell
+
+    def __call__(self, name: str) -> str:
+        n = self.cell[0]
+        self.cell[0] = n + 1
+        return f"{name.split('#', 1)[0]}#{n}"
+
+
+# A context: (env, body info, fresh base, scope). ``env`` maps the variables of the body
+# being run to the names (or operators) they stand for — an unfolding's substitution,
+# applied lazily; ``scope`` maps the names of the enclosing definitions to (params, body),
+# which is how a recursive reference finds its definition. At the top: no renaming.
+_TOP_CTX: tuple = ({}, None, 0, {})
+
+
+def _enter(
+    name: str, params: tuple, args: tuple, body: Pattern, ctx: tuple, cell: list[int]
+) -> tuple[Pattern, tuple]:
+    """ST-Match-Mu: the pattern and context that run one unfolding of a definition."""
+    env, _, _, scope = ctx
+    resolved = tuple(env.get(a, a) if isinstance(a, str) else a for a in args)
+    info = _body_info(body)
+    if info.shared:  # ambiguous ∃ offsets: unfold it the reference's way
+        q = unfold(PMu(name, params, resolved, body), _CellFresh(cell))
+        return q, ({}, None, 0, scope)
+    new_env = {x.name: y for x, y in zip(params, resolved, strict=True)}
+    for v in info.pvars:
+        op = new_env.get(v)
+        if isinstance(op, Operator):
+            raise TypeError(f"term variable {v} instantiated with operator {op.name}")
+    base = cell[0]
+    cell[0] = base + info.count
+    return body, (new_env, info, base, {**scope, name: (params, body)})
+
+
+def _trail_machine(
+    body: Pattern,
+    t0: Any,
+    theta: dict[str, Any] | None = None,
+    phi: dict[str, Operator] | None = None,
+    cell: list[int] | None = None,
+) -> Iterator[RawSolution]:
     """The paper's machine with a trail: yields ``(θ, φ, matched terms)`` per solution.
 
     Bindings live in two dicts that are changed in place; the trail records each binding so
-    that backtracking to a saved point undoes exactly the bindings made since.
+    that backtracking to a saved point undoes exactly the bindings made since. ``theta`` and
+    ``phi`` (copied) are bindings made before ``body`` is reached (generated code running a
+    recursive sub-pattern passes the arguments it has bound); ``cell`` is the fresh-name
+    counter ``[next number]``, shared with that code.
+
+    ST-Match-Mu does not copy the body: entering ``μP(xs)[ys]. p`` makes a context whose
+    environment maps ``xs`` to ``ys`` (and each ∃ met later to its fresh name), and every
+    variable is looked up there when reached: the unfolding ``p[μP.p/P][ys/xs]`` with fresh
+    ∃ names, exactly, at the cost of what the match visits rather than of the body's size.
     """
-    fresh = FreshNames()
-    theta: dict[str, Any] = {}
-    phi: dict[str, Operator] = {}
+    if cell is None:
+        cell = [1]
+    theta = {} if theta is None else dict(theta)
+    phi = {} if phi is None else dict(phi)
     trail: list[tuple[dict, str]] = []
     struct: list[Any] = []
     stack: list[tuple[int, int, Any]] = []  # (trail length, struct length, continuation)
-    unfolded: dict[tuple, tuple[Pattern, Pattern]] = {}  # one run: unfoldings without ∃
-    n_exists: dict[int, tuple[Pattern, int]] = {}
-    k: Any = ((_MATCH, body, t0), None)
+    k: Any = ((_MATCH, body, t0, _TOP_CTX), None)
 
     while True:
         if k is None:  # ST-Success
             yield dict(theta), dict(phi), tuple(struct)
             ok = False
         else:
-            (tag, a, b), k = k
+            (tag, a, b, ctx), k = k
             ok = True
             if tag == _MATCH:
                 cls = type(a)
                 t = b
                 if cls is PVar:
-                    bound = theta.get(a.name)
+                    name = ctx[0].get(a.name, a.name)
+                    bound = theta.get(name)
                     if bound is None:
-                        theta[a.name] = t
-                        trail.append((theta, a.name))
+                        theta[name] = t
+                        trail.append((theta, name))
                     elif bound is not t:
                         ok = False
                 elif cls is PApp:
@@ -650,7 +983,7 @@ def _trail_machine(body: Pattern, t0: Any) -> Iterator[RawSolution]:
                     if t.op is a.op and t.index == a.index and len(ins) == len(args):
                         struct.append(t)
                         for i in range(len(args) - 1, -1, -1):
-                            k = ((_MATCH, args[i], ins[i]), k)
+                            k = ((_MATCH, args[i], ins[i], ctx), k)
                     else:
                         ok = False
                 elif cls is PConst:
@@ -659,19 +992,30 @@ def _trail_machine(body: Pattern, t0: Any) -> Iterator[RawSolution]:
                     else:
                         ok = False
                 elif cls is PAlt:
-                    stack.append((len(trail), len(struct), ((_MATCH, a.right, t), k)))
-                    k = ((_MATCH, a.left, t), k)
+                    stack.append((len(trail), len(struct), ((_MATCH, a.right, t, ctx), k)))
+                    k = ((_MATCH, a.left, t, ctx), k)
                 elif cls is PGuard:
-                    k = ((_MATCH, a.pat, t), ((_GUARD, a.guard, None), k))
+                    k = ((_MATCH, a.pat, t, ctx), ((_GUARD, a.guard, None, ctx), k))
                 elif cls is PExists:
-                    k = ((_MATCH, a.body, t), ((_CHECK, a.var, a.kind), k))
+                    env, info, base, scope = ctx
+                    if info is None:  # at the top, or in a body unfolded already
+                        name = a.var
+                    else:
+                        name = f"{a.var.split('#', 1)[0]}#{base + info.offsets[id(a)]}"
+                    if name != env.get(a.var, a.var):
+                        ctx = ({**env, a.var: name}, info, base, scope)
+                    k = ((_MATCH, a.body, t, ctx), ((_CHECK, name, a.kind, ctx), k))
                 elif cls is PConstr:
-                    k = ((_MATCH, a.pat, t), ((_CONSTR, a.var, a.constraint), k))
+                    var = ctx[0].get(a.var, a.var)
+                    k = ((_MATCH, a.pat, t, ctx), ((_CONSTR, var, a.constraint, ctx), k))
                 elif cls is PFunVar:
                     f = t.op
                     ins = t.inputs
                     args = a.args
-                    if (
+                    var = ctx[0].get(a.var, a.var)
+                    if isinstance(var, Operator):  # instantiated: an application of it
+                        ok = f is var and t.index == a.index and len(ins) == len(args)
+                    elif (
                         len(ins) != len(args)
                         or t.index != a.index
                         or (a.n_out is not None and f.n_out != a.n_out)
@@ -679,40 +1023,32 @@ def _trail_machine(body: Pattern, t0: Any) -> Iterator[RawSolution]:
                     ):
                         ok = False
                     else:
-                        bound = phi.get(a.var)
+                        bound = phi.get(var)
                         if bound is None:
-                            phi[a.var] = f
-                            trail.append((phi, a.var))
+                            phi[var] = f
+                            trail.append((phi, var))
                         elif bound is not f:
                             ok = False
-                        if ok:
-                            struct.append(t)
-                            for i in range(len(args) - 1, -1, -1):
-                                k = ((_MATCH, args[i], ins[i]), k)
+                    if ok:
+                        struct.append(t)
+                        for i in range(len(args) - 1, -1, -1):
+                            k = ((_MATCH, args[i], ins[i], ctx), k)
                 elif cls is PMu:
-                    body_id = id(a.body)
-                    entry = n_exists.get(body_id)
-                    if entry is None or entry[0] is not a.body:
-                        entry = (a.body, _count_exists(a.body))
-                        n_exists[body_id] = entry
-                    if entry[1]:
-                        q = unfold(a, fresh)
-                    else:  # no fresh names drawn: the unfolding depends on (body, args) only
-                        key = (body_id, a.name, a.params, a.args)
-                        hit = unfolded.get(key)
-                        if hit is None or hit[0] is not a.body:
-                            hit = (a.body, unfold(a, fresh))
-                            unfolded[key] = hit
-                        q = hit[1]
-                    k = ((_MATCH, q, t), k)
+                    q, inner = _enter(a.name, a.params, a.args, a.body, ctx, cell)
+                    k = ((_MATCH, q, t, inner), k)
                 elif cls is PCall:
-                    raise PatternDefinitionError(
-                        f"recursive reference {show(a)} outside a definition μ{a.name}"
-                    )
+                    d = ctx[3].get(a.name)
+                    if d is None:
+                        raise PatternDefinitionError(
+                            f"recursive reference {show(a)} outside a definition μ{a.name}"
+                        )
+                    q, inner = _enter(a.name, d[0], a.args, d[1], ctx, cell)
+                    k = ((_MATCH, q, t, inner), k)
                 else:
                     raise TypeError(f"not a pattern: {a!r}")
             elif tag == _GUARD:
-                ok = guard_holds(a, theta, phi)
+                env = ctx[0]
+                ok = guard_holds(rename_expr(a, env) if env else a, theta, phi)
             elif tag == _CHECK:
                 ok = a in (phi if b == "op" else theta)
             else:  # _CONSTR
@@ -720,7 +1056,7 @@ def _trail_machine(body: Pattern, t0: Any) -> Iterator[RawSolution]:
                 if bound is None:
                     ok = False
                 else:
-                    k = ((_MATCH, b, bound), k)
+                    k = ((_MATCH, b, bound, ctx), k)
         if not ok:  # backtrack(stk)
             if not stack:
                 return
@@ -748,7 +1084,14 @@ def _root_ops(p: Pattern, budget: list[int]) -> frozenset[Operator] | None:
             a = _root_ops(left, budget)
             b = _root_ops(right, budget) if a is not None else None
             return None if a is None or b is None else a | b
-        case PGuard(pat, _) | PExists(_, pat, _) | PConstr(pat, _, _):
+        case PConstr(pat, var, constraint):
+            a = _root_ops(pat, budget)
+            if _root_var(pat) != var:
+                return a
+            # `x <= q` where x is the root itself: the root matches q too
+            b = _root_ops(constraint, budget)
+            return b if a is None else a if b is None else a & b
+        case PGuard(pat, _) | PExists(_, pat, _):
             return _root_ops(pat, budget)
         case PMu():
             try:
@@ -758,9 +1101,120 @@ def _root_ops(p: Pattern, budget: list[int]) -> frozenset[Operator] | None:
     return None  # PVar, PFunVar, PCall: anything
 
 
+def _root_var(p: Pattern) -> str | None:
+    """The variable that the first action of matching ``p`` binds to the root, if any."""
+    while True:
+        match p:
+            case PVar(name):
+                return name
+            case PGuard(pat, _) | PExists(_, pat, _) | PConstr(pat, _, _):
+                p = pat
+            case _:
+                return None
+
+
 def root_operators(pdef: PatternDef) -> frozenset[Operator] | None:
     """Operators a match of ``pdef`` can be rooted at, or None when it can be any."""
-    return _root_ops(pdef.body, [64])
+    return _root_ops(pdef.body, [1000])
+
+
+# A shape: None (any term) or a list of alternatives (op or None, arity or None, kids), kids
+# being None (not looked at) or one shape per input. A necessary condition for a match.
+_Shape = list | None
+_SHAPE_DEPTH = 3
+_SHAPE_ALTS = 64
+
+
+def _shape(p: Pattern, depth: int, budget: list[int], cons: Mapping[str, Pattern]) -> _Shape:
+    """What every term ``p`` matches looks like, ``depth`` levels down. ``cons`` holds the
+    constraints ``x <= q`` that every match of the enclosing pattern checks: θ is global,
+    so wherever ``x`` occurs the term there is θ(x), which must match ``q``."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return None
+    match p:
+        case PVar(name):
+            q = cons.get(name)
+            if q is None:
+                return None
+            return _shape(q, depth, budget, {n: c for n, c in cons.items() if n != name})
+        case PConst():
+            return [(CONST, None, None)]
+        case PApp(_, args, _) | PFunVar(_, args, _, _):
+            kids = None
+            if depth > 0:
+                kids = tuple(_shape(a, depth - 1, budget, cons) for a in args)
+                if all(k is None for k in kids):
+                    kids = None
+            return [(p.op if isinstance(p, PApp) else None, len(args), kids)]
+        case PAlt(left, right):
+            a = _shape(left, depth, budget, cons)
+            b = _shape(right, depth, budget, cons) if a is not None else None
+            if a is None or b is None or len(a) + len(b) > _SHAPE_ALTS:
+                return None
+            return a + b
+        case PConstr(pat, var, constraint):
+            return _shape(pat, depth, budget, {**cons, var: constraint})
+        case PGuard(pat, _) | PExists(_, pat, _):
+            return _shape(pat, depth, budget, cons)
+        case PMu():
+            try:
+                return _shape(unfold(p, FreshNames()), depth, budget, cons)
+            except TypeError:
+                return None
+    return None  # PCall: anything
+
+
+def _fits(shape: list, t: Any) -> bool:
+    for op, n, kids in shape:
+        if op is not None and t.op is not op:
+            continue
+        ins = t.inputs
+        if n is not None and len(ins) != n:
+            continue
+        if kids is None or all(k is None or _fits(k, i) for k, i in zip(kids, ins, strict=True)):
+            return True
+    return False
+
+
+def _error_free(body: Pattern) -> bool:
+    """Can matching ``body`` never raise (every recursive reference bound, no definition
+    instantiated with an operator)? Only then may a pre-check skip running it: the machine
+    must raise where the reference would."""
+    stack: list[tuple[Pattern, frozenset[str]]] = [(body, frozenset())]
+    while stack:
+        q, defs = stack.pop()
+        match q:
+            case PApp(_, args, _) | PFunVar(_, args, _, _):
+                stack.extend((a, defs) for a in args)
+            case PAlt(left, right):
+                stack += [(left, defs), (right, defs)]
+            case PGuard(pat, _) | PExists(_, pat, _):
+                stack.append((pat, defs))
+            case PConstr(pat, _, constraint):
+                stack += [(pat, defs), (constraint, defs)]
+            case PMu(name, _, args, inner):
+                if any(not isinstance(a, str) for a in args):
+                    return False
+                stack.append((inner, defs | {name}))
+            case PCall(name, args):
+                if name not in defs or any(not isinstance(a, str) for a in args):
+                    return False
+    return True
+
+
+def _prefilter(body: Pattern) -> list | None:
+    """A cheap structural test of the first few levels below a root that every match
+    passes (None: no useful test). Used in front of the machine only."""
+    try:
+        if not _error_free(body):
+            return None
+        shape = _shape(body, _SHAPE_DEPTH, [2000], {})
+    except RecursionError:
+        return None
+    if shape is None or all(kids is None for _, _, kids in shape):
+        return None  # the root operator index already does this much
+    return shape
 
 
 class CompiledPattern:
@@ -771,7 +1225,7 @@ class CompiledPattern:
     generated Python for inspection (empty for the machine).
     """
 
-    __slots__ = ("pdef", "backend", "source", "root_ops", "unique", "_first", "_all")
+    __slots__ = ("pdef", "backend", "source", "root_ops", "unique", "_first", "_all", "_shape")
 
     def __init__(self, pdef: PatternDef, *, backend: str | None = None):
         self.pdef = pdef
@@ -780,7 +1234,8 @@ class CompiledPattern:
         self.backend = "machine"
         self.unique = False  # True: at most one solution, so first() is all there is
         body = pdef.body
-        if backend != "machine" and not _has_call(body):
+        if backend != "machine" and not (isinstance(body, PMu) and _calls_self(body)):
+            # (a pattern that is one recursive definition gains nothing from a wrapper)
             try:
                 self._first, self._all, self.source, self.unique = _generate(body)
                 self.backend = "generated"
@@ -788,13 +1243,21 @@ class CompiledPattern:
                 if backend == "generated":
                     raise
         if self.backend == "machine":
-            self._all = lambda t, _b=body: _trail_machine(_b, t)
+            self._shape = _prefilter(body)
+            self._all = self._machine_all
             self._first = self._machine_first
 
     def _machine_first(self, t: Any) -> RawSolution | None:
+        if self._shape is not None and not _fits(self._shape, t):
+            return None
         for sol in _trail_machine(self.pdef.body, t):
             return sol
         return None
+
+    def _machine_all(self, t: Any) -> Iterator[RawSolution]:
+        if self._shape is not None and not _fits(self._shape, t):
+            return iter(())
+        return _trail_machine(self.pdef.body, t)
 
     def first(self, t: Any) -> RawSolution | None:
         """The machine's first (θ, φ, matched terms) at ``t``, or None."""
@@ -812,8 +1275,7 @@ class CompiledPattern:
         return f"<CompiledPattern {self.pdef.name} ({self.backend})>"
 
 
-_by_id: dict[int, tuple[PatternDef, CompiledPattern]] = {}
-_CACHE_LIMIT = 4096
+_compiled = _ByIdentity(CompiledPattern)
 
 
 def compile_pattern(pdef: PatternDef) -> CompiledPattern:
@@ -823,26 +1285,19 @@ def compile_pattern(pdef: PatternDef) -> CompiledPattern:
     ``EConst(1.0)`` equal, yet a guard such as ``str(c) == "1"`` tells them apart, so two
     equal-looking definitions may not share generated code.
     """
-    hit = _by_id.get(id(pdef))
-    if hit is not None and hit[0] is pdef:
-        return hit[1]
-    cp = CompiledPattern(pdef)
-    if len(_by_id) >= _CACHE_LIMIT:
-        _by_id.clear()
-    _by_id[id(pdef)] = (pdef, cp)
-    return cp
+    return _compiled(pdef)
 
 
 # ---------------------------------------------------------------------- compiled guards
 
-_guards: dict[int, tuple[Expr, Callable[[Mapping[str, Any], Mapping[str, Any]], bool]]] = {}
 
 
 def compile_guard(g: Expr) -> Callable[[Mapping[str, Any], Mapping[str, Any]], bool]:
     """``guard_holds(g, θ, φ)`` as generated Python (cached per expression object)."""
-    hit = _guards.get(id(g))
-    if hit is not None and hit[0] is g:
-        return hit[1]
+    return _compiled_guards(g)
+
+
+def _compile_guard(g: Expr) -> Callable[[Mapping[str, Any], Mapping[str, Any]], bool]:
     names: set[str] = set()
     _expr_names(g, names)
     ns: dict[str, Any] = dict(_RUNTIME)
@@ -862,10 +1317,10 @@ def compile_guard(g: Expr) -> Callable[[Mapping[str, Any], Mapping[str, Any]], b
         lines.append(f"    return bool({body})")
         exec(compile("\n".join(gen.helpers + lines) + "\n", "<pypm-guard>", "exec"), ns)
         fn = ns["_guard"]
-    if len(_guards) >= _CACHE_LIMIT:
-        _guards.clear()
-    _guards[id(g)] = (g, fn)
     return fn
+
+
+_compiled_guards = _ByIdentity(_compile_guard)
 
 
 # ------------------------------------------------------------------------- the public API

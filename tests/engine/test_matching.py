@@ -265,6 +265,14 @@ def test_compiled_once_per_definition():
 def test_backends():
     assert compile_pattern(pdef(PApp(F1, (X,)), "x")).backend == "generated"
     assert compile_pattern(chain_pattern()).backend == "machine"
+    # a recursive sub-pattern inside: generated code that runs a machine for the recursion
+    inner = chain_pattern().body
+    hybrid = pdef(PApp(G2, (inner, Y)), "x", ("f", "op"), "y")
+    cp = compile_pattern(hybrid)
+    assert cp.backend == "generated" and "_sub(" in cp.source
+    t = G2(F1(F1(A)), B)
+    m = _fast.match_first(hybrid, t)
+    assert m is not None and m["x"] is A and m["y"] is B and m["f"] is F1
     # more alternates in a row than Python can nest: the machine takes over, same answers
     body = X
     for _ in range(25):
@@ -326,3 +334,19 @@ def test_unknown_leaf_types_are_fine():
         _fast.match_first(pdef(PGuard(X, ECmp("==", EAttr("x", "dtype"), EConst(F32))), "x"), x)
         is None
     )
+
+
+def test_recursive_sub_pattern_called_with_a_fresh_name():
+    # W(x) = ∃c. g2(U(c), x) with U(u) = f1(U(u)) ‖ u: unfolding W draws a fresh name for c
+    # at run time, and the generated code must hand the machine running U that name
+    from pypm_jax import _machine
+
+    chain = PMu("U", (Param("u"),), ("c",), PAlt(PApp(F1, (PCall("U", ("u",)),)), PVar("u")))
+    outer = PMu("W", (Param("x"),), ("x",), PExists("c", PApp(G2, (chain, PVar("x"))), "term"))
+    p = PatternDef("P", (Param("x"),), PAlt(PApp(F2, (outer,)), outer))
+    cp = compile_pattern(p)
+    assert cp.backend == "generated" and "_sub(" in cp.source
+    for t in (G2(F1(F1(A)), B), F2(G2(A, B)), G2(A, F1(B))):
+        fast = list(cp.solutions(t))
+        ref = [(th, ph) for th, ph in _machine.solutions(p.body, t)]
+        assert [(th, ph) for th, ph, _ in fast] == ref and ref
