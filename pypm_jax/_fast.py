@@ -769,9 +769,45 @@ def _simple_const(value: Any) -> bool:
     return value is None or isinstance(value, bool | int | float | str | DType)
 
 
+def _paths(p: Pattern, budget: list[int]) -> tuple[int, int]:
+    """(code paths, pattern nodes) of the generated code for ``p``, roughly: each alternate
+    duplicates what follows it, so paths multiply along a sequence and add across an
+    alternate. Lets ``_generate`` give up before spending time on hopeless patterns."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _Unsupported("pattern too large to generate")
+    match p:
+        case PApp(_, args, _) | PFunVar(_, args, _, _):
+            paths, nodes = 1, 1
+            for a in args:
+                ap, an = _paths(a, budget)
+                paths, nodes = paths * ap, nodes + an
+            return paths, nodes
+        case PAlt(left, right):
+            lp, ln = _paths(left, budget)
+            rp, rn = _paths(right, budget)
+            return lp + rp, ln + rn + 1
+        case PConstr(pat, _, constraint):
+            pp, pn = _paths(pat, budget)
+            cp, cn = _paths(constraint, budget)
+            return pp * cp, pn + cn + 1
+        case PGuard(pat, _) | PExists(_, pat, _):
+            pp, pn = _paths(pat, budget)
+            return pp, pn + 1
+        case PMu() if not _calls_self(p):
+            try:
+                return _paths(unfold(p, FreshNames()), budget)
+            except TypeError:
+                return 1, 1
+    return 1, 1
+
+
 def _generate(body: Pattern) -> tuple[Callable, Callable, str, bool]:
     """Generated ``first`` and ``all`` functions for a recursion-free pattern, and whether
     it has at most one solution (no alternate anywhere)."""
+    paths, nodes = _paths(body, [_MAX_LINES])  # (code has at least a line per node)
+    if paths * nodes > 8 * _MAX_LINES:
+        raise _Unsupported("generated code would be too large")
     names: set[str] = set()
     _plain_names(body, names)
     if any("#" in n for n in names):
@@ -1125,10 +1161,13 @@ _SHAPE_DEPTH = 3
 _SHAPE_ALTS = 64
 
 
-def _shape(p: Pattern, depth: int, budget: list[int], cons: Mapping[str, Pattern]) -> _Shape:
+def _shape(
+    p: Pattern, depth: int, budget: list[int], cons: Mapping[str, Pattern], fresh: FreshNames
+) -> _Shape:
     """What every term ``p`` matches looks like, ``depth`` levels down. ``cons`` holds the
     constraints ``x <= q`` that every match of the enclosing pattern checks: θ is global,
-    so wherever ``x`` occurs the term there is θ(x), which must match ``q``."""
+    so wherever ``x`` occurs the term there is θ(x), which must match ``q``. One ``fresh``
+    supply for the whole walk: the ∃ names of different unfoldings never clash."""
     budget[0] -= 1
     if budget[0] < 0:
         return None
@@ -1137,29 +1176,29 @@ def _shape(p: Pattern, depth: int, budget: list[int], cons: Mapping[str, Pattern
             q = cons.get(name)
             if q is None:
                 return None
-            return _shape(q, depth, budget, {n: c for n, c in cons.items() if n != name})
+            return _shape(q, depth, budget, {n: c for n, c in cons.items() if n != name}, fresh)
         case PConst():
             return [(CONST, None, None)]
         case PApp(_, args, _) | PFunVar(_, args, _, _):
             kids = None
             if depth > 0:
-                kids = tuple(_shape(a, depth - 1, budget, cons) for a in args)
+                kids = tuple(_shape(a, depth - 1, budget, cons, fresh) for a in args)
                 if all(k is None for k in kids):
                     kids = None
             return [(p.op if isinstance(p, PApp) else None, len(args), kids)]
         case PAlt(left, right):
-            a = _shape(left, depth, budget, cons)
-            b = _shape(right, depth, budget, cons) if a is not None else None
+            a = _shape(left, depth, budget, cons, fresh)
+            b = _shape(right, depth, budget, cons, fresh) if a is not None else None
             if a is None or b is None or len(a) + len(b) > _SHAPE_ALTS:
                 return None
             return a + b
         case PConstr(pat, var, constraint):
-            return _shape(pat, depth, budget, {**cons, var: constraint})
+            return _shape(pat, depth, budget, {**cons, var: constraint}, fresh)
         case PGuard(pat, _) | PExists(_, pat, _):
-            return _shape(pat, depth, budget, cons)
+            return _shape(pat, depth, budget, cons, fresh)
         case PMu():
             try:
-                return _shape(unfold(p, FreshNames()), depth, budget, cons)
+                return _shape(unfold(p, fresh), depth, budget, cons, fresh)
             except TypeError:
                 return None
     return None  # PCall: anything
@@ -1209,7 +1248,7 @@ def _prefilter(body: Pattern) -> list | None:
     try:
         if not _error_free(body):
             return None
-        shape = _shape(body, _SHAPE_DEPTH, [2000], {})
+        shape = _shape(body, _SHAPE_DEPTH, [2000], {}, FreshNames())
     except RecursionError:
         return None
     if shape is None or all(kids is None for _, _, kids in shape):

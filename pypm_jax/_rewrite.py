@@ -57,7 +57,7 @@ from ._calculus import (
 from ._engine import ENGINES, default_engine
 from ._engine import match_all as _engine_match_all
 from ._errors import PyPMError, RewriteLimitError, SourceLoc
-from ._fast import CompiledPattern, Matcher, _has_call, compile_guard
+from ._fast import CompiledPattern, Matcher, _ByIdentity, _has_call, compile_guard
 from ._graph import Graph, Node, Value
 from ._guards import Undefined, eval_expr, guard_holds
 from ._match import Match
@@ -166,6 +166,9 @@ def _reach(p: Pattern, budget: list[int]) -> int | None:
     return None  # PCall: recursion
 
 
+_reach_of = _ByIdentity(lambda pdef: _reach(pdef.body, [500]))  # once per definition
+
+
 # ---------------------------------------------------------------------------- the driver
 
 
@@ -189,7 +192,7 @@ class _Driver:
         self.fast = engine == "fast"
         self.engine = engine
         self.matcher = Matcher([r.pattern for r in rules])
-        reaches = [_reach(r.pattern.body, [500]) for r in rules]
+        reaches = [_reach_of(r.pattern) for r in rules]
         self.reach = None if None in reaches else max(reaches, default=0)
         self.limit = limit
         self.report = RewriteReport()

@@ -350,3 +350,17 @@ def test_recursive_sub_pattern_called_with_a_fresh_name():
         fast = list(cp.solutions(t))
         ref = [(th, ph) for th, ph in _machine.solutions(p.body, t)]
         assert [(th, ph) for th, ph, _ in fast] == ref and ref
+
+
+def test_root_index_and_pre_check_see_constraints_on_the_root():
+    # P(o, x) = o <= f1(f2(x)) (written `o <= ...; return o`): the root is an f1 whose input
+    # is an f2, though the pattern's body is the variable o
+    body = PConstr(PVar("o"), "o", PApp(F1, (PApp(F2, (X,)),)))
+    p = pdef(body, "o", "x")
+    assert _fast.root_operators(p) == frozenset({F1})
+    cp = CompiledPattern(p, backend="machine")
+    assert cp._shape is not None
+    assert not _fast._fits(cp._shape, F1(A)) and _fast._fits(cp._shape, F1(F2(A)))
+    assert cp.first(F1(A)) is None
+    m = _fast.match_first(p, F1(F2(B)))
+    assert m is not None and m["x"] is B
