@@ -317,7 +317,9 @@ def _closed(mu: PMu) -> bool:
                 return scope_ok(body, names | {var}, defs)
             case PConstr(pat, var, constraint):
                 return (
-                    var in names and scope_ok(pat, names, defs) and scope_ok(constraint, names, defs)
+                    var in names
+                    and scope_ok(pat, names, defs)
+                    and scope_ok(constraint, names, defs)
                 )
             case PMu(name, params, args, body):
                 if not all(not isinstance(a, str) or a in names for a in args):
@@ -1328,7 +1330,6 @@ def compile_pattern(pdef: PatternDef) -> CompiledPattern:
 
 
 # ---------------------------------------------------------------------- compiled guards
-
 
 
 def compile_guard(g: Expr) -> Callable[[Mapping[str, Any], Mapping[str, Any]], bool]:
