@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 import pypm_jax as pm
-from pypm_jax._rewrite import RewriteRecord
+from pypm_jax import RewriteRecord
 
 from . import _compat
 from ._find import NORMALIZE_RULES, SiteReport, _children

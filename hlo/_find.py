@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pypm_jax as pm
-from pypm_jax._rewrite import RewriteReport
+from pypm_jax import RewriteReport
 from pypm_jax.jax import prims as P
 
 from ._lift import lift

@@ -124,11 +124,19 @@ def explain(pattern: Any, target: Any, **options: Any) -> Any:
     return _explain(_as_pattern_def(pattern), target, **options)
 
 
+_REWRITE_TYPES = ("RewriteResult", "RewriteReport", "RewriteRecord")  # what rewrite returns
+__all__ += list(_REWRITE_TYPES)
+
+
 def __getattr__(name: str) -> Any:
     if name == "Graph":
         from ._graph import Graph
 
         return Graph
+    if name in _REWRITE_TYPES:
+        from . import _rewrite
+
+        return getattr(_rewrite, name)
     raise AttributeError(f"module 'pypm_jax' has no attribute {name!r}")
 
 

@@ -102,6 +102,9 @@ def test_rewrite_through_the_facade():
     result = pm.rewrite(g, [fused_mm, gelu])
     assert g.to_terms() == [FusedGelu(A), FusedGelu(B), FusedMM(A, B)]
     assert result.report.counts() == {"gelu": 2, "fused_mm": 1}
+    # the result's types are public names
+    assert isinstance(result, pm.RewriteResult) and isinstance(result.report, pm.RewriteReport)
+    assert all(isinstance(r, pm.RewriteRecord) for r in result.report)
 
 
 def test_explain_points_at_the_assert_that_failed():
