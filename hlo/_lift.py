@@ -99,9 +99,12 @@ def _scope(part: str) -> str | None:
     return part
 
 
-# Scopes JAX's lowering adds inside control flow (``while/body``, ``cond/branch_0_fun``) and
-# remat (``checkpoint``): not in a jaxpr's name stacks, so not in its module paths either.
-_LOWERING_SCOPES = re.compile(r"^(while/(body|cond|body_pred)|cond/branch_\d+_fun|checkpoint)$")
+# Scopes JAX's lowering adds inside control flow (``while/body``, ``cond/branch_0_fun``; jax
+# 0.11 also wraps a scan body in ``eval_jaxpr``) and remat (``checkpoint``): not in a jaxpr's
+# name stacks, so not in its module paths either.
+_LOWERING_SCOPES = re.compile(
+    r"^(while/(body|cond|body_pred)|cond/branch_\d+_fun|checkpoint|eval_jaxpr)$"
+)
 
 
 def module_path(name: str) -> str:

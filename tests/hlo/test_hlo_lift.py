@@ -132,6 +132,8 @@ def test_flax_module_path_and_user_line():
         ("jit(apply)/Attn/attention/...qhd,...khd->...hqk/dot_general", "Attn/attention"),
         ("jit(apply)/Attn/attention/jit(_where)", "Attn/attention"),
         ("jit(apply)/Stack/while/body/layers/attention/exp", "Stack/layers/attention"),
+        # jax 0.11 lowers a scan body inside an eval_jaxpr scope
+        ("jit(apply)/Stack/while/body/eval_jaxpr/layers/attention/exp", "Stack/layers/attention"),
         ("jit(f)/cond/branch_1_fun/blk/exp", "blk"),
         ("jit(f)/jvp(MLP)/fc1/dot_general", "MLP/fc1"),
         ("jit(f)/checkpoint/blk/exp", "blk"),
