@@ -364,3 +364,18 @@ def test_root_index_and_pre_check_see_constraints_on_the_root():
     assert cp.first(F1(A)) is None
     m = _fast.match_first(p, F1(F2(B)))
     assert m is not None and m["x"] is B
+
+
+def test_machine_unfolds_bodies_whose_existential_nodes_are_shared():
+    # one ∃ node object at two places of a recursive body: its two copies draw different
+    # fresh names in an unfolding, so the machine unfolds such a body the reference's way
+    from pypm_jax import _machine
+
+    e = PExists("e", PApp(F1, (PVar("e"),)), "term")
+    body = PAlt(PApp(G2, (e, PCall("U", ("u",)))), PAlt(PApp(F2, (e,)), PVar("u")))
+    p = pdef(PMu("U", (Param("u"),), ("x",), body), "x")
+    assert _fast._body_info(body).shared
+    cp = CompiledPattern(p, backend="machine")
+    for t in (G2(F1(A), F2(F1(B))), G2(F1(A), B), F2(F1(C))):
+        got = [(th, ph) for th, ph, _ in cp.solutions(t)]
+        assert got == list(_machine.solutions(p.body, t)) and got
