@@ -249,6 +249,23 @@ class PCall:
 Pattern = PVar | PApp | PConst | PAlt | PGuard | PExists | PConstr | PFunVar | PMu | PCall
 
 
+def children(p: Pattern, *, into_mu: bool = True) -> tuple[Pattern, ...]:
+    """The sub-patterns of ``p``, in the order the machine matches them (a definition's body
+    only with ``into_mu``): the one place that knows each construct's children."""
+    match p:
+        case PApp(_, args, _) | PFunVar(_, args, _, _):
+            return args
+        case PAlt(left, right):
+            return (left, right)
+        case PGuard(pat, _) | PExists(_, pat, _):
+            return (pat,)
+        case PConstr(pat, _, constraint):
+            return (pat, constraint)
+        case PMu(_, _, _, body):
+            return (body,) if into_mu else ()
+    return ()
+
+
 def alts(p: Pattern) -> list[Pattern]:
     """The alternates of a right-nested ``PAlt`` chain, in order."""
     out = []

@@ -80,6 +80,7 @@ from ._calculus import (
     PGuard,
     PMu,
     PVar,
+    children,
     show,
 )
 from ._dtypes import DType
@@ -255,17 +256,9 @@ def _has_call(p: Pattern) -> bool:
     stack = [p]
     while stack:
         q = stack.pop()
-        match q:
-            case PCall():
-                return True
-            case PApp(_, args, _) | PFunVar(_, args, _, _):
-                stack.extend(args)
-            case PAlt(left, right):
-                stack += [left, right]
-            case PGuard(pat, _) | PExists(_, pat, _) | PMu(_, _, _, pat):
-                stack.append(pat)
-            case PConstr(pat, _, constraint):
-                stack += [pat, constraint]
+        if isinstance(q, PCall):
+            return True
+        stack.extend(children(q))
     return False
 
 
@@ -274,21 +267,11 @@ def _calls_self(mu: PMu) -> bool:
     stack = [mu.body]
     while stack:
         q = stack.pop()
-        match q:
-            case PCall(name, _):
-                if name == mu.name:
-                    return True
-            case PApp(_, args, _) | PFunVar(_, args, _, _):
-                stack.extend(args)
-            case PAlt(left, right):
-                stack += [left, right]
-            case PGuard(pat, _) | PExists(_, pat, _):
-                stack.append(pat)
-            case PConstr(pat, _, constraint):
-                stack += [pat, constraint]
-            case PMu(name, _, _, body):
-                if name != mu.name:  # an inner definition of the same name shadows
-                    stack.append(body)
+        if isinstance(q, PCall | PMu) and q.name == mu.name:
+            if isinstance(q, PCall):
+                return True
+            continue  # an inner definition of the same name shadows
+        stack.extend(children(q))
     return False
 
 
@@ -857,46 +840,17 @@ class _BodyInfo:
         stack: list[tuple[Pattern, frozenset[str]]] = [(body, frozenset())]
         while stack:  # pre-order, left to right, as _rename draws names
             q, shadow = stack.pop()
-            match q:
-                case PVar(name):
-                    if name not in shadow and name not in seen_pvars:
-                        seen_pvars.add(name)
-                        self.pvars.append(name)
-                case PApp(_, args, _) | PFunVar(_, args, _, _):
-                    stack.extend((a, shadow) for a in reversed(args))
-                case PAlt(left, right):
-                    stack += [(right, shadow), (left, shadow)]
-                case PGuard(pat, _):
-                    stack.append((pat, shadow))
-                case PExists(var, inner, _):
-                    if id(q) in self.offsets:
-                        self.shared = True
-                    self.offsets[id(q)] = len(self.offsets)
-                    stack.append((inner, shadow | {var}))
-                case PConstr(pat, _, constraint):
-                    stack += [(constraint, shadow), (pat, shadow)]
-        self.count = len(self.offsets)
-        if self.shared:
-            self.count = sum(1 for _ in _exists_nodes(body))
-
-
-def _exists_nodes(body: Pattern) -> Iterator[PExists]:
-    """Every ∃ of a body outside nested definitions, repeats included."""
-    stack = [body]
-    while stack:
-        q = stack.pop()
-        match q:
-            case PExists(_, inner, _):
-                yield q
-                stack.append(inner)
-            case PApp(_, args, _) | PFunVar(_, args, _, _):
-                stack.extend(args)
-            case PAlt(left, right):
-                stack += [left, right]
-            case PGuard(pat, _):
-                stack.append(pat)
-            case PConstr(pat, _, constraint):
-                stack += [pat, constraint]
+            if isinstance(q, PVar):
+                if q.name not in shadow and q.name not in seen_pvars:
+                    seen_pvars.add(q.name)
+                    self.pvars.append(q.name)
+            elif isinstance(q, PExists):
+                if id(q) in self.offsets:
+                    self.shared = True
+                self.offsets[id(q)] = len(self.offsets)
+                shadow = shadow | {q.var}
+            stack.extend((c, shadow) for c in reversed(children(q, into_mu=False)))
+        self.count = len(self.offsets)  # (unused when shared: such bodies are unfolded)
 
 
 class _ByIdentity:
@@ -1225,22 +1179,14 @@ def _error_free(body: Pattern) -> bool:
     stack: list[tuple[Pattern, frozenset[str]]] = [(body, frozenset())]
     while stack:
         q, defs = stack.pop()
-        match q:
-            case PApp(_, args, _) | PFunVar(_, args, _, _):
-                stack.extend((a, defs) for a in args)
-            case PAlt(left, right):
-                stack += [(left, defs), (right, defs)]
-            case PGuard(pat, _) | PExists(_, pat, _):
-                stack.append((pat, defs))
-            case PConstr(pat, _, constraint):
-                stack += [(pat, defs), (constraint, defs)]
-            case PMu(name, _, args, inner):
-                if any(not isinstance(a, str) for a in args):
-                    return False
-                stack.append((inner, defs | {name}))
-            case PCall(name, args):
-                if name not in defs or any(not isinstance(a, str) for a in args):
-                    return False
+        if isinstance(q, PMu | PCall):
+            if any(not isinstance(a, str) for a in q.args):
+                return False
+            if isinstance(q, PCall) and q.name not in defs:
+                return False
+            if isinstance(q, PMu):
+                defs = defs | {q.name}
+        stack.extend((c, defs) for c in children(q))
     return True
 
 
