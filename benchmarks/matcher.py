@@ -22,6 +22,9 @@ matched several times per sample), with the garbage collector off during a sampl
   the first matching pattern of each value, with its :class:`~pypm_jax._match.Match`;
 * ``fast cold``  — the same, one pass per sample, with the CPU caches flushed before it
   (a graph of 10³ nodes otherwise sits in L2 across samples, 10⁶ never does);
+* ``not compact`` — ``fast`` on the same graph before :meth:`Graph.compact` laid its
+  values' input tuples out in order (as built by ``add_node`` calls, whose temporaries
+  scatter them; the lifters compact every graph they build);
 * ``reference``  — the paper's machine (:mod:`pypm_jax._machine`): every pattern tried at
   every value, in order, as a matcher without an index would;
 * ``ref+index``  — the reference machine behind the same root-operator index (to show how
@@ -177,9 +180,12 @@ def layer(
     return n(ADD, [x, dense(act, "w2", "b2", dm)], bsd)
 
 
-def transformer(n_nodes: int, *, gelu_layers: int | None = None, mixed: bool = True) -> Graph:
+def transformer(
+    n_nodes: int, *, gelu_layers: int | None = None, mixed: bool = True, compact: bool = True
+) -> Graph:
     """A stack of layers with about ``n_nodes`` nodes; the first ``gelu_layers`` (default:
-    all) use GELU in their MLP, the others a ReLU-like max."""
+    all) use GELU in their MLP, the others a ReLU-like max. Finished with
+    :meth:`Graph.compact`, as the JAX and StableHLO lifters finish theirs."""
     g = Graph()
     x = g.add_input("x", (2, 128, 256), F32)
     i = 0
@@ -188,6 +194,8 @@ def transformer(n_nodes: int, *, gelu_layers: int | None = None, mixed: bool = T
         x = layer(g, x, i, gelu=gelu, mixed=mixed)
         i += 1
     g.set_outputs([x])
+    if compact:
+        g.compact()
     return g
 
 
@@ -335,8 +343,10 @@ def timed_cold(fn: Callable[[], Any], repeat: int) -> float:
     return statistics.median(times)
 
 
-def fast_scan(matcher: Matcher, values: list[Value]) -> list[tuple[Value, int]]:
-    return [(val, i) for val, i, _ in matcher.scan(values)]
+def found_by(scanned: list[tuple[Value, int, Any]]) -> list[tuple[Value, int]]:
+    """(value, pattern index) per match: what the matchers' results are compared on (made
+    after timing ``Matcher.scan``: the conversion is not the matcher's work)."""
+    return [(val, i) for val, i, _ in scanned]
 
 
 def reference_scan(pdefs: list[PatternDef], values: list[Value]) -> list[tuple[Value, int]]:
@@ -370,12 +380,17 @@ def measure(
     size: int, pdefs: list[PatternDef], matcher: Matcher, args: argparse.Namespace
 ) -> tuple[int, float, float, float | None] | None:
     """Time every matcher on one graph and print its row; None if results differ."""
-    g = transformer(size)
+    g = transformer(size, compact=False)
+    values = g.values()
+    t_loose, _ = timed(lambda: matcher.scan(values), args.repeat)
+    g.compact()  # as the lifters do once a graph is built
     nodes = g.nodes()
     values = [val for node in nodes for val in node.outputs]
     n = len(nodes)
-    t_fast, found = timed(lambda: fast_scan(matcher, values), args.repeat)
-    t_cold = timed_cold(lambda: fast_scan(matcher, values), args.repeat)
+    t_fast, scanned = timed(lambda: matcher.scan(values), args.repeat)
+    found = found_by(scanned)
+    del scanned
+    t_cold = timed_cold(lambda: matcher.scan(values), args.repeat)
     t_loop, _ = timed(lambda: bare_loop(nodes), args.repeat)
     t_ref = t_idx = None
     if size <= args.reference_max:
@@ -390,7 +405,7 @@ def measure(
 
     ratio = "-" if t_ref is None else f"{t_ref / t_fast:.1f}x"
     print(
-        f"{n:>9} {us(t_fast):>9} {us(t_cold):>9} {us(t_ref):>10} {us(t_idx):>10}"
+        f"{n:>9} {us(t_fast):>9} {us(t_cold):>9} {us(t_loose):>9} {us(t_ref):>10} {us(t_idx):>10}"
         f" {us(t_loop):>10} {ratio:>9} {len(found):>8}",
         flush=True,
     )
@@ -417,7 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({args.reference_repeat} for the reference) of ≥ 50 ms each, gc off while timing"
     )
     header = (
-        f"{'nodes':>9} {'fast':>9} {'fast cold':>9} {'reference':>10} {'ref+index':>10}"
+        f"{'nodes':>9} {'fast':>9} {'fast cold':>9} {'not compact':>9} {'reference':>10}"
+        f" {'ref+index':>10}"
         f" {'bare loop':>10} {'ref/fast':>9} {'matches':>8}   (µs per node)"
     )
     print(header)

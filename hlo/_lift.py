@@ -239,6 +239,7 @@ class _Lifter:
             self.top[env[vid]] = vid
         outs = self._block(g, body, env, _Site(), (fn.name,), None, top=True)
         g.set_outputs(outs)
+        g.compact()  # matching then reads the graph's memory in order
         g.dce()  # broadcasts read through and unused reduction inits
         return g
 
@@ -261,6 +262,7 @@ class _Lifter:
             return v
 
         g.set_outputs(self._block(g, block, env, site, stack, capture))
+        g.compact()
         g.dce()
         return g
 

@@ -1315,14 +1315,14 @@ _compiled_guards = _ByIdentity(_compile_guard)
 def match_first(pdef: PatternDef, t: Any) -> Match | None:
     """The reference machine's first solution for ``pdef`` at ``t``, or None."""
     sol = compile_pattern(pdef).first(t)
-    return None if sol is None else Match(pdef, t, sol[0], sol[1])
+    return None if sol is None else Match(pdef, t, sol[0], sol[1], owned=True)
 
 
 def match_all(pdef: PatternDef, t: Any) -> Iterator[Match]:
     """Every solution in the machine's exploration order, dropping repeated parameters."""
     seen: set[tuple[tuple[str, int], ...]] = set()
     for theta, phi, _ in compile_pattern(pdef).solutions(t):
-        m = Match(pdef, t, theta, phi)
+        m = Match(pdef, t, theta, phi, owned=True)
         key = m.key()
         if key not in seen:
             seen.add(key)
@@ -1385,7 +1385,7 @@ class Matcher:
         for i, pdef, cp in self._table.get(value.op, self._wild):
             sol = cp.first(value)
             if sol is not None:
-                return i, Match(pdef, value, sol[0], sol[1])
+                return i, Match(pdef, value, sol[0], sol[1], owned=True)
         return None
 
     def match_all(self, value: Any) -> Iterator[tuple[int, Match]]:
@@ -1409,6 +1409,6 @@ class Matcher:
             for i, pdef, cp in cands:
                 sol = cp._first(v)
                 if sol is not None:
-                    found.append((v, i, Match(pdef, v, sol[0], sol[1])))
+                    found.append((v, i, Match(pdef, v, sol[0], sol[1], owned=True)))
                     break
         return found

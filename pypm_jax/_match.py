@@ -17,18 +17,37 @@ class Match(Mapping[str, Any]):
     for local variables); the mapping interface shows only the pattern's parameters.
     """
 
-    __slots__ = ("pattern", "root", "theta", "phi", "_params")
+    __slots__ = ("pattern", "root", "theta", "phi", "_view")
 
     def __init__(
-        self, pattern: PatternDef, root: Any, theta: Mapping[str, Any], phi: Mapping[str, Any]
+        self,
+        pattern: PatternDef,
+        root: Any,
+        theta: Mapping[str, Any],
+        phi: Mapping[str, Any],
+        *,
+        owned: bool = False,
     ):
+        # ``owned``: the matcher made these dicts for this match alone (every engine
+        # yields fresh ones), so keep them rather than copy; a scan of a big graph makes
+        # one Match per matched value and the copies were most of its allocation
         self.pattern = pattern
         self.root = root
-        self.theta = dict(theta)
-        self.phi = dict(phi)
-        self._params = {
-            p.name: (self.phi if p.kind == "op" else self.theta).get(p.name) for p in pattern.params
-        }
+        self.theta = theta if owned else dict(theta)
+        self.phi = phi if owned else dict(phi)
+        self._view: dict[str, Any] | None = None
+
+    @property
+    def _params(self) -> dict[str, Any]:
+        """The parameters' bindings, made on first use (most matches of a scan are only
+        counted or handed to the rewrite driver, which reads θ and φ)."""
+        view = self._view
+        if view is None:
+            theta, phi = self.theta, self.phi
+            view = self._view = {
+                p.name: (phi if p.kind == "op" else theta).get(p.name) for p in self.pattern.params
+            }
+        return view
 
     def __getitem__(self, name: str) -> Any:
         return self._params[name]

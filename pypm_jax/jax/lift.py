@@ -239,6 +239,7 @@ class _Lifter:
             env[var] = self._constant(prog, value, var.aval)
         self._eqns(prog, jaxpr.eqns, env, prefix, [], loc)
         g.set_outputs([self._read(prog, env, v) for v in jaxpr.outvars])
+        g.compact()  # matching then reads the graph's memory in order
         return prog
 
     def _constant(self, prog: LiftedProgram, value: Any, aval: Any) -> Any:

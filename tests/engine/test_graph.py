@@ -193,3 +193,24 @@ def test_big_attributes_print_short_and_clashing_leaf_names_get_unique_inputs():
     t = G2(G2(leaf("p", shape=(2,)), leaf("p", shape=(3,))), leaf("p_1"))
     names = [v.name for v in Graph([t]).inputs]
     assert len(set(names)) == 3
+
+
+def test_compact_renews_input_tuples_and_changes_nothing_visible():
+    s0, s1 = SPLIT(B)
+    g = Graph()
+    a = g.add_input("a", (2, 3), F32)
+    b = g.add_input("b", (2, 3), F32)
+    f = g.add_node(F1, [a]).outputs[0]
+    split = g.add_node(SPLIT, [b])
+    g.set_outputs([g.add_node(G2, [f, split.outputs[1]]).outputs[0], split.outputs[0]])
+    before = {v: v.inputs for v in g.values()}
+    text, terms = str(g), g.to_terms()
+    g.compact()
+    for v, ins in before.items():
+        assert v.inputs == ins and type(v.inputs) is tuple
+        assert v.inputs is not ins  # a new tuple, laid out with the others
+    assert split.outputs[0].inputs is split.outputs[1].inputs  # outputs share it still
+    assert str(g) == text and g.to_terms() == terms
+    g2 = g.add_node(G2, [f, split.outputs[1]])  # hash-consing still finds the node
+    assert g2 is g.outputs[0].node
+    assert Graph([G2(s0, s1)]).to_terms() == [G2(s0, s1)]  # Graph(terms) compacts too
