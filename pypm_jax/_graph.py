@@ -432,16 +432,20 @@ class Graph:
         until the end so that none of their slots is reused, they are consecutive and a
         pass reads them as one stream.
         """
-        old: list[tuple[Value, ...]] = []
+        old: list[Any] = []
         for node in self.nodes():
             outs = node.outputs
-            if not outs or not outs[0].inputs:
-                continue
-            ins = outs[0].inputs
-            old.append(ins)
-            ins = tuple(list(ins))  # a new tuple (tuple() of a tuple is the same object)
+            old.append(outs)
+            node.outputs = outs = tuple(list(outs))  # (tuple() of a tuple is itself)
+            ins = outs[0].inputs if outs else ()
+            if ins:
+                old.append(ins)
+                ins = tuple(list(ins))
             for v in outs:
                 v.inputs = ins
+                if type(v._users) is list:
+                    old.append(v._users)
+                    v._users = list(v._users)
         del old
 
     def values(self) -> list[Value]:

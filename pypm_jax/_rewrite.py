@@ -207,6 +207,11 @@ class _Driver:
         self.changed = False  # did the latest rewrite that fired change the graph?
         guard = compile_guard if self.fast else _interpreted_guard
         self.guards = [[guard(b.guard) for b in r.branches] for r in rules]
+        # per rule: its (branch, compiled guard) pairs, in order
+        self.branches = [
+            tuple(zip(r.branches, gs, strict=True))
+            for r, gs in zip(rules, self.guards, strict=True)
+        ]
         self.params = [[(p.name, p.kind == "op") for p in r.pattern.params] for r in rules]
 
     # -- the sweep
@@ -228,9 +233,14 @@ class _Driver:
         heap = self.heap
         n_order = len(order)
         fast, is_output, try_rule = self.fast, g.is_output, self.try_rule
+        rank_of = self.rank_of
         visits = pos = 0
         while True:
-            if heap and (pos >= n_order or heap[0][0] < self.major(order[pos])):
+            # (the sweep's nodes are original ones: their major is their id or rank_of's)
+            if heap and (
+                pos >= n_order
+                or heap[0][0] < (order[pos].id if rank_of is None else rank_of[order[pos].id])
+            ):
                 node = heapq.heappop(heap)[3]
                 self.queued.discard(node.id)
             elif pos < n_order:
@@ -249,12 +259,14 @@ class _Driver:
                 continue
             # the common case, inlined: a single-output node, the compiled patterns
             v = node.outputs[0]
-            if not v._users and not is_output(v):
-                continue  # nothing reads it: nothing to rewrite
             for ri, pdef, cp in cands:
                 first = cp._first(v)
-                if first is not None and try_rule(ri, pdef, cp, v, first, pos):
-                    break
+                if first is not None:
+                    if not v._users and not is_output(v):
+                        break  # nothing reads it: nothing to rewrite (asked only now, as
+                        # reading a value's users is one more object to fetch per node)
+                    if try_rule(ri, pdef, cp, v, first, pos):
+                        break
         self.visits = visits
 
     def major(self, node: Node) -> int:
@@ -309,10 +321,11 @@ class _Driver:
         first branch whose guard holds fires (unless single use refuses that match; then
         the next solution is tried)."""
         rule = self.rules[ri]
+        branches = self.branches[ri]
         theta, phi, struct = first
-        for branch, holds in zip(rule.branches, self.guards[ri], strict=True):
+        for branch, holds in branches:
             if holds(theta, phi):
-                if self.fire(rule, Match(pdef, v, theta, phi), branch, struct, pos):
+                if self.fire(rule, Match(pdef, v, theta, phi, owned=True), branch, struct, pos):
                     return True
                 break
         if cp.unique:
@@ -326,9 +339,9 @@ class _Driver:
             if key in seen:
                 continue
             seen.add(key)
-            for branch, holds in zip(rule.branches, self.guards[ri], strict=True):
+            for branch, holds in branches:
                 if holds(theta, phi):
-                    if self.fire(rule, Match(pdef, v, theta, phi), branch, struct, pos):
+                    if self.fire(rule, Match(pdef, v, theta, phi, owned=True), branch, struct, pos):
                         return True
                     break
         return False
