@@ -87,7 +87,7 @@ from ._dtypes import DType
 from ._errors import PatternDefinitionError
 from ._guards import guard_holds, op_attr
 from ._match import Match
-from ._subst import FreshNames, rename_expr, unfold
+from ._subst import FreshNames, unfold
 from ._terms import CONST, UNDEFINED, Operator, const_equal, term_attr
 
 RawSolution = tuple[dict[str, Any], dict[str, Operator], tuple[Any, ...]]
@@ -779,12 +779,38 @@ def _paths(p: Pattern, budget: list[int]) -> tuple[int, int]:
         case PGuard(pat, _) | PExists(_, pat, _):
             pp, pn = _paths(pat, budget)
             return pp, pn + 1
-        case PMu() if not _calls_self(p):
-            try:
-                return _paths(unfold(p, FreshNames()), budget)
-            except TypeError:
-                return 1, 1
+        case PMu():
+            return _mu_paths(p, budget)
     return 1, 1
+
+
+# _paths of a definition depends on its body, name and parameters, and on which arguments
+# are operators (renaming turns F(...) into an application and fails on a term variable
+# bound to an operator), never on the names: (body, paths, nodes, budget spent) per such
+# key, so a definition used at many sites is unfolded and walked once.
+_MU_PATHS: dict[tuple, tuple[Pattern, int, int, int]] = {}
+
+
+def _mu_paths(mu: PMu, budget: list[int]) -> tuple[int, int]:
+    key = (id(mu.body), mu.name, mu.params, tuple(isinstance(a, Operator) for a in mu.args))
+    hit = _MU_PATHS.get(key)
+    if hit is not None and hit[0] is mu.body:
+        budget[0] -= hit[3]
+        if budget[0] < 0:  # where the walk would have run out
+            raise _Unsupported("pattern too large to generate")
+        return hit[1], hit[2]
+    before = budget[0]
+    if _calls_self(mu):  # a recursive definition: not unfolded (the machine runs it)
+        paths, nodes = 1, 1
+    else:
+        try:
+            paths, nodes = _paths(unfold(mu, FreshNames()), budget)
+        except TypeError:
+            paths, nodes = 1, 1
+    if len(_MU_PATHS) >= _CACHE_LIMIT:
+        _MU_PATHS.clear()
+    _MU_PATHS[key] = (mu.body, paths, nodes, before - budget[0])
+    return paths, nodes
 
 
 def _generate(body: Pattern) -> tuple[Callable, Callable, str, bool]:
@@ -1039,8 +1065,7 @@ def _trail_machine(
                 else:
                     raise TypeError(f"not a pattern: {a!r}")
             elif tag == _GUARD:
-                env = ctx[0]
-                ok = guard_holds(rename_expr(a, env) if env else a, theta, phi)
+                ok = _env_guard(a)(theta, phi, ctx[0])
             elif tag == _CHECK:
                 ok = a in (phi if b == "op" else theta)
             else:  # _CONSTR
@@ -1118,46 +1143,81 @@ _SHAPE_ALTS = 64
 
 
 def _shape(
-    p: Pattern, depth: int, budget: list[int], cons: Mapping[str, Pattern], fresh: FreshNames
+    p: Pattern,
+    depth: int,
+    budget: list[int],
+    cons: Mapping[Any, tuple[Pattern, tuple]],
+    cell: list[int],
+    ctx: tuple = _TOP_CTX,
 ) -> _Shape:
     """What every term ``p`` matches looks like, ``depth`` levels down. ``cons`` holds the
-    constraints ``x <= q`` that every match of the enclosing pattern checks: θ is global,
-    so wherever ``x`` occurs the term there is θ(x), which must match ``q``. One ``fresh``
-    supply for the whole walk: the ∃ names of different unfoldings never clash."""
+    constraints ``x <= q`` that every match of the enclosing pattern checks (each ``q`` with
+    the context it is read in): θ is global, so wherever ``x`` occurs the term there is
+    θ(x), which must match ``q``.
+
+    A definition is entered as the machine enters it (:func:`_enter`: its body read through
+    an environment, not copied), with one fresh-name counter ``cell`` for the whole walk, so
+    the names are those of unfolding it with :func:`pypm_jax._subst.unfold` and only the
+    levels looked at are visited."""
     budget[0] -= 1
     if budget[0] < 0:
         return None
     match p:
         case PVar(name):
-            q = cons.get(name)
-            if q is None:
+            key = ctx[0].get(name, name)
+            hit = cons.get(key)
+            if hit is None:
                 return None
-            return _shape(q, depth, budget, {n: c for n, c in cons.items() if n != name}, fresh)
+            rest = {n: c for n, c in cons.items() if n != key}
+            return _shape(hit[0], depth, budget, rest, cell, hit[1])
         case PConst():
             return [(CONST, None, None)]
         case PApp(_, args, _) | PFunVar(_, args, _, _):
             kids = None
             if depth > 0:
-                kids = tuple(_shape(a, depth - 1, budget, cons, fresh) for a in args)
+                kids = tuple(_shape(a, depth - 1, budget, cons, cell, ctx) for a in args)
                 if all(k is None for k in kids):
                     kids = None
-            return [(p.op if isinstance(p, PApp) else None, len(args), kids)]
+            if isinstance(p, PApp):
+                op = p.op
+            else:  # an operator variable instantiated with an operator is an application
+                f = ctx[0].get(p.var, p.var)
+                op = f if isinstance(f, Operator) else None
+            return [(op, len(args), kids)]
         case PAlt(left, right):
-            a = _shape(left, depth, budget, cons, fresh)
-            b = _shape(right, depth, budget, cons, fresh) if a is not None else None
+            a = _shape(left, depth, budget, cons, cell, ctx)
+            b = _shape(right, depth, budget, cons, cell, ctx) if a is not None else None
             if a is None or b is None or len(a) + len(b) > _SHAPE_ALTS:
                 return None
             return a + b
         case PConstr(pat, var, constraint):
-            return _shape(pat, depth, budget, {**cons, var: constraint}, fresh)
-        case PGuard(pat, _) | PExists(_, pat, _):
-            return _shape(pat, depth, budget, cons, fresh)
-        case PMu():
+            cons = {**cons, ctx[0].get(var, var): (constraint, ctx)}
+            return _shape(pat, depth, budget, cons, cell, ctx)
+        case PGuard(pat, _):
+            return _shape(pat, depth, budget, cons, cell, ctx)
+        case PExists(var, body, _):
+            env, info, base, scope = ctx
+            if info is not None:  # in an entered body: the ∃'s fresh name
+                name = f"{var.split('#', 1)[0]}#{base + info.offsets[id(p)]}"
+                if name != env.get(var, var):
+                    ctx = ({**env, var: name}, info, base, scope)
+            return _shape(body, depth, budget, cons, cell, ctx)
+        case PMu(name, params, args, body):
             try:
-                return _shape(unfold(p, fresh), depth, budget, cons, fresh)
+                q, inner = _enter(name, params, args, body, ctx, cell)
+            except TypeError:  # a term variable bound to an operator: unfolding fails
+                return None
+            return _shape(q, depth, budget, cons, cell, inner)
+        case PCall(name, args):
+            definition = ctx[3].get(name)
+            if definition is None:
+                return None  # a reference outside its definition: anything
+            try:
+                q, inner = _enter(name, definition[0], args, definition[1], ctx, cell)
             except TypeError:
                 return None
-    return None  # PCall: anything
+            return _shape(q, depth, budget, cons, cell, inner)
+    return None
 
 
 def _fits(shape: list, t: Any) -> bool:
@@ -1176,6 +1236,46 @@ def _error_free(body: Pattern) -> bool:
     """Can matching ``body`` never raise (every recursive reference bound, no definition
     instantiated with an operator)? Only then may a pre-check skip running it: the machine
     must raise where the reference would."""
+    try:
+        return _unbound_calls(body) == frozenset()
+    except RecursionError:  # definitions nested too deep for the memo's recursion
+        return _error_free_walk(body)
+
+
+# The names of the recursive references a definition's body leaves unbound, or None when a
+# reference or definition in it takes an operator argument: per body object, so a body
+# shared by many call sites (a sub-pattern's definition) is walked once.
+_UNBOUND: dict[int, tuple[Pattern, frozenset[str] | None]] = {}
+
+
+def _unbound_calls(p: Pattern) -> frozenset[str] | None:
+    """What ``_error_free_walk`` checks, bottom-up: the reference names ``p`` leaves unbound
+    (None: some definition or reference in ``p`` takes an operator argument)."""
+    free: set[str] = set()
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, PMu | PCall):
+            if any(not isinstance(a, str) for a in q.args):
+                return None
+            if isinstance(q, PCall):
+                free.add(q.name)
+                continue
+            hit = _UNBOUND.get(id(q.body))
+            if hit is None or hit[0] is not q.body:
+                hit = (q.body, _unbound_calls(q.body))
+                if len(_UNBOUND) >= _CACHE_LIMIT:
+                    _UNBOUND.clear()
+                _UNBOUND[id(q.body)] = hit
+            if hit[1] is None:
+                return None
+            free |= hit[1] - {q.name}
+            continue
+        stack.extend(children(q))
+    return frozenset(free)
+
+
+def _error_free_walk(body: Pattern) -> bool:
     stack: list[tuple[Pattern, frozenset[str]]] = [(body, frozenset())]
     while stack:
         q, defs = stack.pop()
@@ -1196,7 +1296,7 @@ def _prefilter(body: Pattern) -> list | None:
     try:
         if not _error_free(body):
             return None
-        shape = _shape(body, _SHAPE_DEPTH, [2000], {}, FreshNames())
+        shape = _shape(body, _SHAPE_DEPTH, [2000], {}, [1])
     except RecursionError:
         return None
     if shape is None or all(kids is None for _, _, kids in shape):
@@ -1307,6 +1407,40 @@ def _compile_guard(g: Expr) -> Callable[[Mapping[str, Any], Mapping[str, Any]], 
 
 
 _compiled_guards = _ByIdentity(_compile_guard)
+
+
+def _make_env_guard(g: Expr) -> Callable[[dict, dict, Mapping[str, Any]], bool]:
+    """``guard_holds(rename_expr(g, env), θ, φ)``, compiled once per guard: the machine runs
+    a μ-body's guard with the body's variables standing for the names (or operators) its
+    environment gives them. Rather than rename the expression at each evaluation, give the
+    compiled guard views of θ and φ under its own names, read through ``env`` exactly as
+    ``rename_expr`` would rename them: a name looks its renamed name up; a variable the
+    environment maps to an operator keeps its own name for terms (``EAttr`` is left as it
+    is) and is that operator for operator attributes."""
+    names: set[str] = set()
+    _expr_names(g, names)
+    order = tuple(sorted(names))
+    compiled = compile_guard(g)
+
+    def holds(theta: dict, phi: dict, env: Mapping[str, Any]) -> bool:
+        if not env:
+            return compiled(theta, phi)
+        th: dict[str, Any] = {}
+        ph: dict[str, Any] = {}
+        for n in order:
+            new = env.get(n, n)
+            if isinstance(new, str):
+                th[n] = theta.get(new)
+                ph[n] = phi.get(new)
+            else:
+                th[n] = theta.get(n)
+                ph[n] = new
+        return compiled(th, ph)
+
+    return holds
+
+
+_env_guard = _ByIdentity(_make_env_guard)
 
 
 # ------------------------------------------------------------------------- the public API
