@@ -48,9 +48,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.experimental import pallas as pl
 
 from . import _dispatch as dsp
+
+pl = dsp.LazyModule("jax.experimental.pallas")  # imported when a kernel is built
 
 MASK_VALUE: float = float(np.finfo(np.float32).min)
 # A row whose running max is below this has only masked (finfo.min) scores so far.

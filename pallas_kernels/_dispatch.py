@@ -21,9 +21,11 @@ falls back to another implementation.
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import jax
@@ -34,6 +36,30 @@ from jax import lax
 ENV_VAR = "PYPM_KERNEL_IMPL"
 IMPLS: tuple[str, ...] = ("xla", "interpret", "pallas")
 SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+
+class LazyModule:
+    """A module imported on first attribute access.
+
+    ``jax.experimental.pallas`` is a heavy import that only building a Pallas kernel
+    (``"pallas"`` or ``"interpret"``) needs; the kernels refer to it through one of these,
+    so importing ``pallas_kernels`` and running the ``"xla"`` fallback never import it.
+    """
+
+    __slots__ = ("_name", "_module")
+
+    def __init__(self, name: str):
+        self._name = name
+        self._module: ModuleType | None = None
+
+    def __getattr__(self, attr: str) -> Any:
+        module = self._module
+        if module is None:
+            module = self._module = importlib.import_module(self._name)
+        return getattr(module, attr)
+
+    def __repr__(self) -> str:
+        return f"<lazy module {self._name!r}>"
 
 
 def on_gpu() -> bool:

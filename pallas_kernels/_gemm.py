@@ -24,9 +24,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.experimental import pallas as pl
 
 from . import _dispatch as dsp
+
+pl = dsp.LazyModule("jax.experimental.pallas")  # imported when a kernel is built
 
 ACTIVATIONS: tuple[str, ...] = ("none", "relu", "gelu_tanh", "gelu", "silu", "sigmoid", "tanh")
 

@@ -108,7 +108,7 @@ class _Entry:
 
     closed: Any  # ClosedJaxpr of the flattened function
     out_tree: Any
-    run: Callable[..., list[Any]] | None = None  # the lowered, rewritten program
+    run: Callable[..., list[Any]] | None = None  # the rewritten program (its checked jaxpr)
     records: list[RewriteRecord] = field(default_factory=list)
     fallback: str | None = None
     verified: bool = False
@@ -246,7 +246,9 @@ class Optimized:
             # wrong type) must not leave half a program in the caller's trace
             checked = jax.make_jaxpr(lambda *xs: run(*xs))(*flat)
             _check_out_avals(checked.out_avals, closed.out_avals)
-            entry.run = run
+            # the caller's trace evaluates this checked jaxpr (source lines and name stacks
+            # included) instead of tracing the rewritten program a second time
+            entry.run = _compat.jaxpr_as_fun(checked)
         except Exception as exc:  # any failure: the original program, and say why
             self._fall_back(entry, f"rewriting failed: {_describe(exc)}")
         return entry
