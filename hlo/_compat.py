@@ -281,21 +281,89 @@ def load_for_editing(source: Any, *, small: int = 64) -> tuple[Module, Editor]:
     with ctx:
         reader = _Reader(small)
         snapshot = reader.module(module)
-    return snapshot, Editor(module, reader.handles)
+    return snapshot, Editor(module, reader.handles, reader.operations)
 
 
 # ----------------------------------------------------------------------------- editing
 
 
 class Editor:
-    """Edits a parsed module in place: calls inserted before ops, uses replaced, functions
-    imported, dead pure ops erased. Values are the snapshot's ids."""
+    """Edits a parsed module in place: calls inserted before ops, calls inlined, uses
+    replaced, functions imported, dead pure ops erased. Values are the snapshot's ids (and
+    ids the editor hands out for the values it makes); ops are the snapshot's :class:`Op`s
+    or, for copies the editor made, the ids :meth:`inline` hands out."""
 
-    def __init__(self, module: Any, handles: list[Any]) -> None:
+    def __init__(self, module: Any, handles: list[Any], operations: dict[Op, Any]) -> None:
         self.module = module
         self.handles = handles
         self.ctx = module.context
         self._names: set[str] = set()
+        self._ops: list[Any] = []  # the ir operations of the op ids handed out
+        self._operations = operations  # snapshot op -> its ir operation
+        self.inlined: set[str] = set()  # callees inlined somewhere
+
+    def _value(self, v: Any) -> int:
+        self.handles.append(v)
+        return len(self.handles) - 1
+
+    def op_id(self, op: Op) -> int:
+        """The id of a snapshot op of the module (for :meth:`inline`)."""
+        self._ops.append(self._operations[op])
+        return len(self._ops) - 1
+
+    def inline(self, call: int, callee: Block) -> tuple[dict[int, int], dict[Op, int]]:
+        """Replace the ``func.call`` op ``call`` (an op id) by copies of the ops of its
+        callee's body ``callee`` (the snapshot of that body), placed where the call was.
+
+        Returns what the copy made of the callee's values and ops: snapshot value id -> new
+        value id (the callee's arguments map to the call's operands; values inside regions
+        too) and snapshot op -> new op id. Values a copied region captured from the callee
+        read the copies. Raises :class:`FormatError` (and changes nothing) for a callee with a
+        region that has not one block."""
+        op = self._ops[call]
+        if not _snapshotted(callee):
+            raise FormatError("the callee has a region without exactly one block")
+        name = op.attributes["callee"].value
+        body = ir.SymbolTable(self.module.operation)[name].regions[0].blocks[0]
+        values: dict[int, int] = {
+            vid: self._value(v) for vid, v in zip(callee.args, op.operands, strict=True)
+        }
+        ops: dict[Op, int] = {}
+        originals = list(body.operations)
+        with self.ctx:
+            for snap, original in zip(callee.ops, originals, strict=False):
+                copy = original.operation.clone(ip=ir.InsertionPoint(op))
+                self._map(snap, copy, values, ops)
+            for j, vid in enumerate(callee.returns):
+                op.results[j].replace_all_uses_with(self.handles[values[vid]])
+            op.erase()
+        self._ops[call] = None
+        self.inlined.add(name)
+        return values, ops
+
+    def _map(self, snap: Op, copy: Any, values: dict[int, int], ops: dict[Op, int]) -> None:
+        """Walk an op's copy beside its snapshot: record its values and ops, make its
+        operands (and its regions' captures) read the copies of the callee's values."""
+        for i, vid in enumerate(snap.operands):
+            if vid in values:
+                copy.operands[i] = self.handles[values[vid]]
+        self._ops.append(copy)
+        ops[snap] = len(self._ops) - 1
+        for vid, r in zip(snap.results, copy.results, strict=True):
+            values[vid] = self._value(r)
+        for block, region in zip(snap.regions, copy.regions, strict=True):
+            assert block is not None  # checked by _snapshotted
+            (b,) = region.blocks
+            for vid, a in zip(block.args, b.arguments, strict=True):
+                values[vid] = self._value(a)
+            inner = list(b.operations)
+            for s, o in zip(block.ops, inner, strict=False):
+                self._map(s, o.operation, values, ops)
+            if len(inner) > len(block.ops):  # the terminator
+                term = inner[-1].operation
+                for i, vid in enumerate(block.returns):
+                    if vid in values:
+                        term.operands[i] = self.handles[values[vid]]
 
     def _fresh(self, base: str) -> str:
         table = ir.SymbolTable(self.module.operation)
@@ -359,9 +427,26 @@ class Editor:
     def replace_uses(self, old: int, new: int) -> None:
         self.handles[old].replace_all_uses_with(self.handles[new])
 
+    def undo_call(self, call: int, old: int) -> None:
+        """Take back a call made by :meth:`call` whose uses replaced ``old``'s."""
+        self.handles[call].replace_all_uses_with(self.handles[old])
+        self.handles[call].owner.erase()
+
+    def verify(self) -> str | None:
+        """None if the module verifies, else MLIR's diagnostic."""
+        with self.ctx:
+            try:
+                if self.module.operation.verify():
+                    return None
+                return "the module does not verify"  # pragma: no cover - older bindings
+            except MLIRError as exc:
+                return _diagnostic(exc)
+
     def erase_dead(self, function: str, pure: Callable[[str], bool]) -> int:
-        """Erase ops of ``function``'s body whose results nothing reads and whose names
-        ``pure`` accepts (calls: if their callee is pure), to a fixpoint; returns how many."""
+        """Erase ops of ``function``'s body, and of the regions inside it, whose results
+        nothing reads and whose names ``pure`` accepts (calls: if their callee is pure), to a
+        fixpoint; then the private functions :meth:`inline` inlined that nothing calls any
+        more. Returns how many ops were erased."""
         funcs = {
             f.operation.attributes["sym_name"].value: f.operation
             for f in self.module.body.operations
@@ -391,22 +476,48 @@ class Editor:
                 for x in b.operations
             )
 
-        body = funcs[function].regions[0].blocks[0]
+        def blocks(op: Any) -> Any:
+            """The blocks inside ``op``, inner ones before the block holding them."""
+            for r in op.regions:
+                for b in r.blocks:
+                    for o in b.operations:
+                        yield from blocks(o.operation)
+                    yield b
+
         erased = 0
         changed = True
         while changed:
             changed = False
-            for o in reversed(list(body.operations)):
-                o = o.operation
-                if not o.results or o.name == "func.return":
-                    continue
-                if any(next(iter(r.uses), None) is not None for r in o.results):
-                    continue
-                if pure_op(o):
-                    o.erase()
-                    erased += 1
-                    changed = True
+            for body in list(blocks(funcs[function])):
+                for o in reversed(list(body.operations)):
+                    o = o.operation
+                    if not o.results or o.name in ("func.return", "stablehlo.return"):
+                        continue
+                    if any(next(iter(r.uses), None) is not None for r in o.results):
+                        continue
+                    if pure_op(o):
+                        o.erase()
+                        erased += 1
+                        changed = True  # (blocks inside it were listed before body)
+        self._erase_uncalled(funcs)
         return erased
+
+    def _erase_uncalled(self, funcs: dict[str, Any]) -> None:
+        """Erase the private functions inlined somewhere that no symbol names any more."""
+        names = [n for n in self.inlined if n in funcs]
+        if not names:
+            return
+        with self.ctx:
+            text = self.module.operation.get_asm()
+        for name in names:
+            f = funcs[name]
+            private = (
+                "sym_visibility" in f.attributes
+                and f.attributes["sym_visibility"].value == "private"
+            )
+            uses = re.findall(rf"@{re.escape(name)}(?![\w$.\-])", text)
+            if private and len(uses) == 1:  # its own definition
+                f.erase()
 
     def text(self) -> str:
         """The module, verified, printed with its locations."""
@@ -414,6 +525,11 @@ class Editor:
             if not self.module.operation.verify():
                 raise FormatError("the edited module does not verify")
             return self.module.operation.get_asm(enable_debug_info=True)
+
+
+def _snapshotted(block: Block) -> bool:
+    """Does the snapshot of ``block`` hold every region inside it (one block each)?"""
+    return all(r is not None and _snapshotted(r) for op in block.ops for r in op.regions)
 
 
 def _has_symbol(table: Any, name: str) -> bool:
@@ -649,6 +765,7 @@ class _Reader:
         self.handles: list[Any] = []  # the ir.Value of each id (for the editor)
         self.types: dict[int, TypeSpec] = {}
         self.locs: dict[Any, Loc] = {}
+        self.operations: dict[Op, Any] = {}  # the ir operation of each op (for the editor)
 
     # ------------------------------------------------------------------ locations
 
@@ -752,7 +869,7 @@ class _Reader:
             else:
                 attrs[k] = _attr(a)
         regions = tuple(self.block(r, where) for r in o.regions)
-        return Op(
+        snap = Op(
             name=o.name,
             operands=operands,
             results=results,
@@ -762,3 +879,5 @@ class _Reader:
             regions=regions,
             loc=self.loc(o.location),
         )
+        self.operations[snap] = o
+        return snap

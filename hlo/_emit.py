@@ -9,9 +9,16 @@ site's root value is replaced by a ``func.call`` of it placed before the root op
 root op's location), and the ops only the site used are erased. The result is StableHLO text
 that parses, verifies, and runs like the original (``hlo.execute``).
 
-A site is emitted when its root and the kernel's inputs are values of the entry function's
-own body; sites inside ``while``/``case`` bodies, or whose root is inside an inlined private
-function, are reported in ``skipped`` with the reason, and the module keeps them as they are.
+Sites are emitted wherever the rules find them: in the entry function, inside ``while`` /
+``case`` bodies (the call is placed in the region body; a value the kernel reads from a block
+around the region is read there directly, as the region's other ops read it), and inside
+private functions the lifter inlined (``closed_call``, an inner ``jax.jit``, ``jnp.where``):
+the call is inlined in the module too, at that call only, so the site's ops are values of the
+block that holds the call. Each distinct kernel (operator, plan, literal inputs, input types)
+is one private function, called from every site it replaces. A site that cannot be emitted (a
+rule whose replacement is not a kernel, a kernel reading the result of such a rewrite, a
+kernel JAX cannot lower) is reported in ``skipped`` with the reason, and the module keeps it
+as it is.
 """
 
 from __future__ import annotations
@@ -24,11 +31,11 @@ from typing import Any
 import numpy as np
 
 import pypm_jax as pm
-from pypm_jax import RewriteRecord
+from pypm_jax import FormatError, RewriteRecord
 
 from . import _compat
 from ._find import NORMALIZE_RULES, SiteReport, _children
-from ._lift import SMALL_CONST_ELEMENTS, _entry, _is_const, _Lifter
+from ._lift import SMALL_CONST_ELEMENTS, Path, _entry, _is_const, _Lifter
 from ._ops import TABLE
 
 # Ops erased when nothing reads them any more (no effects; calls: if their callee is pure).
@@ -38,6 +45,11 @@ _PURE = (frozenset(TABLE) - {"stablehlo.optimization_barrier"}) | {
     "stablehlo.compare",
     "chlo.broadcast_compare",
 }
+
+
+# Ops whose region bodies kernels are called from: control flow, whose bodies are code like a
+# function's (a ``reduce``/``sort``/``scatter`` body is a scalar computation XLA applies).
+_BODIES = frozenset({"stablehlo.while", "stablehlo.case", "stablehlo.if"})
 
 
 @dataclass(eq=False)
@@ -78,105 +90,215 @@ def emit(
     rules = list(rules)
     report = SiteReport()
     report.graph = graph
-    if normalize:
-        report.normalized.extend(pm.rewrite(graph, NORMALIZE_RULES, **options).report)
-    before = {n.id: n for n in graph.nodes()}
-    main = pm.rewrite(graph, rules, **options).report
-    report.extend(main)
     result = Emitted("", report)
-    alive = {n.id: n for n in graph.nodes()}
-    for record in main:
-        why = _emit_site(record, before, alive, lifter, editor)
-        if why is None:
-            result.emitted.append(record)
-        else:
-            result.skipped.append((record, why))
-    pending = list(_children(graph))
-    while pending:  # region bodies: found, not emitted
-        g = pending.pop(0)
+    emitter = _Emitter(snapshot, fn, lifter, editor)
+    pending = [graph]
+    while pending:  # the entry function, then region bodies, in find's order
+        g = pending.pop()
         if normalize:
             report.normalized.extend(pm.rewrite(g, NORMALIZE_RULES, **options).report)
-        for record in pm.rewrite(g, rules, **options).report:
+        before = {n.id: n for n in g.nodes()}
+        records = pm.rewrite(g, rules, **options).report
+        alive = {n.id: n for n in g.nodes()}
+        for record in records:
             report.append(record)
-            result.skipped.append((record, "inside the region of an op (while, case, ...)"))
-        pending.extend(_children(g))
-    if result.emitted:
+            why = emitter.site(record, before, alive)
+            if why is None:
+                result.emitted.append(record)
+            else:
+                result.skipped.append((record, why))
+        pending.extend(reversed(list(_children(g))))
+    if result.emitted or editor.inlined:
         editor.erase_dead(fn.name, lambda name: name in _PURE)
     result.text = editor.text()
     return result
 
 
-def _emit_site(
-    record: RewriteRecord,
-    before: dict[int, Any],
-    alive: dict[int, Any],
-    lifter: _Lifter,
-    editor: _compat.Editor,
-) -> str | None:
-    """Replace one site in the module; None if done, else why not."""
-    top = lifter.top
-    from pypm_jax.jax.impls import impl_for
+class _Skip(Exception):
+    """A site that cannot be emitted, and why."""
 
-    root = before.get(record.root)
-    kernels = [alive[i] for i in record.created if i in alive and impl_for(alive[i].op)]
-    if root is None or len(kernels) != 1 or len(root.outputs) != 1:
-        return "not one kernel node replacing one value"
-    (kernel,) = kernels
-    old, new = root.outputs[0], kernel.outputs[0]
-    if len(kernel.outputs) != 1 or (old.shape, old.dtype) != (new.shape, new.dtype):
-        return "the kernel's type differs from the replaced value's"
-    rid = top.get(old)
-    if rid is None:
-        return "the replaced value is computed inside an inlined function"
-    inputs: list[tuple[str, Any]] = []
-    arg_ids: list[int] = []
-    made: dict[Any, int] = {}
-    for u in kernel.inputs:
-        if _is_const(u):
-            inputs.append(("const", _const_value(u)))
-            continue
-        vid = _materialize(u, rid, lifter, editor, made)
-        if vid is None:
-            return "a kernel input is computed where the entry function cannot read it"
-        inputs.append(("arg", len(arg_ids)))
-        arg_ids.append(vid)
-    arg_values = [kernel.inputs[i] for i, (k, _) in enumerate(inputs) if k == "arg"]
+
+class _Emitter:
+    """Carries sites of the lifted graphs into the module being edited.
+
+    A graph value stands for an MLIR value of some block: the entry function's body, a
+    region body, or the body of a private function the lifter inlined at a call. Values of
+    the first two kinds are in the module as they are; for the last, the call is inlined in
+    the module too (once, on first need, through every call on the way), so the value's copy
+    is in the block that holds the call, where the other values of the same graph are."""
+
+    def __init__(
+        self, mod: _compat.Module, fn: _compat.Func, lifter: _Lifter, editor: _compat.Editor
+    ) -> None:
+        self.mod = mod
+        self.fn = fn
+        self.lifter = lifter
+        self.editor = editor
+        self.made: dict[Any, int] = {}  # kernel outputs: graph value -> the call's value
+        self.replaced: dict[int, int] = {}  # a replaced value -> the call replacing it
+        self.inlined: dict[Path, tuple[dict[int, int], dict[Any, int]]] = {}
+        self.kernels: dict[Any, str] = {}  # kernel signature -> its private function
+        self.defined: dict[Any, frozenset[int]] = {}
+        self.owners: dict[_compat.Block, _compat.Op] = {}  # region body -> its op
+        pending = [f.body for f in mod.funcs.values()]
+        while pending:
+            for op in pending.pop().ops:
+                for region in op.regions:
+                    if region is not None:
+                        self.owners[region] = op
+                        pending.append(region)
+
+    # ------------------------------------------------------------------ sites
+
+    def site(
+        self, record: RewriteRecord, before: dict[int, Any], alive: dict[int, Any]
+    ) -> str | None:
+        """Replace one site in the module; None if done, else why not."""
+        try:
+            self._site(record, before, alive)
+        except _Skip as why:
+            return str(why)
+        return None
+
+    def _site(self, record: RewriteRecord, before: dict[int, Any], alive: dict[int, Any]) -> None:
+        from pypm_jax.jax.impls import impl_for
+
+        root = before.get(record.root)
+        kernels = [alive[i] for i in record.created if i in alive and impl_for(alive[i].op)]
+        if root is None or len(kernels) != 1 or len(root.outputs) != 1:
+            raise _Skip("not one kernel node replacing one value (only kernels are emitted)")
+        (kernel,) = kernels
+        old, new = root.outputs[0], kernel.outputs[0]
+        if len(kernel.outputs) != 1 or (old.shape, old.dtype) != (new.shape, new.dtype):
+            raise _Skip("the kernel's type differs from the replaced value's")
+        path, _ = self.lifter.defs.get(old, ((), 0))
+        for step in path:
+            owner = self.owners.get(step)
+            if owner is not None and owner.name not in _BODIES:
+                raise _Skip(
+                    f"inside the region of {owner.name} (kernels are called from function "
+                    "bodies and while/case/if bodies only)"
+                )
+        rid = self.value(old, "the replaced value", before)
+        inputs: list[tuple[str, Any]] = []
+        arg_ids: list[int] = []
+        for u in kernel.inputs:
+            if _is_const(u):
+                inputs.append(("const", _const_value(u)))
+                continue
+            inputs.append(("arg", len(arg_ids)))
+            arg_ids.append(self.value(u, "a kernel input", before))
+        arg_values = [u for u in kernel.inputs if not _is_const(u)]
+        name = self._kernel(kernel, inputs, arg_values)
+        call = self.editor.call(rid, name, arg_ids, rid)
+        self.editor.replace_uses(rid, call)
+        why = self.editor.verify()
+        if why is not None:  # not expected; never leave a module that does not verify
+            self.editor.undo_call(call, rid)
+            raise _Skip(f"the kernel call does not verify: {why}")
+        self.replaced[rid] = call
+        self.made[new] = call  # a later site may read this kernel's result
+
+    def _kernel(self, kernel: Any, inputs: list[tuple[str, Any]], args: list[Any]) -> str:
+        """The private function of the kernel's implementation for these inputs (lowered
+        and added to the module once per distinct kernel, plan, literals and input types)."""
+        from pypm_jax.jax.impls import impl_for
+
+        key = (
+            kernel.op,
+            impl_for(kernel.op),
+            _frozen(kernel.attrs),
+            _frozen(inputs),
+            tuple((tuple(v.shape or ()), str(v.dtype)) for v in args),
+        )
+        name = self.kernels.get(key)
+        if name is None:
+            try:
+                text = _lower_kernel(kernel, inputs, args)
+            except Exception as exc:  # noqa: BLE001 - a kernel JAX cannot lower: leave the site
+                raise _Skip(f"the kernel does not lower: {type(exc).__name__}: {exc}") from None
+            name = self.kernels[key] = self.editor.import_functions(text, f"pypm_{kernel.op.name}")
+        return name
+
+    # ------------------------------------------------------------------ values
+
+    def value(self, v: Any, what: str, before: dict[int, Any]) -> int:
+        """The id of the MLIR value graph value ``v`` stands for, inlining calls as needed
+        (``before``: the graph's nodes before the rules ran)."""
+        if v in self.made:
+            return self.made[v]
+        found = self.lifter.defs.get(v)
+        if found is None:
+            if before.get(v.node.id) is not v.node:
+                raise _Skip(f"{what} is the result of a rewrite that was not emitted")
+            # e.g. the reduction inside max(init, reduce_max(x)), a normalized logistic
+            raise _Skip(f"{what} is no value of the module (lifting or normalization made it)")
+        path, vid = found
+        while vid not in self._defined(path):  # captured: defined in a block around
+            if not path or not isinstance(path[-1], _compat.Block):
+                raise _Skip(f"{what} is captured from no block around its region")
+            path = path[:-1]
+        vid = self._real(path, vid)
+        return self.replaced.get(vid, vid)
+
+    def _real(self, path: Path, vid: int) -> int:
+        """Value ``vid`` of the block ``path`` leads to, as a value of the edited module."""
+        calls = [i for i, step in enumerate(path) if isinstance(step, _compat.Op)]
+        if not calls:
+            return vid
+        values, _ = self._inline(path[: calls[-1] + 1])
+        return values[vid]
+
+    def _inline(self, path: Path) -> tuple[dict[int, int], dict[Any, int]]:
+        """Inline the call ``path`` ends with (and the calls before it on the path)."""
+        found = self.inlined.get(path)
+        if found is None:
+            call, outer = path[-1], path[:-1]
+            calls = [i for i, step in enumerate(outer) if isinstance(step, _compat.Op)]
+            if calls:
+                _, ops = self._inline(outer[: calls[-1] + 1])
+                ref = ops[call]
+            else:
+                ref = self.editor.op_id(call)
+            callee = self.mod.funcs[call.attrs["callee"]].body
+            try:
+                found = self.editor.inline(ref, callee)
+            except FormatError as exc:
+                raise _Skip(f"cannot inline @{call.attrs['callee']}: {exc}") from None
+            self.inlined[path] = found
+        return found
+
+    def _defined(self, path: Path) -> frozenset[int]:
+        """The values the block ``path`` leads to defines itself (arguments, op results)."""
+        step = path[-1] if path else None
+        found = self.defined.get(step)
+        if found is None:
+            if step is None:
+                block = self.fn.body
+            elif isinstance(step, _compat.Op):
+                block = self.mod.funcs[step.attrs["callee"]].body
+            else:
+                block = step
+            found = frozenset(block.args).union(r for op in block.ops for r in op.results)
+            self.defined[step] = found
+        return found
+
+
+def _frozen(x: Any) -> Any:
+    """A hashable stand-in for ``x`` (a kernel's attributes, literal inputs) with its value."""
+    if isinstance(x, np.ndarray):
+        return ("array", x.dtype.str, x.shape, x.tobytes())
+    if isinstance(x, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in x.items()))
+    if isinstance(x, tuple | list):
+        return (type(x).__name__, *(_frozen(v) for v in x))
+    if isinstance(x, float | np.generic):  # 0.0 == -0.0, nan != nan: compare the spelling
+        return (type(x).__name__, repr(x))
     try:
-        text = _lower_kernel(kernel, inputs, arg_values)
-    except Exception as exc:  # noqa: BLE001 - a kernel JAX cannot lower: leave the site
-        return f"the kernel does not lower: {type(exc).__name__}: {exc}"
-    name = editor.import_functions(text, f"pypm_{kernel.op.name}")
-    call = editor.call(rid, name, arg_ids, rid)
-    editor.replace_uses(rid, call)
-    top[new] = call  # a later site may read this kernel's result (the next layer's input)
-    return None
-
-
-def _materialize(
-    v: Any, before: int, lifter: _Lifter, editor: _compat.Editor, made: dict[Any, int]
-) -> int | None:
-    """The id of an MLIR value of the entry function holding graph value ``v``: the value
-    itself, or, for a value computed in an inlined function's body (``jnp.where``'s mask),
-    copies of the ops computing it placed before the op defining ``before``."""
-    if v in lifter.top:
-        return lifter.top[v]
-    if v in made:
-        return made[v]
-    found = lifter.origin.get(v)
-    if found is None or len(made) > 256:
-        return None
-    op, index, read = found
-    if any(r is None for r in op.regions):
-        return None
-    operands = []
-    for vid in op.operands:
-        x = _materialize(read(vid), before, lifter, editor, made)
-        if x is None:
-            return None
-        operands.append(x)
-    copies = editor.clone(op.results[0], before, operands)
-    made[v] = copies[index]
-    return copies[index]
+        hash(x)
+    except TypeError:
+        return ("repr", type(x).__name__, repr(x))
+    return (type(x).__name__, x)
 
 
 def _const_value(v: Any) -> Any:

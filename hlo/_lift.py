@@ -58,6 +58,11 @@ from ._ops import REDUCERS, opaque_op, spec_for
 SMALL_CONST_ELEMENTS = 64
 
 
+# Where a block is, from the entry function's body: the ``func.call`` ops whose callee bodies
+# were inlined and the region blocks entered on the way (see ``_Lifter.defs``).
+Path = tuple["_compat.Op | _compat.Block", ...]
+
+
 class HloError(PyPMError):
     """A readable MLIR module that cannot be lifted (no such function, no entry point)."""
 
@@ -213,12 +218,11 @@ class _Lifter:
     def __init__(self, mod: _compat.Module, *, track: bool = False) -> None:
         self.mod = mod
         self.track = track  # keep what an editor of the module needs (hlo.emit)
-        # graph value -> id of the first MLIR value of the entry function's own block it
-        # stands for (what an editor of the module can refer to)
-        self.top: dict[Any, int] = {}
-        # graph value -> (op, result index, the reader of that op's operands) it was first
-        # lifted from: how an editor re-creates a value of an inlined function's body
-        self.origin: dict[Any, tuple[_compat.Op, int, Callable[[int], Any]]] = {}
+        # graph value -> (path, id) of the MLIR value it was first lifted from: the value
+        # ``id`` of the block that ``path`` leads to from the entry function's body, through
+        # inlined calls (the call op) and region bodies (the region's block). A region's
+        # captured value has the region's path (it is defined in a block around it).
+        self.defs: dict[Any, tuple[Path, int]] = {}
         self.sources: dict[tuple[str, int], SourceLoc] = {}
         self.wheres: dict[tuple[_compat.Loc, _Site], tuple[SourceLoc | None, str]] = {}
         self.producers: dict[int, _compat.Op] = {}
@@ -236,14 +240,14 @@ class _Lifter:
             zip(body.args, body.arg_types, body.arg_names, strict=True)
         ):
             env[vid] = g.add_input(self._input_name(name, f"arg{i}", used), *t)
-            self.top[env[vid]] = vid
-        outs = self._block(g, body, env, _Site(), (fn.name,), None, top=True)
+            self.defs[env[vid]] = ((), vid)
+        outs = self._block(g, body, env, _Site(), (fn.name,), None, ())
         g.set_outputs(outs)
         g.compact()  # matching then reads the graph's memory in order
         g.dce()  # broadcasts read through and unused reduction inits
         return g
 
-    def _region(self, block: _compat.Block, site: _Site, stack: tuple[str, ...]) -> Any:
+    def _region(self, block: _compat.Block, site: _Site, stack: tuple[str, ...], path: Path) -> Any:
         """A region's body as a graph of its own; values it captures become inputs."""
         from pypm_jax import Graph
 
@@ -254,14 +258,18 @@ class _Lifter:
             zip(block.args, block.arg_types, block.arg_names, strict=True)
         ):
             env[vid] = g.add_input(self._input_name(name, f"arg{i}", used), *t)
+            if self.track:
+                self.defs[env[vid]] = (path, vid)
         types = self._value_types(block)
 
         def capture(vid: int) -> Any:
             v = g.add_input(self._input_name(None, f"captured{vid}", used), *types(vid))
             env[vid] = v
+            if self.track:
+                self.defs[v] = (path, vid)
             return v
 
-        g.set_outputs(self._block(g, block, env, site, stack, capture))
+        g.set_outputs(self._block(g, block, env, site, stack, capture, path))
         g.compact()
         g.dce()
         return g
@@ -301,8 +309,7 @@ class _Lifter:
         site: _Site,
         stack: tuple[str, ...],
         capture: Callable[[int], Any] | None,
-        *,
-        top: bool = False,
+        path: Path,
     ) -> list[Any]:
         def read(vid: int) -> Any:
             v = env.get(vid)
@@ -315,15 +322,11 @@ class _Lifter:
         for op in block.ops:
             for r in op.results:
                 self.producers[r] = op
-            outs = self._op(g, op, read, site, stack, capture)
-            for i, (vid, v) in enumerate(zip(op.results, outs, strict=False)):
+            outs = self._op(g, op, read, site, stack, path)
+            for vid, v in zip(op.results, outs, strict=False):
                 env[vid] = v
-                if not self.track:
-                    continue
-                if top:
-                    self.top.setdefault(v, vid)
-                elif op.name != "func.call":
-                    self.origin.setdefault(v, (op, i, read))
+                if self.track:
+                    self.defs.setdefault(v, (path, vid))
         return [read(v) for v in block.returns]
 
     # ---------------------------------------------------------------- sources
@@ -362,16 +365,16 @@ class _Lifter:
         read: Callable[[int], Any],
         site: _Site,
         stack: tuple[str, ...],
-        capture: Callable[[int], Any] | None,
+        path: Path,
     ) -> tuple[Any, ...] | list[Any]:
-        source, path = self._where(op.loc, site)
-        meta = {"module_path": path, "hlo_op": op.name}
+        source, where = self._where(op.loc, site)
+        meta = {"module_path": where, "hlo_op": op.name}
         if op.name == "stablehlo.constant":
             value = op.attrs.get("value")
             if isinstance(value, _compat.Dense) and len(op.results) == 1:
                 return [self._constant(g, value, op.types[0])]
         elif op.name == "func.call":
-            outs = self._call(g, op, read, _Site(path, source), stack)
+            outs = self._call(g, op, read, _Site(where, source), stack, path)
             if outs is not None:
                 return outs
         elif op.name == "stablehlo.reduce":
@@ -400,7 +403,7 @@ class _Lifter:
                     return node.outputs
             except (KeyError, TypeError, ValueError, AttributeError, PyPMError):
                 pass  # an instance the table cannot express: opaque below
-        return self._opaque(g, op, read, meta, source, _Site(path, source, False), stack)
+        return self._opaque(g, op, read, meta, source, _Site(where, source, False), stack, path)
 
     def _opaque(
         self,
@@ -411,9 +414,12 @@ class _Lifter:
         source: SourceLoc | None,
         site: _Site,
         stack: tuple[str, ...],
+        path: Path,
     ) -> tuple[Any, ...]:
         attrs: dict[str, Any] = {}
-        regions = tuple(self._region(b, site, stack) for b in op.regions if b is not None)
+        regions = tuple(
+            self._region(b, site, stack, (*path, b)) for b in op.regions if b is not None
+        )
         if regions:
             attrs["regions"] = regions
         types = list(op.types) or [(None, None)]  # a node has at least one output
@@ -434,6 +440,7 @@ class _Lifter:
         read: Callable[[int], Any],
         site: _Site,
         stack: tuple[str, ...],
+        path: Path,
     ) -> list[Any] | None:
         """Inline a private function's body; None (opaque) if it cannot be."""
         callee = self.mod.funcs.get(str(op.attrs.get("callee", "")))
@@ -442,7 +449,7 @@ class _Lifter:
         if len(callee.body.returns) != len(op.results):
             return None
         env = {a: read(o) for a, o in zip(callee.body.args, op.operands, strict=True)}
-        return self._block(g, callee.body, env, site, (*stack, callee.name), None)
+        return self._block(g, callee.body, env, site, (*stack, callee.name), None, (*path, op))
 
     def _constant(self, g: Any, dense: _compat.Dense, t: _compat.TypeSpec) -> Any:
         shape, dtype = t

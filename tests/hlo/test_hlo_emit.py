@@ -4,12 +4,17 @@ and runs, and computes what the original computes (kernels in the Pallas interpr
 from __future__ import annotations
 
 import corpus
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from test_hlo_find import SIZE, mlp
 
 import hlo
+import pypm_jax as pm
+from pypm_jax.jax import prims
+from pypm_jax.rules import default_rules
 
 MODELS = {
     "linen_mha_masked": (lambda: corpus.linen_mha(True, SIZE), {"attention_mask": 1}),
@@ -59,14 +64,7 @@ def test_emitted_module_runs_and_matches(name):
     assert families == want_families
     if name != "mlp":  # every softmax went into a kernel
         assert "stablehlo.exponential" not in [op.name for op in _main(result.text)]
-    flat = jax.tree.leaves(args)
-    want = hlo.execute(lowered, flat)
-    got = hlo.execute(result.text, flat)
-    assert len(want) == len(got)
-    for a, b in zip(want, got, strict=True):
-        assert a.shape == b.shape and a.dtype == b.dtype
-        scale = max(float(np.max(np.abs(a))), 1e-30)
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * scale, err_msg=desc)
+    _assert_runs_like(lowered, result.text, jax.tree.leaves(args), desc)
 
 
 def test_emitted_calls_have_the_sites_locations():
@@ -78,17 +76,175 @@ def test_emitted_calls_have_the_sites_locations():
     assert (record.source.file, record.source.line) in call.loc.frames
 
 
-def test_sites_inside_loops_are_reported_not_emitted():
-    fn, args, _ = corpus.linen_scan(False, SIZE)
+def _assert_runs_like(lowered, text, args, desc=""):
+    """``text`` computes what ``lowered`` computes on ``args`` (within 1e-5 of the scale)."""
+    want = hlo.execute(lowered, args)
+    got = hlo.execute(text, args)
+    assert len(want) == len(got)
+    for a, b in zip(want, got, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        scale = max(float(np.max(np.abs(a))), 1e-30)
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * scale, err_msg=desc)
+
+
+def _kernels_by_depth(text):
+    """The emitted kernels main calls, as (callee family, region depth, op holding it)."""
+    out = []
+
+    def walk(block, depth, holder):
+        for op in block.ops:
+            callee = op.attrs.get("callee", "") if op.name == "func.call" else ""
+            if callee.startswith("pypm_"):
+                out.append((callee.split("_")[1], depth, holder))
+            for region in op.regions:
+                if region is not None:
+                    walk(region, depth + 1, op.name)
+
+    walk(hlo._compat.load(text).funcs["main"].body, 0, "func.func")
+    return sorted(out)
+
+
+@pytest.fixture(params=["interpret", "default"])
+def kernel_impl(request, monkeypatch):
+    """The kernels' Pallas code (interpret mode), or what the default dispatch picks (their
+    XLA reference on CPU)."""
+    if request.param == "default":
+        monkeypatch.delenv("PYPM_KERNEL_IMPL", raising=False)
+    return request.param
+
+
+@pytest.mark.parametrize("remat", [False, True], ids=["scan", "scan_remat"])
+def test_sites_inside_a_scan_are_emitted_in_the_while_body(remat, kernel_impl):
+    fn, args, desc = corpus.linen_scan(remat, SIZE)
     lowered = jax.jit(fn, keep_unused=True).lower(*args)
+    before = lowered.as_text(debug_info=True)
     result = hlo.emit(lowered)
     assert result.report.counts() == {"attention": 1, "gemm_epilogue": 1}
-    assert not result.emitted and len(result.skipped) == 2
-    assert all("region" in why for _, why in result.skipped)
-    flat = jax.tree.leaves(args)
-    (want,) = hlo.execute(lowered, flat)
-    (got,) = hlo.execute(result.text, flat)
-    np.testing.assert_array_equal(got, want)
+    assert len(result.emitted) == 2 and not result.skipped, str(result)
+    assert lowered.as_text(debug_info=True) == before
+    # both kernels are called from the loop's body (the layer's function was inlined there)
+    assert _kernels_by_depth(result.text) == [
+        ("FlashAttention", 1, "stablehlo.while"),
+        ("GemmEpilogue", 1, "stablehlo.while"),
+    ]
+    body = [op.name for op in hlo._compat.load(result.text).funcs["main"].body.ops]
+    assert "stablehlo.exponential" not in body
+    _assert_runs_like(lowered, result.text, jax.tree.leaves(args), desc)
+
+
+def _attention(q, k, v):
+    return nn.dot_product_attention(q, k, v)
+
+
+def _dense_gelu(x, w, b):
+    return jax.nn.gelu(x @ w + b)
+
+
+def _branches(p, q, k, v, w, b):
+    """An attention in a ``cond`` branch, a Dense + gelu in a ``switch`` branch, and an
+    attention in a ``cond`` inside a ``fori_loop`` (a ``case`` in a ``while`` body)."""
+    y = jax.lax.cond(p > 0, _attention, lambda q, k, v: q * 2.0, q, k, v)
+    z = jax.lax.switch(
+        jnp.clip(p, 0, 2),
+        [lambda y: _dense_gelu(y, w, b), lambda y: y, lambda y: -y],
+        y.reshape(2, 8, 64),
+    )
+
+    def step(i, c):
+        return jax.lax.cond(i % 2 == 0, lambda c: _attention(c, c, c), lambda c: c, c)
+
+    return jax.lax.fori_loop(0, 3, step, z.reshape(2, 8, 2, 32))
+
+
+def _branch_args(p):
+    ks = jax.random.split(jax.random.PRNGKey(7), 5)
+    qkv = [jax.random.normal(k, (2, 8, 2, 32), jnp.float32) for k in ks[:3]]
+    w = 0.1 * jax.random.normal(ks[3], (64, 64), jnp.float32)
+    return [np.int32(p), *qkv, w, jax.random.normal(ks[4], (64,), jnp.float32)]
+
+
+def test_sites_inside_cond_switch_and_nested_regions_are_emitted(kernel_impl):
+    lowered = jax.jit(_branches, keep_unused=True).lower(*_branch_args(1))
+    result = hlo.emit(lowered)
+    assert result.report.counts() == {"attention": 2, "gemm_epilogue": 1}
+    assert len(result.emitted) == 3 and not result.skipped, str(result)
+    assert _kernels_by_depth(result.text) == [
+        ("FlashAttention", 1, "stablehlo.case"),  # the cond's branch
+        ("FlashAttention", 2, "stablehlo.case"),  # the cond's branch in the loop's body
+        ("GemmEpilogue", 1, "stablehlo.case"),  # the switch's branch
+    ]
+    # one private function per distinct kernel: both attentions have the same signature
+    assert result.text.count("func.func private @pypm_FlashAttention(") == 1
+    for p in (0, 1, 2, 5):  # every branch taken
+        _assert_runs_like(lowered, result.text, _branch_args(p), f"p={p}")
+
+
+def _dense_args():
+    x = jax.random.normal(jax.random.PRNGKey(3), (2, 8, 64), jnp.float32)
+    return [x, *_branch_args(0)[4:]]
+
+
+@jax.jit
+def _inner_dense_gelu(x, w, b):
+    return _dense_gelu(x, w, b)
+
+
+def test_sites_inside_a_private_function_called_twice_are_emitted(kernel_impl):
+    """The replaced values are computed in a private function's body (an inner jax.jit),
+    called twice: each call is inlined and gets its kernel call."""
+
+    def f(x, w, b):
+        y = _inner_dense_gelu(x, w, b)
+        return _inner_dense_gelu(y, w, b) + y
+
+    args = _dense_args()
+    lowered = jax.jit(f, keep_unused=True).lower(*args)
+    assert "call @_inner_dense_gelu" in lowered.as_text()
+    result = hlo.emit(lowered)
+    assert len(result.emitted) == 2 and not result.skipped, str(result)
+    assert _kernels_by_depth(result.text) == [("GemmEpilogue", 0, "func.func")] * 2
+    # inlined at both calls, then erased
+    assert "_inner_dense_gelu" not in hlo._compat.load(result.text).funcs
+    _assert_runs_like(lowered, result.text, args)
+
+
+@pm.pattern
+def _Doubled(x):
+    return prims.mul(x, 2.0)
+
+
+@pm.rule(_Doubled)
+def _double_by_adding(x):
+    return prims.add(x, x)
+
+
+def test_sites_that_cannot_be_emitted_are_skipped_with_the_reason():
+    """A rule whose replacement is no kernel cannot be emitted; a kernel that reads its
+    result cannot either. Both are listed with the reason, the other sites are emitted, and
+    the module still runs."""
+
+    def f(x, w, b):
+        def step(i, c):
+            return _dense_gelu(c * 2.0, w, b)  # doubled, then a gemm epilogue
+
+        return jax.lax.fori_loop(0, 2, step, x), _dense_gelu(x, w, b)
+
+    args = _dense_args()
+    lowered = jax.jit(f, keep_unused=True).lower(*args)
+    result = hlo.emit(lowered, [*default_rules(), _double_by_adding])
+    assert sorted(result.report.counts().items()) == [
+        ("_double_by_adding", 1),
+        ("gemm_epilogue", 2),
+    ]
+    assert [r.rule for r in result.emitted] == ["gemm_epilogue"]  # the one outside the loop
+    why = {r.rule: reason for r, reason in result.skipped}
+    assert why == {
+        "_double_by_adding": "not one kernel node replacing one value (only kernels are emitted)",
+        "gemm_epilogue": "a kernel input is the result of a rewrite that was not emitted",
+    }
+    assert "skipped _double_by_adding" in str(result)
+    assert _kernels_by_depth(result.text) == [("GemmEpilogue", 0, "func.func")]
+    _assert_runs_like(lowered, result.text, args)
 
 
 def test_emit_of_a_file_without_sites_is_the_same_program(tmp_path):
