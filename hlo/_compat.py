@@ -311,15 +311,20 @@ class Editor:
         self._ops.append(self._operations[op])
         return len(self._ops) - 1
 
-    def inline(self, call: int, callee: Block) -> tuple[dict[int, int], dict[Op, int]]:
+    def inline(
+        self, call: int, callee: Block, scope: Callable[[str], str] = lambda name: ""
+    ) -> tuple[dict[int, int], dict[Op, int]]:
         """Replace the ``func.call`` op ``call`` (an op id) by copies of the ops of its
         callee's body ``callee`` (the snapshot of that body), placed where the call was.
 
         Returns what the copy made of the callee's values and ops: snapshot value id -> new
         value id (the callee's arguments map to the call's operands; values inside regions
         too) and snapshot op -> new op id. Values a copied region captured from the callee
-        read the copies. Raises :class:`FormatError` (and changes nothing) for a callee with a
-        region that has not one block."""
+        read the copies. The copies' locations say they were called there: a name gets the
+        prefix ``scope(the call's name)`` (JAX names a callee's ops relative to the call),
+        and the call's location is fused in (for the frames of ops without their own).
+        Raises :class:`FormatError` (and changes nothing) for a callee with a region that
+        has not one block."""
         op = self._ops[call]
         if not _snapshotted(callee):
             raise FormatError("the callee has a region without exactly one block")
@@ -331,9 +336,21 @@ class Editor:
         ops: dict[Op, int] = {}
         originals = list(body.operations)
         with self.ctx:
+            where = op.location
+            prefix = scope(ir.NameLoc(where).name_str) if _same(where, ir.NameLoc) else ""
+
+            def relocate(o: Any) -> None:
+                loc = o.location
+                if _same(loc, ir.NameLoc) and prefix:
+                    n = ir.NameLoc(loc)
+                    child = ir.Location.fused([n.child_loc, where])
+                    o.location = ir.Location.name(f"{prefix}/{n.name_str}", childLoc=child)
+                else:
+                    o.location = ir.Location.fused([loc, where])
+
             for snap, original in zip(callee.ops, originals, strict=False):
                 copy = original.operation.clone(ip=ir.InsertionPoint(op))
-                self._map(snap, copy, values, ops)
+                self._map(snap, copy, values, ops, relocate)
             for j, vid in enumerate(callee.returns):
                 op.results[j].replace_all_uses_with(self.handles[values[vid]])
             op.erase()
@@ -341,9 +358,17 @@ class Editor:
         self.inlined.add(name)
         return values, ops
 
-    def _map(self, snap: Op, copy: Any, values: dict[int, int], ops: dict[Op, int]) -> None:
+    def _map(
+        self,
+        snap: Op,
+        copy: Any,
+        values: dict[int, int],
+        ops: dict[Op, int],
+        relocate: Callable[[Any], None],
+    ) -> None:
         """Walk an op's copy beside its snapshot: record its values and ops, make its
         operands (and its regions' captures) read the copies of the callee's values."""
+        relocate(copy)
         for i, vid in enumerate(snap.operands):
             if vid in values:
                 copy.operands[i] = self.handles[values[vid]]
@@ -358,7 +383,7 @@ class Editor:
                 values[vid] = self._value(a)
             inner = list(b.operations)
             for s, o in zip(block.ops, inner, strict=False):
-                self._map(s, o.operation, values, ops)
+                self._map(s, o.operation, values, ops, relocate)
             if len(inner) > len(block.ops):  # the terminator
                 term = inner[-1].operation
                 for i, vid in enumerate(block.returns):

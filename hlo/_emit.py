@@ -35,7 +35,7 @@ from pypm_jax import FormatError, RewriteRecord
 
 from . import _compat
 from ._find import NORMALIZE_RULES, SiteReport, _children
-from ._lift import SMALL_CONST_ELEMENTS, Path, _entry, _is_const, _Lifter
+from ._lift import SMALL_CONST_ELEMENTS, Path, _entry, _is_const, _Lifter, call_scope
 from ._ops import TABLE
 
 # Ops erased when nothing reads them any more (no effects; calls: if their callee is pure).
@@ -262,7 +262,7 @@ class _Emitter:
                 ref = self.editor.op_id(call)
             callee = self.mod.funcs[call.attrs["callee"]].body
             try:
-                found = self.editor.inline(ref, callee)
+                found = self.editor.inline(ref, callee, call_scope)
             except FormatError as exc:
                 raise _Skip(f"cannot inline @{call.attrs['callee']}: {exc}") from None
             self.inlined[path] = found

@@ -137,6 +137,17 @@ def module_path(name: str) -> str:
     return "/".join(out)
 
 
+def call_scope(name: str) -> str:
+    """The name stack the ops of a call's callee are named relative to: the call op's name
+    without its primitive (``jit(f)/Stack/while/body/closed_call`` → ``jit(f)/Stack/while/body``;
+    ``jit(f)/jit(g)`` stays). ``module_path`` of ``call_scope(call) + "/" + op`` is the path
+    lifting gives an op of the inlined callee."""
+    parts = name.split("/")
+    if parts and _WRAPPER.match(parts[-1]) is None:
+        parts = parts[:-1]
+    return "/".join(parts)
+
+
 @dataclass(frozen=True, slots=True)
 class _Site:
     """Where the ops being lifted are: in a function body inlined at a call (whose ops JAX

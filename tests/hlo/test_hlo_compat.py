@@ -174,3 +174,47 @@ def test_editor_imports_calls_erases_and_the_result_runs():
     x = np.linspace(0.0, 1.0, 3, dtype=np.float32)
     (got,) = _compat.execute(out, [x])
     np.testing.assert_allclose(got, np.sin(np.exp(x)) + 1.0, rtol=1e-6)
+
+
+def test_editor_inlines_a_call_whose_callee_regions_capture_its_values():
+    """A copied region that read the callee's values (implicitly, as ``case`` branches do)
+    reads the copies; the other call of the callee stays until it is inlined too."""
+    text = """
+    func.func @main(%p: tensor<i32>, %x: tensor<3xf32>) -> tensor<3xf32> {
+      %0 = func.call @f(%p, %x) : (tensor<i32>, tensor<3xf32>) -> tensor<3xf32>
+      %1 = func.call @f(%p, %0) : (tensor<i32>, tensor<3xf32>) -> tensor<3xf32>
+      return %1 : tensor<3xf32>
+    }
+    func.func private @f(%p: tensor<i32>, %x: tensor<3xf32>) -> tensor<3xf32> {
+      %e = stablehlo.exponential %x : tensor<3xf32>
+      %r = "stablehlo.case"(%p) ({
+        stablehlo.return %e : tensor<3xf32>
+      }, {
+        %n = stablehlo.negate %x : tensor<3xf32>
+        %s = stablehlo.add %n, %e : tensor<3xf32>
+        stablehlo.return %s : tensor<3xf32>
+      }) : (tensor<i32>) -> tensor<3xf32>
+      return %r : tensor<3xf32>
+    }
+    """
+    mod, editor = _compat.load_for_editing(text)
+    first, second = mod.funcs["main"].body.ops
+    callee = mod.funcs["f"].body
+    values, ops = editor.inline(editor.op_id(first), callee)
+    assert set(ops) >= set(callee.ops) and set(values) >= set(callee.args)
+    assert editor.verify() is None
+    out = editor.text()
+    assert [op.name for op in _compat.load(out).funcs["main"].body.ops] == [
+        "stablehlo.exponential",
+        "stablehlo.case",
+        "func.call",
+    ]
+    editor.inline(editor.op_id(second), callee)
+    editor.erase_dead("main", lambda op: op.startswith("stablehlo."))
+    out = editor.text()
+    assert "f" not in _compat.load(out).funcs  # no call of it is left
+    x = np.linspace(0.0, 1.0, 3, dtype=np.float32)
+    for p in (0, 1):
+        (got,) = _compat.execute(out, [np.int32(p), x])
+        (want,) = _compat.execute(text, [np.int32(p), x])
+        np.testing.assert_allclose(got, want, rtol=1e-6)

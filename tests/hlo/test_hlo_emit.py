@@ -129,7 +129,16 @@ def test_sites_inside_a_scan_are_emitted_in_the_while_body(remat, kernel_impl):
     ]
     body = [op.name for op in hlo._compat.load(result.text).funcs["main"].body.ops]
     assert "stablehlo.exponential" not in body
+    # the inlined layer's ops keep their module paths (named relative to the call's)
+    paths = _module_paths(result.text)
+    assert {"Stack/layers/ln1", "Stack/layers/attention/query", "Stack/layers/fc2"} <= paths
+    assert not [p for p in paths if p and p.startswith("layers")]
     _assert_runs_like(lowered, result.text, jax.tree.leaves(args), desc)
+
+
+def _module_paths(module):
+    g = hlo.lift(module)
+    return {n.meta.get("module_path") for b in [g, *hlo.nested_graphs(g)] for n in b.nodes()}
 
 
 def _attention(q, k, v):
