@@ -56,6 +56,9 @@ def test_binding_names_exist():
     for name in ("clone", "create", "erase", "detach_from_parent", "verify", "get_asm"):
         assert hasattr(ir.Operation, name), f"jaxlib.mlir.ir.Operation.{name} is gone"
     assert hasattr(ir, "InsertionPoint") and hasattr(ir.Value, "replace_all_uses_with")
+    for name in ("fused", "name", "unknown"):  # inlined ops' locations
+        assert hasattr(ir.Location, name), f"jaxlib.mlir.ir.Location.{name} is gone"
+    assert ir.Operation.location.fset is not None, "an op's location cannot be set any more"
     from jax.extend import backend
     from jaxlib._jax import CompileOptions  # noqa: F401
 

@@ -176,6 +176,8 @@ def test_sites_inside_cond_switch_and_nested_regions_are_emitted(kernel_impl):
     lowered = jax.jit(_branches, keep_unused=True).lower(*_branch_args(1))
     result = hlo.emit(lowered)
     assert result.report.counts() == {"attention": 2, "gemm_epilogue": 1}
+    found = hlo.find(lowered)  # the same sites, in the same order, at the same lines
+    assert [(r.rule, r.source) for r in result.report] == [(r.rule, r.source) for r in found]
     assert len(result.emitted) == 3 and not result.skipped, str(result)
     assert _kernels_by_depth(result.text) == [
         ("FlashAttention", 1, "stablehlo.case"),  # the cond's branch
