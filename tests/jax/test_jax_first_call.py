@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -75,11 +77,13 @@ def CountedExp(x):
 
 
 KERNEL_TRACES: list[tuple[int, ...]] = []
+GC_ON_WHILE_TRACED: list[bool] = []
 
 
 @register_impl(CountedExp)
 def _counted_exp(x):
     KERNEL_TRACES.append(tuple(x.shape))
+    GC_ON_WHILE_TRACED.append(gc.isenabled())
     return jnp.exp(x)
 
 
@@ -108,3 +112,43 @@ def test_the_rewritten_program_is_traced_once_per_signature():
     grad = jax.grad(lambda a: fast(a, y).sum())(x)
     np.testing.assert_allclose(grad, jnp.exp(x), rtol=1e-6)
     assert KERNEL_TRACES == [(2, 3), (4,)]
+
+
+@pm.op(op_class="kernel")
+def FailingExp(x):
+    return 1
+
+
+@register_impl(FailingExp)
+def _failing_exp(x):
+    raise RuntimeError("kernel exploded")
+
+
+@pm.rule(Exp)
+def failing_exp(x):
+    return FailingExp(x)
+
+
+def test_the_collector_is_paused_while_rewriting_and_resumed_after():
+    def f(x):
+        return jnp.exp(x) + 1
+
+    x = jnp.ones((3,))
+    assert gc.isenabled()
+    GC_ON_WHILE_TRACED.clear()
+    np.testing.assert_allclose(optimize(f, rules=[counted_exp])(x), f(x), rtol=1e-6)
+    assert GC_ON_WHILE_TRACED == [False] and gc.isenabled()
+    # a rewritten program that fails: the original runs, and the collector is back on
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        np.testing.assert_allclose(optimize(f, rules=[failing_exp])(x), f(x), rtol=1e-6)
+    assert any("kernel exploded" in str(w.message) for w in caught)
+    assert gc.isenabled()
+    # a caller that turned it off keeps it off
+    gc.disable()
+    try:
+        GC_ON_WHILE_TRACED.clear()
+        optimize(f, rules=[counted_exp])(x)
+        assert GC_ON_WHILE_TRACED == [False] and not gc.isenabled()
+    finally:
+        gc.enable()
