@@ -844,6 +844,10 @@ class PatternFunction:
 
 
 def _mentions_call(p: Pattern, name: str) -> bool:
+    """Does ``p`` refer to the pattern ``name`` being defined (outside a definition of the
+    same name)? A called pattern's definition ``μQ`` is not looked into: its body, made by
+    this frontend, refers only to ``Q`` itself and, inside their own ``μ``, to the patterns
+    it calls, so it never refers to another name unbound."""
     match p:
         case PCall(n):
             return n == name
@@ -855,8 +859,8 @@ def _mentions_call(p: Pattern, name: str) -> bool:
             return _mentions_call(pat, name)
         case PConstr(pat, _, c):
             return _mentions_call(pat, name) or _mentions_call(c, name)
-        case PMu(n, _, _, body):
-            return n != name and _mentions_call(body, name)
+        case PMu():
+            return False
     return False
 
 

@@ -53,6 +53,16 @@ _REJECT = {
 }
 
 
+# Nodes with nothing inside to rewrite or reject (a Name's only child is its context).
+_LEAVES = frozenset(
+    {ast.Name, ast.Constant, ast.Load, ast.Store, ast.Del}
+    | set(ast.operator.__subclasses__())
+    | set(ast.cmpop.__subclasses__())
+    | set(ast.unaryop.__subclasses__())
+    | set(ast.boolop.__subclasses__())
+)
+
+
 def _rt(attr: str) -> ast.expr:
     return ast.Attribute(value=ast.Name(id=RT, ctx=ast.Load()), attr=attr, ctx=ast.Load())
 
@@ -74,6 +84,26 @@ def _lambda(body: ast.expr) -> ast.Lambda:
     return ast.Lambda(args=noargs, body=body)
 
 
+_POSITION = ("lineno", "col_offset", "end_lineno", "end_col_offset")
+
+
+def _located(new: ast.AST, anchor: ast.AST) -> Any:
+    """``new`` with the nodes this module built (those without a position) placed at
+    ``anchor``: what ``ast.fix_missing_locations`` would give them, since each sits under a
+    node at ``anchor``'s position, without walking the whole function again."""
+    values = [getattr(anchor, a) for a in _POSITION]
+    stack = [new]
+    while stack:
+        node = stack.pop()
+        if "lineno" in node._attributes:
+            if hasattr(node, "lineno"):
+                continue  # the user's code (or already placed): positions of its own
+            for a, v in zip(_POSITION, values, strict=True):
+                setattr(node, a, v)
+        stack.extend(ast.iter_child_nodes(node))
+    return new
+
+
 class _Transformer(ast.NodeTransformer):
     def __init__(self, file: str, lines: list[str]):
         self.file = file
@@ -86,10 +116,15 @@ class _Transformer(ast.NodeTransformer):
             f"{what} are not supported in pattern and rule bodies", SourceLoc(self.file, line, text)
         )
 
+    def visit(self, node: ast.AST) -> Any:
+        if type(node) in _LEAVES:
+            return node
+        return super().visit(node)
+
     def generic_visit(self, node: ast.AST) -> Any:
-        for kind, what in _REJECT.items():
-            if isinstance(node, kind):
-                raise self._error(node, what)
+        what = _REJECT.get(type(node))  # (the parser makes no subclasses)
+        if what is not None:
+            raise self._error(node, what)
         return super().generic_visit(node)
 
     def _line(self, node: ast.AST) -> ast.Constant:
@@ -98,20 +133,19 @@ class _Transformer(ast.NodeTransformer):
     # statements -------------------------------------------------------------------
     def visit_Assert(self, node: ast.Assert) -> ast.stmt:
         test = self.visit(node.test)
-        return ast.copy_location(ast.Expr(_call("assert_", test, self._line(node))), node)
+        stmt = ast.Expr(_call("assert_", test, self._line(node)))
+        return _located(stmt, node)
 
     def visit_Expr(self, node: ast.Expr) -> ast.stmt:
         v = node.value
         if isinstance(v, ast.Compare) and len(v.ops) == 1 and isinstance(v.ops[0], ast.LtE):
             left = self.visit(v.left)
             right = self.visit(v.comparators[0])
-            return ast.copy_location(
-                ast.Expr(_call("constrain", left, right, self._line(node))), node
-            )
+            return _located(ast.Expr(_call("constrain", left, right, self._line(node))), node)
         return self.generic_visit(node)
 
     def visit_If(self, node: ast.If) -> ast.stmt:
-        node.test = _call("branch", self.visit(node.test), self._line(node))
+        node.test = _located(_call("branch", self.visit(node.test), self._line(node)), node)
         node.body = [self.visit(s) for s in node.body]
         node.orelse = [self.visit(s) for s in node.orelse]
         return node
@@ -121,9 +155,8 @@ class _Transformer(ast.NodeTransformer):
             self._check_target(target)
         node.value = self.visit(node.value)
         if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            node.value = ast.copy_location(
-                _call("named", node.value, ast.Constant(node.targets[0].id)), node.value
-            )
+            named = _call("named", node.value, ast.Constant(node.targets[0].id))
+            node.value = _located(named, node.value)
         return node
 
     def visit_AugAssign(self, node: ast.AugAssign) -> ast.stmt:
@@ -132,7 +165,7 @@ class _Transformer(ast.NodeTransformer):
 
     def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.stmt:
         self._check_target(node.target)
-        node.annotation = ast.Constant(None)
+        node.annotation = _located(ast.Constant(None), node)
         if node.value is not None:
             node.value = self.visit(node.value)
         return node
@@ -147,20 +180,18 @@ class _Transformer(ast.NodeTransformer):
     # expressions ------------------------------------------------------------------
     def visit_IfExp(self, node: ast.IfExp) -> ast.expr:
         test = _call("branch", self.visit(node.test), self._line(node))
-        return ast.copy_location(
+        return _located(
             ast.IfExp(test=test, body=self.visit(node.body), orelse=self.visit(node.orelse)), node
         )
 
     def visit_BoolOp(self, node: ast.BoolOp) -> ast.expr:
         fn = "and_" if isinstance(node.op, ast.And) else "or_"
         thunks = [_lambda(self.visit(v)) for v in node.values]
-        return ast.copy_location(_call(fn, self._line(node), *thunks), node)
+        return _located(_call(fn, self._line(node), *thunks), node)
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> ast.expr:
         if isinstance(node.op, ast.Not):
-            return ast.copy_location(
-                _call("not_", self.visit(node.operand), self._line(node)), node
-            )
+            return _located(_call("not_", self.visit(node.operand), self._line(node)), node)
         return self.generic_visit(node)
 
     def visit_Compare(self, node: ast.Compare) -> ast.expr:
@@ -177,14 +208,12 @@ class _Transformer(ast.NodeTransformer):
                 parts.append(ast.Compare(left=left, ops=[op], comparators=[right]))
             left = right
         if len(parts) == 1:
-            return ast.copy_location(parts[0], node)
-        return ast.copy_location(
-            _call("and_", self._line(node), *[_lambda(p) for p in parts]), node
-        )
+            return _located(parts[0], node)
+        return _located(_call("and_", self._line(node), *[_lambda(p) for p in parts]), node)
 
     def visit_Call(self, node: ast.Call) -> ast.expr:
         func = self.visit(node.func)
-        node.func = ast.copy_location(_call("call", func, self._line(node)), node.func)
+        node.func = _located(_call("call", func, self._line(node)), node.func)
         node.args = [self.visit(a) for a in node.args]
         node.keywords = [self.visit(k) for k in node.keywords]
         return node
@@ -201,13 +230,49 @@ def _code_objects(code: CodeType) -> set[CodeType]:
     return found
 
 
+def _source_lines(fn: FunctionType) -> tuple[list[str], int]:
+    """``inspect.getsourcelines(fn)``, with the end of the definition read from a parse of
+    its file (once per file) instead of tokenizing the file from the definition on."""
+    lines, start = inspect.findsource(inspect.unwrap(fn))
+    end = _definition_ends(lines).get(start + 1)
+    block = lines[start:end] if end is not None else inspect.getblock(lines[start:])
+    return block, start + 1
+
+
+_ENDS: dict[int, tuple[list[str], dict[int, int]]] = {}
+
+
+def _definition_ends(lines: list[str]) -> dict[int, int]:
+    """First line (its first decorator's) -> last line of each function defined in a file's
+    source; cached per source object (``linecache`` keeps one list per file version)."""
+    hit = _ENDS.get(id(lines))
+    if hit is not None and hit[0] is lines:
+        return hit[1]
+    ends: dict[int, int] = {}
+    try:
+        stack: list[Any] = list(ast.parse("".join(lines)).body)
+    except (SyntaxError, ValueError):
+        stack = []
+    while stack:  # statements only: definitions cannot hide inside expressions
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno:
+            first = min([d.lineno for d in node.decorator_list] + [node.lineno])
+            ends[first] = node.end_lineno
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            stack.extend(getattr(node, field, ()))
+    if len(_ENDS) >= 64:
+        _ENDS.clear()
+    _ENDS[id(lines)] = (lines, ends)
+    return ends
+
+
 def transform_function(
     fn: FunctionType, runtime: Any
 ) -> tuple[FunctionType, set[CodeType], SourceLoc, list[str]]:
     """Rewrite ``fn``'s body; return the new function, its code objects, its location and the
     source lines of its file (for error messages and guard texts)."""
     try:
-        source_lines, first_line = inspect.getsourcelines(fn)
+        source_lines, first_line = _source_lines(fn)
     except (OSError, TypeError) as exc:
         raise PatternDefinitionError(
             f"cannot read the source of {fn.__qualname__}: patterns must be defined in a file "
@@ -222,8 +287,8 @@ def transform_function(
         all_lines = []
     if not all_lines:
         all_lines = [""] * (first_line - 1) + source_lines
-    tree = ast.parse(textwrap.dedent("".join(source_lines)))
-    ast.increment_lineno(tree, first_line - 1)
+    # blank lines in front put every node at its line in the file
+    tree = ast.parse("\n" * (first_line - 1) + textwrap.dedent("".join(source_lines)))
     fdef = tree.body[0]
     if not isinstance(fdef, ast.FunctionDef):
         raise PatternDefinitionError(f"{fn.__qualname__} is not a plain function definition")
@@ -235,8 +300,7 @@ def transform_function(
             SourceLoc(file, fdef.lineno, all_lines[fdef.lineno - 1] if all_lines else ""),
         )
     transformer = _Transformer(file, all_lines)
-    fdef.body = [transformer.visit(s) for s in fdef.body]
-    ast.fix_missing_locations(tree)
+    fdef.body = [transformer.visit(s) for s in fdef.body]  # (new nodes placed as built)
     code = compile(tree, file, "exec")
     namespace: dict[str, Any] = dict(fn.__globals__)
     if fn.__closure__:
