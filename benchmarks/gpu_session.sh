@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU checks, one stage per call of the device machine (each call: 10 minutes at most).
+#
+#   bash benchmarks/gpu_session.sh tests     # pytest -m gpu tests/  (kernels + corpus)
+#   bash benchmarks/gpu_session.sh kernels   # benchmarks/kernels.py --tune gemm
+#   bash benchmarks/gpu_session.sh e2e       # benchmarks/e2e.py --size gpu, whole corpus
+#
+# Run from the repository root on the device (docs/STATUS.md, "On a GPU"). Its image has
+# JAX, Flax, pytest and Hypothesis, but transformers 5 (no Flax models) and a
+# huggingface_hub 1.x that transformers 4.57.6 refuses: carry the wheels in `.whl/`
+# (git-ignored), made here with
+#
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_17_x86_64 -d .whl \
+#     transformers==4.57.6 huggingface_hub==0.36.2 tokenizers==0.22.2
+#
+# and name `.whl` in the call's carry. Output goes to $OUT (the device tool brings it back)
+# and to the terminal; the first lines name the GPU and the versions.
+set -uo pipefail
+stage=${1:?usage: gpu_session.sh tests|kernels|e2e}
+OUT=${OUT:-/tmp/pypm-gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+fi
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 - <<'EOF'
+import sys, jax, flax
+try:
+    import transformers
+    hf = transformers.__version__
+except Exception as exc:  # the HF part of the corpus then skips or fails loudly
+    hf = f"unavailable ({type(exc).__name__}: {exc})"
+print(f"python {sys.version.split()[0]}, jax {jax.__version__}, flax {flax.__version__}, "
+      f"transformers {hf}, devices {jax.devices()}")
+EOF
+} 2>&1 | tee "$OUT/device.txt"
+
+case "$stage" in
+tests)
+    python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -rs 2>&1 | tee "$OUT/gpu_tests.txt"
+    ;;
+kernels)
+    python3 benchmarks/kernels.py --tune gemm 2>&1 | tee "$OUT/kernels.txt"
+    ;;
+e2e)
+    python3 benchmarks/e2e.py --size gpu --samples 10 --json "$OUT/e2e.json" 2>&1 |
+        tee "$OUT/e2e.txt"
+    ;;
+*)
+    echo "unknown stage $stage (tests, kernels or e2e)" >&2
+    exit 2
+    ;;
+esac
