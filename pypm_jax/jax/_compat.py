@@ -147,6 +147,10 @@ for _name in ("flax", "pypm_jax", "jaxlib", "optax", "chex"):
     _d = _package_dir(_name)
     if _d is not None:
         _EXTRA_EXCLUDED.append(_d)
+_EXCLUDED_PREFIXES = tuple(_EXTRA_EXCLUDED)
+# (file, line) -> its SourceLoc: the equations of one model line share it, and linecache
+# would return the same text anyway
+_LOCS: dict[tuple[str, int], SourceLoc] = {}
 
 
 def _frames(traceback: Any) -> Iterator[Any]:
@@ -160,10 +164,16 @@ def user_frame(source_info: Any) -> SourceLoc | None:
         return None
     for frame in _frames(tb):
         fname = frame.file_name
-        if any(fname.startswith(d) for d in _EXTRA_EXCLUDED):
+        if fname.startswith(_EXCLUDED_PREFIXES):
             continue
-        text = linecache.getline(fname, frame.start_line).strip()
-        return SourceLoc(fname, frame.start_line, text)
+        key = (fname, frame.start_line)
+        loc = _LOCS.get(key)
+        if loc is None:
+            text = linecache.getline(fname, frame.start_line).strip()
+            if len(_LOCS) >= 4096:
+                _LOCS.clear()
+            loc = _LOCS[key] = SourceLoc(fname, frame.start_line, text)
+        return loc
     return None
 
 
