@@ -1143,17 +1143,13 @@ _SHAPE_ALTS = 64
 
 
 def _shape(
-    p: Pattern,
-    depth: int,
-    budget: list[int],
-    cons: Mapping[Any, tuple[Pattern, tuple]],
-    cell: list[int],
-    ctx: tuple = _TOP_CTX,
+    p: Pattern, depth: int, budget: list[int], cons: Any, cell: list[int], ctx: tuple = _TOP_CTX
 ) -> _Shape:
     """What every term ``p`` matches looks like, ``depth`` levels down. ``cons`` holds the
-    constraints ``x <= q`` that every match of the enclosing pattern checks (each ``q`` with
-    the context it is read in): θ is global, so wherever ``x`` occurs the term there is
-    θ(x), which must match ``q``.
+    constraints ``x <= q`` that every match of the enclosing pattern checks, as a chain
+    ``(x, (q, the context q is read in) or None for "x is out", rest) | None`` (innermost
+    first): θ is global, so wherever ``x`` occurs the term there is θ(x), which must match
+    ``q``.
 
     A definition is entered as the machine enters it (:func:`_enter`: its body read through
     an environment, not copied), with one fresh-name counter ``cell`` for the whole walk, so
@@ -1162,61 +1158,65 @@ def _shape(
     budget[0] -= 1
     if budget[0] < 0:
         return None
-    match p:
-        case PVar(name):
-            key = ctx[0].get(name, name)
-            hit = cons.get(key)
-            if hit is None:
-                return None
-            rest = {n: c for n, c in cons.items() if n != key}
-            return _shape(hit[0], depth, budget, rest, cell, hit[1])
-        case PConst():
-            return [(CONST, None, None)]
-        case PApp(_, args, _) | PFunVar(_, args, _, _):
-            kids = None
-            if depth > 0:
-                kids = tuple(_shape(a, depth - 1, budget, cons, cell, ctx) for a in args)
-                if all(k is None for k in kids):
-                    kids = None
-            if isinstance(p, PApp):
-                op = p.op
-            else:  # an operator variable instantiated with an operator is an application
-                f = ctx[0].get(p.var, p.var)
-                op = f if isinstance(f, Operator) else None
-            return [(op, len(args), kids)]
-        case PAlt(left, right):
-            a = _shape(left, depth, budget, cons, cell, ctx)
-            b = _shape(right, depth, budget, cons, cell, ctx) if a is not None else None
-            if a is None or b is None or len(a) + len(b) > _SHAPE_ALTS:
-                return None
-            return a + b
-        case PConstr(pat, var, constraint):
-            cons = {**cons, ctx[0].get(var, var): (constraint, ctx)}
-            return _shape(pat, depth, budget, cons, cell, ctx)
-        case PGuard(pat, _):
-            return _shape(pat, depth, budget, cons, cell, ctx)
-        case PExists(var, body, _):
-            env, info, base, scope = ctx
-            if info is not None:  # in an entered body: the ∃'s fresh name
-                name = f"{var.split('#', 1)[0]}#{base + info.offsets[id(p)]}"
-                if name != env.get(var, var):
-                    ctx = ({**env, var: name}, info, base, scope)
-            return _shape(body, depth, budget, cons, cell, ctx)
-        case PMu(name, params, args, body):
-            try:
-                q, inner = _enter(name, params, args, body, ctx, cell)
-            except TypeError:  # a term variable bound to an operator: unfolding fails
-                return None
-            return _shape(q, depth, budget, cons, cell, inner)
-        case PCall(name, args):
-            definition = ctx[3].get(name)
-            if definition is None:
-                return None  # a reference outside its definition: anything
-            try:
-                q, inner = _enter(name, definition[0], args, definition[1], ctx, cell)
-            except TypeError:
-                return None
-            return _shape(q, depth, budget, cons, cell, inner)
+    cls = type(p)
+    if cls is PExists:
+        env, info, base, scope = ctx
+        if info is not None:  # in an entered body: the ∃'s fresh name
+            var = p.var
+            name = f"{var.split('#', 1)[0]}#{base + info.offsets[id(p)]}"
+            if name != env.get(var, var):
+                ctx = ({**env, var: name}, info, base, scope)
+        return _shape(p.body, depth, budget, cons, cell, ctx)
+    if cls is PConstr:
+        cons = (ctx[0].get(p.var, p.var), (p.constraint, ctx), cons)
+        return _shape(p.pat, depth, budget, cons, cell, ctx)
+    if cls is PApp or cls is PFunVar:
+        args = p.args
+        kids = None
+        if depth > 0:
+            kids = tuple(_shape(a, depth - 1, budget, cons, cell, ctx) for a in args)
+            if all(k is None for k in kids):
+                kids = None
+        if cls is PApp:
+            op = p.op
+        else:  # an operator variable instantiated with an operator is an application
+            f = ctx[0].get(p.var, p.var)
+            op = f if isinstance(f, Operator) else None
+        return [(op, len(args), kids)]
+    if cls is PVar:
+        key = ctx[0].get(p.name, p.name)
+        link = cons
+        while link is not None and not (link[0] is key or link[0] == key):
+            link = link[2]
+        if link is None or link[1] is None:
+            return None
+        q, q_ctx = link[1]
+        return _shape(q, depth, budget, (key, None, cons), cell, q_ctx)
+    if cls is PGuard:
+        return _shape(p.pat, depth, budget, cons, cell, ctx)
+    if cls is PAlt:
+        a = _shape(p.left, depth, budget, cons, cell, ctx)
+        b = _shape(p.right, depth, budget, cons, cell, ctx) if a is not None else None
+        if a is None or b is None or len(a) + len(b) > _SHAPE_ALTS:
+            return None
+        return a + b
+    if cls is PConst:
+        return [(CONST, None, None)]
+    if cls is PMu:
+        try:
+            q, inner = _enter(p.name, p.params, p.args, p.body, ctx, cell)
+        except TypeError:  # a term variable bound to an operator: unfolding fails
+            return None
+        return _shape(q, depth, budget, cons, cell, inner)
+    if cls is PCall:
+        definition = ctx[3].get(p.name)
+        if definition is None:
+            return None  # a reference outside its definition: anything
+        try:
+            q, inner = _enter(p.name, definition[0], p.args, definition[1], ctx, cell)
+        except TypeError:
+            return None
+        return _shape(q, depth, budget, cons, cell, inner)
     return None
 
 
@@ -1296,7 +1296,7 @@ def _prefilter(body: Pattern) -> list | None:
     try:
         if not _error_free(body):
             return None
-        shape = _shape(body, _SHAPE_DEPTH, [2000], {}, [1])
+        shape = _shape(body, _SHAPE_DEPTH, [2000], None, [1])
     except RecursionError:
         return None
     if shape is None or all(kids is None for _, _, kids in shape):
