@@ -27,8 +27,9 @@ gets there by running that machine ahead of time instead of at match time:
   a definition makes an environment (parameters -> arguments, each ∃ -> its fresh name),
   so an unfolding costs what the match visits, not the body's size.
 * **A structural pre-check** in front of the machine: the operators and arities a match
-  must have in its first three levels (``x <= q`` constraints included), computed once per
-  pattern; a term that fails it has no match, so the machine is not started.
+  must have at its root and the four levels below (``x <= q`` constraints included),
+  computed once per pattern; a term that fails it has no match, so the machine is not
+  started.
 
 :class:`Matcher` indexes many patterns by the operators their root can have; a value is only
 tried against the patterns of its operator (plus those whose root can be anything), and most
@@ -1138,8 +1139,10 @@ def root_operators(pdef: PatternDef) -> frozenset[Operator] | None:
 # A shape: None (any term) or a list of alternatives (op or None, arity or None, kids), kids
 # being None (not looked at) or one shape per input. A necessary condition for a match.
 _Shape = list | None
-_SHAPE_DEPTH = 3
+_SHAPE_DEPTH = 4
 _SHAPE_ALTS = 64
+# Pattern nodes one pre-check computation may visit (constraints are visited where read).
+_SHAPE_BUDGET = 4000
 
 
 def _shape(
@@ -1296,7 +1299,7 @@ def _prefilter(body: Pattern) -> list | None:
     try:
         if not _error_free(body):
             return None
-        shape = _shape(body, _SHAPE_DEPTH, [2000], None, [1])
+        shape = _shape(body, _SHAPE_DEPTH, [_SHAPE_BUDGET], None, [1])
     except RecursionError:
         return None
     if shape is None or all(kids is None for _, _, kids in shape):
