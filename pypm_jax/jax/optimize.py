@@ -155,8 +155,9 @@ class Optimized:
 
     Calls go through one ``jax.jit`` (its C++ dispatch and cache: no per-call Python work
     beyond jit's own); tracing that ``jit`` is where the work happens, once per signature:
-    trace ``fn`` to a jaxpr, lift, rewrite, lower, check the lowered program's types, and
-    evaluate it on the tracers, or evaluate the original jaxpr when anything failed.
+    trace ``fn`` to a jaxpr, lift, rewrite, lower, trace the lowered program under a ``jax.jit``
+    of its own and check its types, then call that ``jit`` on the tracers (one call equation,
+    reusing the checked trace), or evaluate the original jaxpr when anything failed.
     """
 
     def __init__(
@@ -245,13 +246,18 @@ class Optimized:
                 result = rewrite_nested(prog, self.rules, **self.rewrite_options)
                 entry.records = list(result.report)
                 run = lower(prog)
+
                 # trace the rewritten program on its own first: a failure (a kernel raising,
                 # a wrong type) must not leave half a program in the caller's trace
-                checked = jax.make_jaxpr(lambda *xs: run(*xs))(*flat)
-                _check_out_avals(checked.out_avals, closed.out_avals)
-                # the caller's trace evaluates this checked jaxpr (source lines and name
-                # stacks included) instead of tracing the rewritten program a second time
-                entry.run = _compat.jaxpr_as_fun(checked)
+                def rewritten(*xs: Any) -> list[Any]:
+                    return run(*xs)
+
+                program = jax.jit(rewritten)
+                checked = program.trace(*flat)
+                _check_out_avals(checked.jaxpr.out_avals, closed.out_avals)
+                # the caller's trace calls it: jit reuses this trace (one call equation of
+                # the checked program), so the rewritten program is traced once, not twice
+                entry.run = program
         except Exception as exc:  # any failure: the original program, and say why
             self._fall_back(entry, f"rewriting failed: {_describe(exc)}")
         return entry
