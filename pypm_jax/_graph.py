@@ -433,19 +433,15 @@ class Graph:
         pass reads them as one stream.
         """
         old: list[Any] = []
-        for node in self.nodes():
+        nodes = self.nodes()
+        for node in nodes:
             outs = node.outputs
-            old.append(outs)
-            node.outputs = outs = tuple(list(outs))  # (tuple() of a tuple is itself)
             ins = outs[0].inputs if outs else ()
             if ins:
                 old.append(ins)
-                ins = tuple(list(ins))
-            for v in outs:
-                v.inputs = ins
-                if type(v._users) is list:
-                    old.append(v._users)
-                    v._users = list(v._users)
+                ins = tuple(list(ins))  # a new tuple (tuple() of a tuple is itself)
+                for v in outs:
+                    v.inputs = ins
         del old
 
     def values(self) -> list[Value]:
@@ -593,11 +589,16 @@ class Graph:
             node = stack.pop()
             if node.id not in live or not node.op.pure:
                 continue
-            if any(v._users or id(v) in outputs for v in node.outputs):
+            read = False
+            for v in node.outputs:
+                if v._users or id(v) in outputs:
+                    read = True
+                    break
+            if read:
                 continue
             self._remove(node)
             removed.append(node)
-            stack.extend(v.node for v in reversed(node.inputs))
+            stack.extend([v.node for v in reversed(node.inputs)])
         return removed
 
     def dce(self) -> int:

@@ -416,7 +416,13 @@ class _Driver:
             for v in n.outputs:
                 if v is root:
                     continue
-                if id(v) in outputs or any(u.id not in inside for u in v._users):
+                escapes = id(v) in outputs
+                if not escapes:
+                    for u in v._users:  # (a loop, not any(): this runs per matched value)
+                        if u.id not in inside:
+                            escapes = True
+                            break
+                if escapes:
                     if not self.constant_only(n):
                         return False
                     break
