@@ -206,12 +206,8 @@ class _Driver:
         self.queued: set[int] = set()
         self.changed = False  # did the latest rewrite that fired change the graph?
         guard = compile_guard if self.fast else _interpreted_guard
-        self.guards = [[guard(b.guard) for b in r.branches] for r in rules]
-        # per rule: its (branch, compiled guard) pairs, in order
-        self.branches = [
-            tuple(zip(r.branches, gs, strict=True))
-            for r, gs in zip(rules, self.guards, strict=True)
-        ]
+        # per rule: its (branch, guard) pairs, in order
+        self.branches = [tuple((b, guard(b.guard)) for b in r.branches) for r in rules]
         self.params = [[(p.name, p.kind == "op") for p in r.pattern.params] for r in rules]
 
     # -- the sweep
@@ -350,7 +346,7 @@ class _Driver:
         """``try_rule`` with the reference machine's solutions and interpreted guards."""
         rule = self.rules[ri]
         for theta, phi, struct in self.reference_solutions(pdef, cp, v):
-            for branch, holds in zip(rule.branches, self.guards[ri], strict=True):
+            for branch, holds in self.branches[ri]:
                 if holds(theta, phi):
                     if self.fire(rule, Match(pdef, v, theta, phi), branch, struct, pos):
                         return True
