@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from ._calculus import RuleDef
 from ._dtypes import DTYPES, DType, as_dtype
 from ._errors import FormatError, PatternDefinitionError, PyPMError, RewriteLimitError, SourceLoc
 from ._frontend import Op, PatternFunction, Rule, op, opclass, pattern, rule, var
@@ -118,9 +119,15 @@ def rewrite(graph: Any, rules: Sequence[Any], **options: Any) -> Any:
 
 
 def explain(pattern: Any, target: Any, **options: Any) -> Any:
-    """Why ``pattern`` does (not) match ``target`` (a term, a graph value or a whole graph)."""
+    """Why ``pattern`` does (not) match ``target`` (a term, a graph value or a whole graph).
+
+    ``pattern`` may also be a rule (``@pm.rule``): then the explanation says why the rule
+    does (not) fire, naming the rule's ``assert`` that failed where its pattern matched.
+    """
     from ._explain import explain as _explain
 
+    if isinstance(pattern, Rule | RuleDef):
+        return _explain(_as_rule_def(pattern), target, **options)
     return _explain(_as_pattern_def(pattern), target, **options)
 
 

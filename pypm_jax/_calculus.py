@@ -324,11 +324,18 @@ Rhs = RVar | RConst | RApp | RTuple
 
 @dataclass(frozen=True, slots=True)
 class RuleBranch:
-    """One path through a rule body: its condition (asserts and branch tests) and result."""
+    """One path through a rule body: its condition (asserts and branch tests) and result.
+
+    ``guard_locs`` says where each condition was written (the ``assert`` or ``if`` line), so
+    an explanation can point at the one that failed: one location for a guard that is a
+    single condition, one per item when the guard is the conjunction ``EAnd`` of several,
+    none for an unconditional branch (or one loaded from a blob that predates them).
+    """
 
     guard: Expr
     result: Rhs
     loc: SourceLoc | None = field(default=None, compare=False)
+    guard_locs: tuple[SourceLoc | None, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True, slots=True)

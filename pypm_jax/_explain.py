@@ -8,6 +8,12 @@ without a match, the deepest failure is the explanation: an operator mismatch (e
 found), a guard that was false (with the guard as the user wrote it: file, line, source
 text, and the attribute values it read), a variable bound to two different values, a
 literal that differs, an existential never bound. Slow on purpose; the matchers never use it.
+
+Explaining a *rule* goes one step further, the way the rewrite driver does: where the pattern
+matches, the rule's branches are tried in order on each solution; the rule fires if a branch's
+guard holds (and, for a single-use rule in a graph, nothing outside the match reads an interior
+value). Where it does not fire, the failure names the first false condition of the branch that
+got furthest: the ``assert`` or ``if`` as written (file, line, text) and the values it read.
 """
 
 from __future__ import annotations
@@ -43,14 +49,18 @@ from ._calculus import (
     PGuard,
     PMu,
     PVar,
+    RuleBranch,
+    RuleDef,
     show,
     show_expr,
 )
+from ._engine import match_all
 from ._errors import PatternDefinitionError, SourceLoc
-from ._fast import root_operators
+from ._fast import compile_pattern, root_operators
 from ._graph import Graph, Value
 from ._guards import Undefined, eval_expr, guard_holds
 from ._match import Match
+from ._rewrite import _Driver
 from ._subst import FreshNames, unfold
 from ._terms import CONST, LEAF, Operator, const_equal
 
@@ -111,7 +121,7 @@ class Failure:
     """What stopped the deepest partial match."""
 
     kind: str  # op_mismatch, arity_mismatch, index_mismatch, const_mismatch, var_conflict,
-    #            opvar_conflict, opaque_operator, guard_failed, unbound
+    #            opvar_conflict, opaque_operator, guard_failed, unbound, single_use
     message: str
     fragment: Any = None
     term: Any = None
@@ -133,13 +143,18 @@ class Failure:
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    """The pattern tried at one term: a match, or the deepest partial match and its end."""
+    """The pattern (or rule) tried at one term: a match, or the deepest partial match and
+    its end. For a rule whose pattern matched but which does not fire, ``pattern_match`` is
+    the pattern's match, ``steps`` the conditions that held and ``failure`` the one that did
+    not (or the single-use refusal)."""
 
     target: Any
     matched: bool
     match: Match | None = None
     steps: tuple[Step, ...] = ()
     failure: Failure | None = None
+    rule: RuleDef | None = None  # the rule explained, if one was
+    pattern_match: Match | None = None  # the pattern's match the rule refused
 
     @property
     def depth(self) -> int:
@@ -148,8 +163,20 @@ class Attempt:
     def __str__(self) -> str:
         head = describe(self.target)
         if self.match is not None:
-            binds = ", ".join(f"{k} = {_show_binding(v)}" for k, v in self.match.items())
-            return f"matches {head}: {binds}"
+            verb = "fires at" if self.rule is not None else "matches"
+            return f"{verb} {head}: {_show_bindings(self.match)}"
+        if self.pattern_match is not None:
+            lines = [
+                f"does not fire at {head}",
+                f"  the pattern matches: {_show_bindings(self.pattern_match)}",
+            ]
+            if self.steps:
+                lines.append(f"  conditions that hold ({len(self.steps)}):")
+                lines += [f"    {s.text}" for s in self.steps]
+            if self.failure is not None:
+                fail = str(self.failure).replace("\n", "\n    ")
+                lines.append(f"  then: {fail}")
+            return "\n".join(lines)
         lines = [f"does not match {head}"]
         if self.steps:
             lines.append(f"  deepest partial match ({len(self.steps)} steps):")
@@ -168,6 +195,7 @@ class Explanation:
     attempts: tuple[Attempt, ...]
     note: str = ""
     shown: int = field(default=3, compare=False)
+    rule: RuleDef | None = None  # the rule explained (its pattern is ``pattern``)
 
     @property
     def matched(self) -> bool:
@@ -181,6 +209,9 @@ class Explanation:
     def __str__(self) -> str:
         where = f" ({self.pattern.loc})" if self.pattern.loc is not None else ""
         lines = [f"pattern {self.pattern.name}{where}"]
+        if self.rule is not None:
+            at = f" ({self.rule.loc})" if self.rule.loc is not None else ""
+            lines = [f"rule {self.rule.name}{at} for {lines[0]}"]
         if self.note:
             lines.append(self.note)
         for a in self.attempts[: self.shown]:
@@ -195,15 +226,23 @@ def _show_binding(v: Any) -> str:
     return v.name if isinstance(v, Operator) else describe(v)
 
 
+def _show_bindings(m: Match) -> str:
+    return ", ".join(f"{k} = {_show_binding(v)}" for k, v in m.items())
+
+
 # ------------------------------------------------------------------------------ the tracer
 
 
 def _guard_reads(g: Expr) -> list[Expr]:
-    """The attribute reads of a guard (``x.rank``, ``F.op_class``), in order, each once."""
+    """The attribute reads of a guard (``x.rank``, ``F.op_class``) and the calls inside it
+    (``attention_plan(...)`` in ``attention_supported(attention_plan(...))``), in order,
+    each once."""
     out: list[Expr] = []
     stack = [g]
     while stack:
         e = stack.pop()
+        if isinstance(e, ECall) and e is not g and e not in out:
+            out.append(e)
         match e:
             case EAttr() | EOpAttr():
                 if e not in out:
@@ -224,6 +263,14 @@ def _read(e: Expr, theta: dict, phi: dict) -> str:
         return repr(eval_expr(e, theta, phi))
     except Undefined as exc:
         return f"undefined ({exc})"
+
+
+def _reads(g: Expr, theta: dict, phi: dict) -> tuple[tuple[str, str], ...]:
+    """What a false guard read, as (expression, value) pairs; a call is named, not shown."""
+    return tuple(
+        (f"{e.fn.name}(…)" if isinstance(e, ECall) else show_expr(e), _read(e, theta, phi))
+        for e in _guard_reads(g)
+    )
 
 
 class _Tracer:
@@ -264,9 +311,7 @@ class _Tracer:
                 if guard_holds(g.guard, theta, phi):
                     path.append(Step("guard", g.guard, None, f"guard {show_expr(g.guard)} holds"))
                 else:
-                    reads = tuple(
-                        (show_expr(e), _read(e, theta, phi)) for e in _guard_reads(g.guard)
-                    )
+                    reads = _reads(g.guard, theta, phi)
                     failure = Failure(
                         "guard_failed",
                         f"guard {show_expr(g.guard)} is false",
@@ -434,29 +479,156 @@ def _attempt(pdef: PatternDef, t: Any, budget: int) -> Attempt:
     return Attempt(t, False, None, steps, failure)
 
 
+# ------------------------------------------------------------------------------- rules
+
+
+def _conditions(b: RuleBranch) -> list[tuple[Expr, SourceLoc | None]]:
+    """A branch's conditions in the order the body tested them, each with where it was
+    written (``guard_locs``; the branch's own location where those are missing)."""
+    g, locs = b.guard, b.guard_locs
+    if len(locs) == 1:
+        return [(g, locs[0])]
+    if isinstance(g, EAnd) and len(locs) == len(g.items):
+        return list(zip(g.items, locs, strict=True))
+    items = g.items if isinstance(g, EAnd) else (g,)
+    return [(c, b.loc) for c in items]
+
+
+def _first_false(e: Expr, theta: dict, phi: dict) -> Expr:
+    """Inside a false condition ``a and b``, the first conjunct that is false."""
+    while isinstance(e, EAnd):
+        item = next((i for i in e.items if not guard_holds(i, theta, phi)), None)
+        if item is None:
+            break
+        e = item
+    return e
+
+
+def _refusal(rule: RuleDef, m: Match, theta: dict, phi: dict) -> tuple[tuple[Step, ...], Failure]:
+    """Why no branch of ``rule`` holds on this solution: the branch whose conditions held
+    the longest (the first of those), and its first false condition."""
+    best: tuple[tuple[Step, ...], Expr, SourceLoc | None] | None = None
+    for b in rule.branches:
+        held: list[Step] = []
+        for cond, loc in _conditions(b):
+            if not guard_holds(cond, theta, phi):
+                if best is None or len(held) > len(best[0]):
+                    best = (tuple(held), cond, loc)
+                break
+            at = f" (line {loc.line})" if loc is not None else ""
+            held.append(Step("guard", cond, None, f"{show_expr(cond)} holds{at}"))
+    if best is None:  # (each condition holds alone: cannot be; show the first guard whole)
+        best = ((), rule.branches[0].guard, rule.branches[0].loc)
+    steps, cond, loc = best
+    false = _first_false(cond, theta, phi)
+    reads = _reads(false, theta, phi)
+    several = f" (no branch of {len(rule.branches)} applies)" if len(rule.branches) > 1 else ""
+    failure = Failure(
+        "guard_failed",
+        f"rule {rule.name}: guard {_clip(show_expr(false))} is false{several}",
+        fragment=false,
+        term=m.root,
+        guard=show_expr(false),
+        loc=loc,
+        values=reads,
+    )
+    return steps, failure
+
+
+def _single_use_refusal(rule: RuleDef, driver: _Driver, root: Value, region: list) -> Failure:
+    """The driver refused a single-use rule here: name what outside the match reads."""
+    inside = {n.id for n in region}
+    outputs = {id(v) for v in driver.g._outputs}
+    shared = [
+        v
+        for n in region
+        for v in n.outputs
+        if v is not root
+        and not driver.constant_only(n)
+        and (id(v) in outputs or any(u.id not in inside for u in v._users))
+    ]
+    names = ", ".join(v.name for v in shared) or "an interior value"
+    return Failure(
+        "single_use",
+        f"rule {rule.name} is single-use, but {names} inside the match is also read outside it",
+        term=root,
+        loc=rule.loc,
+    )
+
+
+def _rule_attempt(rule: RuleDef, a: Attempt, graph: Graph | None) -> Attempt:
+    """The rule at a term where its pattern matched: each solution in the machine's order,
+    each branch in order, as the rewrite driver tries them."""
+    if not a.matched:
+        return Attempt(a.target, False, None, a.steps, a.failure, rule)
+    pdef, t = rule.pattern, a.target
+    driver = None
+    if rule.single_use and graph is not None:
+        driver = _Driver(graph, (rule,), "reference", 0)
+        sols: Any = driver.reference_solutions(pdef, compile_pattern(pdef), t)
+    else:
+        sols = ((m.theta, m.phi, ()) for m in match_all(pdef, t, engine="reference"))
+    first: Attempt | None = None
+    for theta, phi, struct in sols:
+        m = Match(pdef, t, theta, phi)
+        b = next((b for b in rule.branches if guard_holds(b.guard, theta, phi)), None)
+        if b is None:
+            steps, failure = _refusal(rule, m, theta, phi)
+        elif driver is not None and not driver.single_use_ok(t, region := driver.region(t, struct)):
+            steps, failure = (), _single_use_refusal(rule, driver, t, region)
+        else:
+            return Attempt(t, True, m, rule=rule)
+        if first is None:
+            first = Attempt(t, False, None, steps, failure, rule, m)
+    assert first is not None  # the pattern matched, so there is a solution
+    return first
+
+
 def explain(
-    pdef: PatternDef, target: Any, *, shown: int = 3, budget: int = 1_000_000
+    target_def: PatternDef | RuleDef, target: Any, *, shown: int = 3, budget: int = 1_000_000
 ) -> Explanation:
-    """Why ``pdef`` does (not) match ``target``: a term, a graph value, or a whole graph.
+    """Why a pattern does (not) match ``target`` (a term, a graph value, or a whole graph),
+    or why a rule does (not) fire there.
 
     For a graph, every value whose operator the pattern's root can have is a candidate; the
-    attempts come sorted, matches first, then by how far the match got.
+    attempts come sorted: matches (the rule fires) first, then places where the pattern
+    matched but the rule did not fire, then by how far the match got.
     """
+    rule = target_def if isinstance(target_def, RuleDef) else None
+    pdef = rule.pattern if rule is not None else target_def
     if not isinstance(target, Graph):
-        return Explanation(pdef, (_attempt(pdef, target, budget),), shown=shown)
+        a = _attempt(pdef, target, budget)
+        if rule is not None:
+            graph = target.node._graph if isinstance(target, Value) else None
+            a = _rule_attempt(rule, a, graph)
+        return Explanation(pdef, (a,), shown=shown, rule=rule)
     roots = root_operators(pdef)
     values: Iterable[Value] = (
         v for n in target.nodes() for v in n.outputs if roots is None or n.op in roots
     )
     attempts = [_attempt(pdef, v, budget) for v in values]
+    n_pattern = sum(a.matched for a in attempts)
+    if rule is not None:
+        attempts = [_rule_attempt(rule, a, target) for a in attempts]
     order = sorted(
-        range(len(attempts)), key=lambda i: (not attempts[i].matched, -attempts[i].depth, i)
+        range(len(attempts)),
+        key=lambda i: (
+            not attempts[i].matched,
+            attempts[i].pattern_match is None,
+            -attempts[i].depth,
+            i,
+        ),
     )
     note = ""
     if not attempts:
         ops = ", ".join(sorted(op.name for op in roots or ()))
         note = f"no node of the graph applies {ops}, the operator(s) the pattern starts with"
+    elif rule is None:
+        note = f"{len(attempts)} candidate node(s), {n_pattern} match(es)"
     else:
-        n_match = sum(a.matched for a in attempts)
-        note = f"{len(attempts)} candidate node(s), {n_match} match(es)"
-    return Explanation(pdef, tuple(attempts[i] for i in order), note, shown)
+        n_fire = sum(a.matched for a in attempts)
+        note = (
+            f"{len(attempts)} candidate node(s), {n_pattern} pattern match(es), "
+            f"the rule fires at {n_fire}"
+        )
+    return Explanation(pdef, tuple(attempts[i] for i in order), note, shown, rule)

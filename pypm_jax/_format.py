@@ -80,7 +80,9 @@ from ._terms import OpClass, Operator
 
 FORMAT = "pypm"
 VERSION = 1  # the major version: a reader refuses every other one
-MINOR = 0  # additions an older reader of the same major may safely ignore
+MINOR = 1  # additions an older reader of the same major may safely ignore
+# minor 1: the optional top-level key "guard_locs" (where each condition of a rule branch
+# was written; RuleBranch.guard_locs)
 
 MAX_BLOB_BYTES = 64 * 1024 * 1024
 MAX_ENTRIES = 1_000_000  # per table, and per list inside an entry
@@ -256,6 +258,7 @@ class _Writer:
         self._by_id: dict[str, dict[int, int]] = {t: {} for t in TABLES}
         self._keep: list[Any] = []  # keeps every indexed object alive, so ids stay unique
         self.ops: dict[str, Operator] = {}
+        self.guard_locs: list[list[list[int | None]]] = []  # per rules entry (minor 1)
 
     def index(self, table: str, root: Any) -> int:
         """The index of ``root``'s entry in ``table``, writing it (children first) if new."""
@@ -273,14 +276,25 @@ class _Writer:
                 continue
             entry = self._entry(t, obj)
             key = _key(entry)
+            if t == "rules":  # the rule's guard_locs live outside its entry (minor 1)
+                locs = self._guard_locs_of(obj)
+                key = (key, _key(locs))
             idx = self._by_key[t].get(key)
             if idx is None:
                 idx = len(self.tables[t])
                 self.tables[t].append(entry)
                 self._by_key[t][key] = idx
+                if t == "rules":
+                    self.guard_locs.append(locs)
             by_id[t][id(obj)] = idx
             self._keep.append(obj)
         return by_id[table][id(root)]
+
+    def _guard_locs_of(self, rule: RuleDef) -> list[list[int | None]]:
+        by_id = self._by_id["locs"]
+        return [
+            [None if loc is None else by_id[id(loc)] for loc in b.guard_locs] for b in rule.branches
+        ]
 
     # --- children: what must be written before an entry (also checks container shapes) ---
 
@@ -483,6 +497,9 @@ def _field_children(
             out += [("exprs", b.guard), ("rhs", b.result)]
             if b.loc is not None:
                 out.append(("locs", b.loc))
+            if type(b.guard_locs) is not tuple:
+                raise fail("RuleBranch.guard_locs as a tuple")
+            out += [("locs", loc) for loc in b.guard_locs if loc is not None]
         return out
     return []
 
@@ -559,6 +576,7 @@ def serialize(items: Iterable[Item]) -> bytes:
             )
     doc: dict[str, Any] = {"format": FORMAT, "version": VERSION, "minor": MINOR, "items": out}
     doc.update(writer.tables)
+    doc["guard_locs"] = writer.guard_locs
     try:
         blob = _canonical(doc).encode("ascii")
     except (ValueError, RecursionError) as exc:  # e.g. an int with too many digits
@@ -658,6 +676,8 @@ class _Reader:
         self._read_values(self._list(doc, "values"))
         for table in ("exprs", "patterns", "rhs", "defs", "rules"):
             self._read_table(table, self._list(doc, table))
+        if "guard_locs" in doc:  # optional (minor >= 1; _header refuses it before)
+            self._read_guard_locs(self._list(doc, "guard_locs"))
         self.where = "the blob"
         size = self.size
         total = sum(size["patterns"][d] for d in self.body_index)
@@ -701,6 +721,8 @@ class _Reader:
         if type(minor) is not int or minor < 0:
             raise FormatError(f"malformed header: minor is {_short(minor)}, not an integer >= 0")
         known = {"format", "version", "minor", "items", *TABLES}
+        if minor >= 1:
+            known.add("guard_locs")
         unknown = sorted(k for k in doc if k not in known)
         if unknown and minor <= MINOR:
             raise FormatError(
@@ -746,6 +768,30 @@ class _Reader:
                 )
             raise self.fail(f"{key}: index {_short(raw)} out of range ({table} has {limit})")
         return self.t[table][raw]
+
+    def _read_guard_locs(self, rows: list[Any]) -> None:
+        """``guard_locs`` (minor 1): per rule, per branch, where each condition was written."""
+        rules = self.t["rules"]
+        if len(rows) != len(rules):
+            raise FormatError(
+                f"guard_locs: {len(rows)} entries for {len(rules)} rules (one per rule)"
+            )
+        for i, raw in enumerate(rows):
+            self.where = f"guard_locs[{i}]"
+            r = rules[i]
+            per_branch = self._bounded_list(raw, "guard_locs")
+            if len(per_branch) != len(r.branches):
+                raise self.fail(
+                    f"{len(per_branch)} lists for the {len(r.branches)} branches of the rule"
+                )
+            branches = []
+            for b, locs in zip(r.branches, per_branch, strict=True):
+                locs = self._bounded_list(locs, "guard_locs")
+                guard_locs = tuple(
+                    None if x is None else self._ref(x, "locs", None, "guard_locs") for x in locs
+                )
+                branches.append(RuleBranch(b.guard, b.result, b.loc, guard_locs))
+            rules[i] = RuleDef(r.name, r.pattern, tuple(branches), r.single_use, r.loc)
 
     def _bounded_list(self, raw: Any, key: str) -> list[Any]:
         if type(raw) is not list:

@@ -938,7 +938,8 @@ class Rule:
                 EConst(True) if not guards else guards[0] if len(guards) == 1 else EAnd(guards)
             )
             op_vars = {n for n in names if kinds[n] == "op"}
-            branches.append(RuleBranch(_op_kind_exprs(guard, op_vars), rhs, loc))
+            guard_locs = tuple(where for _, where in path.conditions)
+            branches.append(RuleBranch(_op_kind_exprs(guard, op_vars), rhs, loc, guard_locs))
         if not branches:
             raise PatternDefinitionError(f"rule {self.name} returns nothing on every path", loc)
         return RuleDef(self.name, pdef, tuple(branches), self.single_use, loc)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+import os
+import re
+import runpy
+
 from engine_helpers import F1, F2, G2, H2, A, B
 
+import pypm_jax as pm
 from pypm_jax._calculus import (
     EAttr,
     ECmp,
@@ -124,3 +130,142 @@ def test_operator_variables_do_not_look_through_opaque_operators():
     p = PatternDef("AnyUnary", (Param("x"),), PFunVar("F", (X,)))
     f = explain(p, rng(A)).best.failure
     assert f.kind == "opaque_operator" and f.found is rng
+
+
+# ------------------------------------------------------------------------------- rules
+
+
+@pm.pattern
+def Scaled(q, k):
+    return G2(q, F1(k))
+
+
+@pm.rule(Scaled)
+def needs_rank4(q, k):
+    assert q.dtype == pm.f32
+    assert q.rank == 4
+    return H2(q, k)
+
+
+@pm.rule(Scaled)
+def any_rank(q, k):
+    return H2(q, k)
+
+
+@pm.rule(Scaled)
+def by_rank(q, k):
+    if q.rank == 4:
+        return H2(q, k)
+    assert q.rank == 2 and q.dtype == pm.i8
+    return H2(k, q)
+
+
+@pm.rule(Scaled, single_use=True)
+def scaled_once(q, k):
+    return H2(q, k)
+
+
+@pm.guard_fn("tests.explain.toy_plan")
+def toy_plan(rank):
+    return ("BSHD", rank) if rank == 4 else None
+
+
+@pm.guard_fn("tests.explain.toy_supported")
+def toy_supported(plan):
+    return plan is not None
+
+
+@pm.rule(Scaled)
+def planned(q, k):
+    plan = toy_plan(q.rank)
+    assert toy_supported(plan)
+    return H2(q, k)
+
+
+def line_of(rule, text: str) -> int:
+    """The line of the rule body's source line containing ``text``."""
+    lines, first = inspect.getsourcelines(rule.fn)
+    (i,) = [i for i, line in enumerate(lines) if text in line]
+    return first + i
+
+
+Q4 = leaf("q4", shape=(1, 2, 3, 4), dtype="f32")
+Q3 = leaf("q3", shape=(1, 2, 3), dtype="f32")
+
+
+def test_a_rule_whose_assert_fails_names_the_assert_and_what_it_read():
+    g = Graph([G2(A, F2(B)), G2(A, F1(B))])  # a: f32, rank 2; the first is no match at all
+    e = pm.explain(needs_rank4, g)
+    assert not e.matched and e.rule is needs_rank4.definition
+    assert len(e.attempts) == 2
+    best = e.best
+    assert not best.matched and best.pattern_match is not None
+    assert best.pattern_match["q"] is g.outputs[1].node.inputs[0]
+    failure = best.failure
+    assert failure.kind == "guard_failed"
+    assert failure.loc.file == __file__
+    assert failure.loc.line == line_of(needs_rank4, "assert q.rank == 4")
+    assert failure.guard == "q.rank = 4" and failure.values == (("q.rank", "2"),)
+    assert [s.kind for s in best.steps] == ["guard"]  # the dtype assert held
+    # the pattern's own near miss comes after the match the rule refused
+    assert e.attempts[1].pattern_match is None and e.attempts[1].failure.kind == "op_mismatch"
+    text = str(e)
+    assert f"test_explain.py:{failure.loc.line}: assert q.rank == 4" in text
+    assert "with q.rank = 2" in text and "does not fire at" in text
+    assert text.startswith("rule needs_rank4 (")
+    assert "2 candidate node(s), 1 pattern match(es), the rule fires at 0" in text
+
+
+def test_a_rule_that_fires_is_a_match():
+    e = pm.explain(any_rank, Graph([G2(A, F1(B))]))
+    assert e.matched and e.best.match["k"] is not None
+    assert str(e).splitlines()[2].startswith("fires at")
+    assert pm.explain(needs_rank4, G2(Q4, F1(B))).matched  # a term, not a graph
+
+
+def test_the_second_branch_of_a_rule_fires_when_the_first_does_not():
+    b8 = leaf("b8", shape=(2, 2), dtype="i8")
+    assert pm.explain(by_rank, G2(b8, F1(B))).matched  # rank 2, i8: the second branch
+    assert pm.explain(by_rank, G2(leaf("b4", shape=(1, 1, 1, 1)), F1(B))).matched  # the first
+    # no branch: the one that got further (past `if q.rank == 4`) is reported, narrowed to
+    # the conjunct of `assert ... and ...` that is false
+    f = pm.explain(by_rank, G2(A, F1(B))).best.failure
+    assert f.kind == "guard_failed" and f.guard == "q.dtype = i8"
+    assert f.loc.line == line_of(by_rank, "assert q.rank == 2")
+    assert f.values == (("q.dtype", "f32"),) and "no branch of 2 applies" in f.message
+    assert pm.explain(by_rank, G2(Q3, F1(B))).best.failure.guard == "q.rank = 2"
+
+
+def test_a_failed_call_of_a_guard_function_shows_what_the_inner_call_returned():
+    e = pm.explain(planned, G2(A, F1(B)))
+    f = e.best.failure
+    assert f.kind == "guard_failed" and f.loc.line == line_of(planned, "assert toy_supported")
+    assert f.values == (("tests.explain.toy_plan(…)", "None"), ("q.rank", "2"))
+    assert "with tests.explain.toy_plan(…) = None, q.rank = 2" in str(e)
+    assert pm.explain(planned, G2(Q4, F1(B))).matched
+
+
+def test_a_single_use_rule_does_not_fire_where_the_match_is_shared():
+    shared = Graph([G2(A, F1(B)), F1(B)])  # f1(b) is also a graph output
+    f = pm.explain(scaled_once, shared).best.failure
+    assert f.kind == "single_use" and "%" in f.message
+    assert pm.explain(scaled_once, Graph([G2(A, F1(B))])).matched
+    assert pm.explain(any_rank, shared).matched  # not single-use
+
+
+def test_a_loaded_rule_explains_with_its_assert_locations():
+    (loaded,) = pm.deserialize(pm.serialize([needs_rank4]), ops=[G2, F1, H2])
+    f = pm.explain(loaded, G2(A, F1(B))).best.failure
+    assert f.loc.line == line_of(needs_rank4, "assert q.rank == 4")
+
+
+def test_the_semantics_doc_example_runs(tmp_path, capsys):
+    doc = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "SEMANTICS.md")
+    with open(doc, encoding="utf-8") as fh:
+        blocks = re.findall(r"```python\n(.*?)```", fh.read(), flags=re.S)
+    script = tmp_path / "semantics_md_example.py"  # rules compile from a real source file
+    script.write_text("\n\n".join(blocks), encoding="utf-8")
+    runpy.run_path(str(script), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "semantics_md_example.py" in out and ": assert x.rank == 2" in out
+    assert "with x.rank = 3" in out

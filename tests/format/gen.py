@@ -267,7 +267,12 @@ def rule_defs(draw: Any) -> RuleDef:
     terms = [p.name for p in pdef.params if p.kind == "term"]
     scope = [p.name for p in pdef.params]
     branches = tuple(
-        RuleBranch(exprs(draw, scope, 2), rhs(draw, terms, scope, 3), draw(locs))
+        RuleBranch(
+            exprs(draw, scope, 2),
+            rhs(draw, terms, scope, 3),
+            draw(locs),
+            tuple(draw(st.lists(locs, max_size=3))),
+        )
         for _ in range(draw(st.integers(1, 3)))
     )
     return RuleDef(

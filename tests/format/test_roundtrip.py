@@ -96,7 +96,7 @@ def test_reserialization_is_byte_identical_and_canonical():
     text = blob.decode("ascii")  # non-ASCII is escaped
     assert json.dumps(json.loads(text), sort_keys=True, separators=(",", ":")) == text
     assert text.startswith('{"defs":') and '"format":"pypm"' in text
-    assert '"version":1' in text and '"minor":0' in text
+    assert '"version":1' in text and '"minor":1' in text
 
 
 def _rebuild(x):

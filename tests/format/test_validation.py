@@ -295,6 +295,33 @@ def test_bad_rules():
     refused(bad_guard, "reads 'z'")
 
 
+def test_guard_locs_are_a_minor_1_key_one_list_per_rule_and_branch():
+    loc = {"file": "rules.py", "line": 7, "text": "assert x.dtype"}
+    rule = {"name": "r", "pattern": 0, "single_use": False, "loc": None,
+            "branches": [{"guard": 0, "result": 0, "loc": None}]}  # fmt: skip
+    base = doc(
+        patterns=[X],
+        locs=[loc],
+        exprs=[{"k": "attr", "var": "x", "attr": "dtype"}],
+        rhs=[{"k": "var", "name": "x"}],
+        rules=[rule],
+        items=[{"k": "rule", "i": 0}],
+    )
+    (old,) = load(base)  # a minor-0 blob has no guard_locs
+    assert old.branches[0].guard_locs == ()
+    (new,) = load({**base, "minor": 1, "guard_locs": [[[0]]]})
+    assert new.branches[0].guard_locs == (pm.SourceLoc("rules.py", 7, "assert x.dtype"),)
+    assert load({**base, "minor": 1, "guard_locs": [[[None]]]})[0].branches[0].guard_locs == (None,)
+    refused({**base, "guard_locs": [[[0]]]}, "unknown top-level key")  # not at minor 0
+    for bad, match in [
+        ([], "0 entries for 1 rules"),
+        ([[]], "0 lists for the 1 branches"),
+        ([[[1]]], "out of range"),
+        ([[0]], "expected an array"),
+    ]:
+        refused({**base, "minor": 1, "guard_locs": bad}, match)
+
+
 def test_result_arity_and_attributes():
     conv = {"name": "Conv", "namespace": NS, "n_in": 2, "n_out": 1, "attrs": ["stride", "padding"],
             "op_class": "conv", "pure": True}  # fmt: skip
