@@ -67,9 +67,10 @@ def flash_attention_impl(
         else:
             c = jnp.reshape(scale, ()).astype(q.dtype)
             q = q * c if plan.scale_input > 0 else q / c
-    q = jnp.transpose(q, plan.perm_q)
-    k = jnp.transpose(k, plan.perm_k)
-    v = jnp.transpose(v, plan.perm_v)
+    # operands of mixed float dtypes run in the plan's (wider) dtype; a no-op otherwise
+    q = jnp.transpose(q, plan.perm_q).astype(plan.dtype)
+    k = jnp.transpose(k, plan.perm_k).astype(plan.dtype)
+    v = jnp.transpose(v, plan.perm_v).astype(plan.dtype)
     kernel_bias = kernel_mask = None
     if plan.bias:
         kernel_bias = jnp.transpose(bias, plan.perm_scores)

@@ -441,7 +441,8 @@ def attention_plan(
         extras[0],
         extras[1],
     )
-    if len(set(dts)) != 1 or _dtype_name(o_dtype) is None:
+    dtype = _common_float(dts)
+    if dtype is None or _dtype_name(o_dtype) is None:
         return None
     return AttentionPlan(
         layout=layout,
@@ -455,10 +456,22 @@ def attention_plan(
         bias=0 if bias is None else sign_i,
         mask=mask is not None,
         kernel_shapes=kernel_shapes,
-        dtype=dts[0],
+        dtype=dtype,
         out_shape=o_shape,
         out_dtype=_dtype_name(o_dtype),
     )
+
+
+def _common_float(dts: tuple[str, ...]) -> str | None:
+    """The kernel's dtype for operands of these dtypes: their dtype when they agree; float32
+    when floats are mixed (Flax's ``dot_product_attention_weights(dtype=f32)``, which Hugging
+    Face Llama uses with bf16 weights, promotes q and k to f32 but not v: widening v is exact,
+    and the kernel then keeps in f32 what the program rounded to bf16); else None."""
+    if len(set(dts)) == 1:
+        return dts[0]
+    if all(d in ("float32", "bfloat16", "float16") for d in dts):
+        return "float32"
+    return None
 
 
 @guard_fn("rules.dpa_plan")

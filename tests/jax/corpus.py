@@ -133,7 +133,9 @@ def hf_llama(size: Size = SMALL) -> Model:
         num_attention_heads=size.heads,
         num_key_value_heads=2,
         intermediate_size=size.ffn,
-        max_position_embeddings=size.positions,
+        # transformers' Flax RoPE table keeps only max_position_embeddings of its 2 * head_dim
+        # columns (`out[:, :, :num_pos]`): fewer positions than that breaks the model
+        max_position_embeddings=max(size.positions, 2 * size.hidden // size.heads),
     )
     model, params = _hf(FlaxLlamaModel, cfg, (size.batch, size.seq), size)
 

@@ -141,3 +141,8 @@ def test_gradients_through_gemm_epilogue() -> None:
 def test_in_kernel_erf_is_accurate() -> None:
     xs = jnp.linspace(-6, 6, 2001)
     np.testing.assert_allclose(erf(xs), jax.scipy.special.erf(xs), rtol=1e-6, atol=5e-7)
+    # what the exact-GELU epilogue computes, against jax.nn.gelu (only |error| counts there)
+    ys = jnp.linspace(-8, 8, 200_001)
+    gelu = 0.5 * ys * (1.0 + erf(ys / np.sqrt(2.0)))
+    want = jax.nn.gelu(ys, approximate=False)
+    assert float(jnp.max(jnp.abs(gelu - want))) <= 1e-6

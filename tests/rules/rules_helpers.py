@@ -165,7 +165,7 @@ CORPUS_SITES: dict[str, dict[str, int]] = {
     "linen_scan_remat": {"attention": 1, "gemm_epilogue": 1},
 }
 CORPUS_HF = frozenset(corpus.HF_MODELS)
-CORPUS_BF16 = ("bert", "linen_mha_masked", "nnx_mha")  # the models also checked in bf16
+CORPUS_BF16 = ("bert", "llama", "linen_mha_masked", "nnx_mha")  # the models also checked in bf16
 
 # The graph hash-conses constants (one 0.5 for every GELU of a model; one all-ones head
 # mask, ``convert(broadcast(1.0))`` sliced per layer, for every BERT layer). A driver whose

@@ -234,3 +234,12 @@ def test_guard_functions_are_registered_by_name(name):
     from pypm_jax._registry import GUARD_FNS
 
     assert name in GUARD_FNS
+
+
+def test_attention_plan_mixed_float_operands_run_in_f32():
+    # Hugging Face Llama in bf16: q and k promoted to f32 for the scores, v left in bf16
+    plan = hf_plan(dtypes=(f32, f32, bf16))
+    assert plan is not None and plan.dtype == "float32"
+    assert hf_plan(dtypes=(f32, bf16, bf16)).dtype == "float32"
+    assert hf_plan(dtypes=(bf16, bf16, bf16)).dtype == "bfloat16"
+    assert hf_plan(dtypes=(f32, f32, i32)) is None  # only floats are promoted
