@@ -199,6 +199,7 @@ class _Driver:
         self.heap: list[tuple[int, int, int, Node]] = []
         self.minor = itertools.count(1)
         self.blocked: dict[int, Node] = {}  # roots a single-use rule skipped
+        self.idle: dict[int, Node] = {}  # roots x rewritten to f(x), read by f(x) only (wake)
         self.const_memo: dict[int, bool] = {}  # node id -> computed from literals alone
         self.parents: list[int | None] = []  # per record: the record that made its root
         self.made_by: dict[int, int] = {}  # node made by this run -> its record
@@ -449,6 +450,7 @@ class _Driver:
             # x → f(x) where only f(x) itself reads x: the graph is the same; a rewrite
             # that changes nothing is no rewrite (and must not show in the report)
             g.remove_dead(created.values())
+            self.idle[rnode.id] = rnode  # until something else reads x again
             return True
         self.changed = True
         removed = g.remove_dead([rnode])
@@ -472,11 +474,27 @@ class _Driver:
             self.made_by[n.id] = index
             self.push(n, pos)
         self.requeue(touched, pos)
+        if rnode._alive:  # x → f(x): x lives on, read by f(x) only
+            self.idle[rnode.id] = rnode
+        if self.idle:
+            self.wake(created.values(), pairs, pos)
         if removed and self.blocked:
             blocked, self.blocked = list(self.blocked.values()), {}
             for n in blocked:
                 self.push(n, pos)
         return True
+
+    def wake(self, created: Iterable[Node], pairs: list[tuple[Value, Value]], pos: int) -> None:
+        """Revisit the idle roots (rewritten ``x → f(x)``, so that only ``f(x)`` reads ``x``)
+        that this rewrite gave a new reader: rewriting them again changes the graph now."""
+        idle = self.idle
+        for n in created:
+            for v in n.inputs:
+                if v.node is not None and v.node.id in idle:
+                    self.push(idle.pop(v.node.id), pos)
+        for _, new in pairs:
+            if new.node is not None and new.node.id in idle:
+                self.push(idle.pop(new.node.id), pos)
 
     def requeue(self, touched: list[Node], pos: int) -> None:
         """Revisit nodes whose inputs changed and their users as deep as patterns look."""

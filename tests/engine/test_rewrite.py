@@ -359,3 +359,21 @@ def test_a_rewritten_graph_is_a_fixpoint(rules_, pool):
     before = str(g)
     assert not rewrite(g, rules, max_iterations=60).report
     assert str(g) == before
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_a_root_read_by_its_own_result_is_revisited_when_it_gains_a_reader(engine):
+    # wrap: x → fused(x) leaves x in the graph, read by fused(x) only (then it is a fixpoint
+    # for wrap); unwrap: fused(x) → f2(x) gives x a new reader, so wrap applies again, and
+    # again: a cycle, which the driver must report instead of stopping half way (found by
+    # test_a_rewritten_graph_is_a_fixpoint)
+    wrap = rule(
+        "wrap",
+        pdef("X", X, "x"),
+        RuleBranch(ECmp("==", EAttr("x", "dtype"), EConst(F32)), RApp(FUSED, (RVar("x"),))),
+    )
+    unwrap = rule("unwrap", pdef("Fx", PApp(FUSED, (X,)), "x"), RApp(F2, (RVar("x"),)))
+    g = Graph([const(0.5, dtype="f32"), const(2)])
+    with pytest.raises(RewriteLimitError) as info:
+        rewrite(g, [unwrap, wrap], max_iterations=40, engine=engine)
+    assert "wrap" in str(info.value) and "unwrap" in str(info.value)
