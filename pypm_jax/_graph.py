@@ -318,7 +318,7 @@ class Graph:
             found = self._cse.get(key)
             if found is not None:
                 return found
-        node = self._new_node(op, ins, attrs, types, loc, dict(meta) if meta else None, key)
+        node = self._new_node(op, ins, attrs, types, loc, meta, key)  # (it copies meta)
         if key is not None:
             self._cse[key] = node
         self._nodes[node.id] = node
@@ -580,25 +580,41 @@ class Graph:
         what is removed. Graph inputs and impure nodes stay. Returns the removed nodes in
         removal order.
         """
-        outputs = {id(v) for v in self._outputs}
+        outs = self._outputs
         live = self._nodes  # graph inputs are not in it
+        cse = self._cse
         stack = list(nodes)
         stack.reverse()
         removed: list[Node] = []
+        # (_remove and _unuse inlined: this runs for every node a rewrite frees)
         while stack:
             node = stack.pop()
             if node.id not in live or not node.op.pure:
                 continue
             read = False
             for v in node.outputs:
-                if v._users or id(v) in outputs:
+                if v._users or v in outs:  # (Values compare by identity)
                     read = True
                     break
             if read:
                 continue
-            self._remove(node)
+            node._alive = False
+            del live[node.id]
+            key = node._key
+            if key is not None:
+                entry = cse.pop(key, None)
+                if entry is not None and entry is not node:  # (a merged duplicate's key)
+                    cse[key] = entry
+            ins = node.inputs
+            for v in ins:
+                users = v._users
+                if type(users) is list:
+                    users.remove(node)
+                else:
+                    _unuse(v, node)
             removed.append(node)
-            stack.extend([v.node for v in reversed(node.inputs)])
+            for i in range(len(ins) - 1, -1, -1):
+                stack.append(ins[i].node)
         return removed
 
     def dce(self) -> int:

@@ -438,14 +438,26 @@ class _Driver:
         inst = _Instantiate(g, rule, m, root)
         pairs = inst.pairs(branch.result)
         self.changed = False
-        if all(old is new for old, new in pairs):
+        same = True
+        for old, new in pairs:
+            if old is not new:
+                same = False
+                break
+        if same:
             return True  # the result is the root itself: nothing to do
-        created = {i: n for i, n in inst.built.items() if i >= inst.mark}
+        built = inst.built
+        mark = inst.mark
+        created = {i: n for i, n in built.items() if i >= mark}
         touched: list[Node] = []
         outputs_changed = False
+        outs = g._outputs
         for old, new in pairs:  # the result's own nodes keep reading the root (x → f(x))
-            outputs_changed = outputs_changed or (old is not new and g.is_output(old))
-            touched += g.replace_all_uses(old, new, keep=inst.built.values())
+            if old is new:
+                continue
+            outputs_changed = outputs_changed or old in outs  # (Values: identity)
+            kept = set(built)
+            kept.add(new.node.id)
+            touched += g._replace([(old, new)], kept)
         if not touched and not outputs_changed:
             # x → f(x) where only f(x) itself reads x: the graph is the same; a rewrite
             # that changes nothing is no rewrite (and must not show in the report)
