@@ -408,12 +408,12 @@ class _Driver:
         """Does nothing outside the match read an interior value (other than literals and
         what is computed from literals alone, which sharing costs nothing)?"""
         inside = {n.id for n in region}
-        outputs = {id(v) for v in self.g._outputs}
+        outputs = self.g._outputs
         for n in region:
             for v in n.outputs:
                 if v is root:
                     continue
-                escapes = id(v) in outputs
+                escapes = v in outputs  # (Values compare by identity)
                 if not escapes:
                     for u in v._users:  # (a loop, not any(): this runs per matched value)
                         if u.id not in inside:
