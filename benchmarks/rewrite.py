@@ -12,7 +12,7 @@ replacing a dot, a bias add and the spelled-out GELU by one fused node.
 * ``rewriting``: :func:`pypm_jax._rewrite.rewrite` of a fresh copy of the graph (same sweep,
   plus the rule guards, the 1,000 rewrites, dead-code removal and the report).
 
-Each of ``--repeat`` rounds (default 7) builds a fresh graph (not timed), scans it, then
+Each of ``--repeat`` rounds (default 11) builds a fresh graph (not timed), scans it, then
 rewrites it, so both measurements see the same machine load; printed are the medians and
 the median of the per-round ratios. The garbage collector is off while timing. Run: ``python benchmarks/rewrite.py``.
 """
@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=float, default=1e5)
     ap.add_argument("--rewrites", type=int, default=1000)
-    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--repeat", type=int, default=11)
     args = ap.parse_args(argv)
 
     def build():
