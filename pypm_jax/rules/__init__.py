@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import attention, gemm
+from . import _cache, attention, gemm
 from ._kernels import FlashAttention, GemmEpilogue
 from .attention import (
     ATTENTION_RULES,
@@ -67,5 +67,11 @@ def gemm_rules(*, linear: bool = False) -> list[Any]:
 
 
 def default_rules() -> list[Any]:
-    """The rules ``pm.optimize`` applies by default: attention rules, then epilogue rules."""
-    return attention_rules() + gemm_rules()
+    """The rules ``pm.optimize`` applies by default: attention rules, then epilogue rules.
+
+    Their core definitions come from an on-disk cache when it holds them for this exact code
+    (:mod:`pypm_jax.rules._cache`), instead of running the frontend in every process.
+    """
+    rules = attention_rules() + gemm_rules()
+    _cache.prime(rules)
+    return rules
