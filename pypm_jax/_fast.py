@@ -47,6 +47,8 @@ __all__ = [
     "solutions",
     "root_operators",
     "compile_guard",
+    "summary",
+    "from_summary",
 ]
 
 import itertools
@@ -1366,6 +1368,115 @@ class CompiledPattern:
 
 
 _compiled = _ByIdentity(CompiledPattern)
+
+
+# ------------------------------------------------------- summaries of compiled patterns
+#
+# What compiling a pattern for the machine decides (no generated code; its root operators;
+# its pre-check) is data: a summary in JSON values, operators by qualified name. A cache of
+# summaries (the standard rules keep one on disk, pypm_jax.rules._cache) lets a new process
+# skip deciding again; it holds no code, and a summary that does not fit its pattern is
+# refused, so the pattern is compiled as usual.
+
+
+def summary(cp: CompiledPattern) -> dict[str, Any] | None:
+    """``cp``'s decisions as JSON values, or None for generated code (not summarized)."""
+    if cp.backend != "machine":
+        return None
+
+    def shape(sh: _Shape) -> Any:
+        if sh is None:
+            return None
+        return [
+            [
+                None if op is None else op.qualname,
+                n,
+                None if kids is None else [shape(k) for k in kids],
+            ]
+            for op, n, kids in sh
+        ]
+
+    roots = None if cp.root_ops is None else sorted(op.qualname for op in cp.root_ops)
+    return {"backend": "machine", "root_ops": roots, "shape": shape(cp._shape)}
+
+
+def _operators_of(p: Pattern) -> dict[str, Operator]:
+    """The operators a pattern names (applications, and operator arguments of definitions
+    and references), by qualified name."""
+    found: dict[str, Operator] = {}
+    seen: set[int] = set()
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        if id(q) in seen:
+            continue
+        seen.add(id(q))
+        if isinstance(q, PApp):
+            found[q.op.qualname] = q.op
+        elif isinstance(q, PMu | PCall):
+            for a in q.args:
+                if isinstance(a, Operator):
+                    found[a.qualname] = a
+        stack.extend(children(q))
+    return found
+
+
+def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
+    """The compiled form of ``pdef`` that ``data`` (from :func:`summary`) describes, made
+    the one ``compile_pattern(pdef)`` returns; None (nothing changed) when ``data`` is not a
+    well-formed summary naming only operators of ``pdef``."""
+    ops = _operators_of(pdef.body)
+    ops[CONST.qualname] = CONST
+
+    def op_of(name: Any) -> Operator | None:
+        if name is None:
+            return None
+        return ops[name]  # KeyError: an operator the pattern does not name
+
+    def shape(raw: Any, depth: int) -> _Shape:
+        if raw is None:
+            return None
+        if type(raw) is not list or not raw or depth > _SHAPE_DEPTH:
+            raise ValueError("not a shape")
+        out = []
+        for alt in raw:
+            if type(alt) is not list or len(alt) != 3:
+                raise ValueError("not a shape alternative")
+            name, n, kids = alt
+            if n is not None and (type(n) is not int or n < 0):
+                raise ValueError("not an arity")
+            if kids is not None:
+                if type(kids) is not list or n is None or len(kids) != n:
+                    raise ValueError("kids do not match the arity")
+                kids = tuple(shape(k, depth + 1) for k in kids)
+            out.append((op_of(name), n, kids))
+        return out
+
+    try:
+        if type(data) is not dict or data.get("backend") != "machine":
+            return None
+        roots = data.get("root_ops")
+        if roots is not None and type(roots) is not list:
+            return None
+        root_ops = None if roots is None else frozenset(op_of(n) for n in roots)
+        pre = shape(data.get("shape"), 0)
+    except (KeyError, ValueError, TypeError):
+        return None
+    if root_ops is not None and None in root_ops:
+        return None
+    cp = CompiledPattern.__new__(CompiledPattern)
+    cp.pdef = pdef
+    cp.root_ops = root_ops
+    cp.source = ""
+    cp.backend = "machine"
+    cp.unique = False
+    cp._shape = pre
+    cp._all = cp._machine_all
+    cp._first = cp._machine_first
+    if len(_compiled.entries) >= _CACHE_LIMIT:
+        _compiled.entries.clear()
+    _compiled.entries[id(pdef)] = (pdef, cp)
+    return cp
 
 
 def compile_pattern(pdef: PatternDef) -> CompiledPattern:

@@ -5,7 +5,9 @@ Turning a ``@pm.rule`` into its :class:`~pypm_jax._calculus.RuleDef` runs the fr
 standard library, paid again in every new process, inside ``pm.optimize``'s first call.
 Loading the same definitions from a blob of :mod:`pypm_jax._format` takes about a third of
 that, so :func:`prime` gives the rules definitions read from a cache file, written the
-first time they were built.
+first time they were built. The file also keeps what compiling each rule's pattern for the
+matching machine decided (:func:`pypm_jax._fast.summary`: root operators and structural
+pre-check, as data), another ~25 ms a process would spend again.
 
 Why it is safe:
 
@@ -16,7 +18,9 @@ Why it is safe:
   JAX versions; any other key means the file was written for other code and is rebuilt.
 * **A bad file is never used**: a FormatError, or definitions that are not the rules' (their
   number, names or patterns' names differ), mean the frontend builds them and the file is
-  rewritten. Failing to read or write the file only costs the frontend's time.
+  rewritten; a pattern summary that is malformed or names an operator its pattern does not
+  is dropped (that pattern is compiled as usual). Failing to read or write the file only
+  costs the time it would have saved.
 
 ``PYPM_CACHE_DIR`` names the directory (default: ``$XDG_CACHE_HOME/pypm_jax``, else
 ``~/.cache/pypm_jax``); setting it to the empty string turns the cache off.
@@ -27,13 +31,14 @@ from __future__ import annotations
 __all__ = ["prime", "cache_path", "cache_key"]
 
 import hashlib
+import json
 import os
 import sys
 import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _format
+from .. import _fast, _format
 from .._errors import FormatError
 from .._frontend import Rule
 
@@ -76,20 +81,24 @@ def cache_key() -> str:
     return _key
 
 
-def _load(path: str, key: str, rules: Sequence[Rule]) -> list[Any] | None:
-    """The cached definitions of ``rules`` (in order), or None if the file is missing,
-    stale or not theirs."""
+def _load(path: str, key: str, rules: Sequence[Rule]) -> tuple[list[Any], list[Any]] | None:
+    """The cached definitions of ``rules`` (in order) and their patterns' summaries, or None
+    if the file is missing, stale or not theirs."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError:
         return None
-    header, sep, blob = data.partition(b"\n")
+    header, sep, rest = data.partition(b"\n")
     if not sep or header != key.encode():
         return None
+    line, sep, blob = rest.partition(b"\n")
     try:
+        summaries = json.loads(line) if sep else None
         defs = _format.deserialize(blob)
-    except FormatError:
+    except (FormatError, ValueError, RecursionError):
+        return None
+    if type(summaries) is not list or len(summaries) != len(rules):
         return None
     if len(defs) != len(rules):
         return None
@@ -100,25 +109,35 @@ def _load(path: str, key: str, rules: Sequence[Rule]) -> list[Any] | None:
             or d.single_use != r.single_use
         ):
             return None
-    return defs
+    return defs, summaries
 
 
 def _pattern_name(r: Rule) -> str | None:
     return getattr(r.pattern, "name", None)
 
 
+def _summary_of(d: Any) -> Any:
+    try:
+        return _fast.summary(_fast.compile_pattern(d.pattern))
+    except Exception:  # the rewrite will raise it; the cache just has no summary
+        return None
+
+
 def _store(path: str, key: str, defs: Sequence[Any]) -> None:
-    """Write the file atomically (a reader sees the old file or the new one, whole)."""
+    """Write the file atomically (a reader sees the old file or the new one, whole): the key,
+    the patterns' summaries (one JSON line), the definitions' blob."""
     try:
         blob = _format.serialize(defs)
     except FormatError:
         return
+    summaries = [_summary_of(d) for d in defs]
+    line = json.dumps(summaries, separators=(",", ":")).encode()
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".rules-")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(key.encode() + b"\n" + blob)
+                f.write(key.encode() + b"\n" + line + b"\n" + blob)
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)
@@ -138,10 +157,13 @@ def prime(rules: Sequence[Rule]) -> None:
         return  # built lazily by the frontend, as without a cache
     key = cache_key()
     rules = [r for r in rules if isinstance(r, Rule)]
-    defs = _load(path, key, rules)
-    if defs is None:
+    loaded = _load(path, key, rules)
+    if loaded is None:
         _store(path, key, [r.definition for r in rules])
         return
-    for r, d in zip(rules, defs, strict=True):
+    defs, summaries = loaded
+    for r, d, s in zip(rules, defs, summaries, strict=True):
         if r._definition is None:
             r._definition = d
+            if s is not None:
+                _fast.from_summary(d.pattern, s)

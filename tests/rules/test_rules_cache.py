@@ -11,6 +11,7 @@ import pytest
 
 import pypm_jax as pm
 import pypm_jax.rules as R
+from pypm_jax import _fast
 from pypm_jax._frontend import Rule
 from pypm_jax.jax import lift
 from pypm_jax.jax.optimize import rewrite_nested
@@ -98,20 +99,36 @@ def _write(path: str, data: bytes) -> None:
 
 @pytest.mark.parametrize(
     "damage",
-    ["stale key", "no key line", "truncated blob", "not json", "other rules", "empty"],
+    [
+        "stale key",
+        "no key line",
+        "truncated blob",
+        "not json",
+        "other rules",
+        "summaries not json",
+        "too few summaries",
+        "empty",
+    ],
 )
 def test_a_bad_file_is_rebuilt(cache_dir, frontend_runs, damage):
     reference = fresh_rules()
     _cache.prime(reference)
     path = _cache.cache_path()
     good = open(path, "rb").read()
-    key, _, blob = good.partition(b"\n")
+    key, _, rest = good.partition(b"\n")
+    blob = rest.split(b"\n", 1)[1]
     bad = {
         "stale key": b"0" * len(key) + b"\n" + blob,
         "no key line": blob,
         "truncated blob": key + b"\n" + blob[: len(blob) // 2],
         "not json": key + b"\n" + b"import os; os.system('echo never run')",
-        "other rules": key + b"\n" + pm.serialize([r.definition for r in reference[:3]]),
+        "other rules": key
+        + b"\n"
+        + rest.split(b"\n", 1)[0]
+        + b"\n"
+        + pm.serialize([r.definition for r in reference[:3]]),
+        "summaries not json": key + b"\n" + b"[{" + b"\n" + blob,
+        "too few summaries": key + b"\n" + b"[null]" + b"\n" + blob,
         "empty": b"",
     }[damage]
     _write(path, bad)
@@ -162,3 +179,68 @@ def test_rules_already_built_are_kept(cache_dir, frontend_runs):
     before = rules[0].definition
     _cache.prime(rules)
     assert rules[0].definition is before
+
+
+def _compiled_like(a: _fast.CompiledPattern, b: _fast.CompiledPattern) -> bool:
+    return (a.backend, a.root_ops, a._shape, a.unique) == (
+        b.backend,
+        b.root_ops,
+        b._shape,
+        b.unique,
+    )
+
+
+def test_a_hit_gives_the_patterns_compiled_as_the_frontend_s(cache_dir):
+    built_by_frontend = fresh_rules()
+    _cache.prime(built_by_frontend)
+    loaded = fresh_rules()
+    _cache.prime(loaded)
+    for a, b in zip(built_by_frontend, loaded, strict=True):
+        fresh = _fast.CompiledPattern(a.definition.pattern)  # compiled now, no summary
+        assert _fast.compile_pattern(b.definition.pattern) is not fresh
+        assert _compiled_like(_fast.compile_pattern(b.definition.pattern), fresh)
+        assert _fast.summary(fresh) == _fast.summary(_fast.compile_pattern(b.definition.pattern))
+
+
+def test_bad_summaries_are_dropped(cache_dir):
+    reference = fresh_rules()
+    _cache.prime(reference)
+    path = _cache.cache_path()
+    key, _, blob = open(path, "rb").read().split(b"\n", 2)
+    bogus = [{"backend": "machine", "root_ops": ["no.such_op"], "shape": None}] * len(reference)
+    _write(path, key + b"\n" + _json(bogus) + b"\n" + blob)
+    rules = fresh_rules()
+    _cache.prime(rules)  # definitions loaded, summaries refused: compiled as usual
+    for a, b in zip(reference, rules, strict=True):
+        assert _compiled_like(
+            _fast.compile_pattern(b.definition.pattern), _fast.CompiledPattern(a.definition.pattern)
+        )
+
+
+def _json(value) -> bytes:
+    import json
+
+    return json.dumps(value).encode()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        None,
+        [],
+        {"backend": "generated"},
+        {"backend": "machine", "root_ops": "jax.dot_general", "shape": None},
+        {"backend": "machine", "root_ops": [None], "shape": None},
+        {"backend": "machine", "root_ops": None, "shape": [["jax.dot_general", 2, [None]]]},
+        {"backend": "machine", "root_ops": None, "shape": [["jax.dot_general", -1, None]]},
+        # an operator the pattern does not name (the rule's replacement)
+        {"backend": "machine", "root_ops": None, "shape": [[R.FlashAttention.qualname, 6, None]]},
+        {"backend": "machine", "root_ops": None, "shape": [[None, 1]]},
+        {"backend": "machine", "root_ops": None, "shape": []},
+    ],
+)
+def test_from_summary_refuses_what_does_not_fit(data):
+    pdef = R.attention_rule.definition.pattern
+    before = _fast.compile_pattern(pdef)
+    assert _fast.from_summary(pdef, data) is None
+    assert _fast.compile_pattern(pdef) is before
