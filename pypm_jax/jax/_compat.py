@@ -162,19 +162,32 @@ def user_frame(source_info: Any) -> SourceLoc | None:
     tb = getattr(source_info, "traceback", None)
     if tb is None:
         return None
-    for frame in _frames(tb):
-        fname = frame.file_name
-        if fname.startswith(_EXCLUDED_PREFIXES):
+    try:
+        codes, lastis = tb.raw_frames()
+    except Exception:  # a traceback without raw frames: JAX's frame iterator
+        for frame in _frames(tb):
+            if not frame.file_name.startswith(_EXCLUDED_PREFIXES):
+                return _loc(frame.file_name, frame.start_line)
+        return None
+    # JAX's user_frames, with the filenames tested before any frame's line is computed:
+    # only the frame chosen needs one (a model's traceback has dozens of frames)
+    for code, lasti in zip(codes, lastis, strict=True):
+        fname = code.co_filename
+        if fname.startswith(_EXCLUDED_PREFIXES) or not _siu.is_user_filename(fname):
             continue
-        key = (fname, frame.start_line)
-        loc = _LOCS.get(key)
-        if loc is None:
-            text = linecache.getline(fname, frame.start_line).strip()
-            if len(_LOCS) >= 4096:
-                _LOCS.clear()
-            loc = _LOCS[key] = SourceLoc(fname, frame.start_line, text)
-        return loc
+        return _loc(fname, _siu.raw_frame_to_frame(code, lasti).start_line)
     return None
+
+
+def _loc(fname: str, line: int) -> SourceLoc:
+    key = (fname, line)
+    loc = _LOCS.get(key)
+    if loc is None:
+        text = linecache.getline(fname, line).strip()
+        if len(_LOCS) >= 4096:
+            _LOCS.clear()
+        loc = _LOCS[key] = SourceLoc(fname, line, text)
+    return loc
 
 
 def name_stack(source_info: Any) -> Any:

@@ -166,6 +166,23 @@ def module_path(stack: Any) -> str:
 
 def pm_dtype(dtype: Any) -> DType | None:
     """A JAX dtype as a pm dtype; None for extended dtypes (PRNG keys) pm has no name for."""
+    try:
+        return _PM_DTYPES[dtype]
+    except (KeyError, TypeError):  # (TypeError: an unhashable dtype-like)
+        pass
+    out = _pm_dtype(dtype)
+    try:
+        _PM_DTYPES[dtype] = out
+    except TypeError:
+        pass
+    return out
+
+
+# dtype -> pm dtype: a model's avals have a handful of dtypes, asked about once per value
+_PM_DTYPES: dict[Any, DType | None] = {}
+
+
+def _pm_dtype(dtype: Any) -> DType | None:
     if _compat.is_extended_dtype(dtype):
         return None
     try:

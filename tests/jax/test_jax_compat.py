@@ -66,6 +66,31 @@ def test_user_frames_skip_jax_and_flax():
     assert all(loc is not None and loc.file == HERE for loc in locs)
 
 
+def test_user_frame_reads_raw_frames_as_jax_user_frames_does():
+    """user_frame tests file names on the traceback's raw frames before computing a line;
+    it picks the frame JAX's own iterator would."""
+    import flax.linen as nn
+
+    dense = nn.Dense(4)
+    params = dense.init(jax.random.PRNGKey(0), jnp.ones((1, 3)))
+    closed = _eqns(lambda p, x: jnp.tanh(dense.apply(p, x)), params, jnp.ones((1, 3)))
+    for eqn in closed.jaxpr.eqns:
+        tb = eqn.source_info.traceback
+        codes, lastis = tb.raw_frames()  # the private API user_frame relies on
+        assert len(codes) == len(lastis) > 0
+        want = next(
+            (
+                f
+                for f in _compat._frames(tb)
+                if not f.file_name.startswith(_compat._EXCLUDED_PREFIXES)
+            ),
+            None,
+        )
+        got = _compat.user_frame(eqn.source_info)
+        assert want is not None and got is not None
+        assert (got.file, got.line) == (want.file_name, want.start_line)
+
+
 def test_name_stacks():
     def f(x):
         with jax.named_scope("outer"):
