@@ -614,7 +614,8 @@ class Graph:
                     _unuse(v, node)
             removed.append(node)
             for i in range(len(ins) - 1, -1, -1):
-                stack.append(ins[i].node)
+                if not ins[i]._users:  # (an input something else reads stays)
+                    stack.append(ins[i].node)
         return removed
 
     def dce(self) -> int:

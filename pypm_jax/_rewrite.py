@@ -225,8 +225,14 @@ class _Driver:
         self.order = order
         self.mark0 = g._next_id  # ids from here on are made by this run
         self.rank_of = None if g._id_ordered else {n.id: i for i, n in enumerate(order)}
-        get = self.matcher.table.get
+        table = self.matcher.table
+        get = table.get
         wild = self.matcher.wildcards
+        if not wild:
+            # the sweep skips nodes no pattern can start at (one pass here is cheaper than
+            # asking at each step); their op never changes, so the skip stays right
+            order = [n for n in order if n.op in table]
+            self.order = order
         heap = self.heap
         n_order = len(order)
         fast, is_output, try_rule = self.fast, g.is_output, self.try_rule
