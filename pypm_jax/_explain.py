@@ -170,16 +170,12 @@ class Attempt:
                 f"does not fire at {head}",
                 f"  the pattern matches: {_show_bindings(self.pattern_match)}",
             ]
-            if self.steps:
-                lines.append(f"  conditions that hold ({len(self.steps)}):")
-                lines += [f"    {s.text}" for s in self.steps]
-            if self.failure is not None:
-                fail = str(self.failure).replace("\n", "\n    ")
-                lines.append(f"  then: {fail}")
-            return "\n".join(lines)
-        lines = [f"does not match {head}"]
+            steps = f"conditions that hold ({len(self.steps)})"
+        else:
+            lines = [f"does not match {head}"]
+            steps = f"deepest partial match ({len(self.steps)} steps)"
         if self.steps:
-            lines.append(f"  deepest partial match ({len(self.steps)} steps):")
+            lines.append(f"  {steps}:")
             lines += [f"    {s.text}" for s in self.steps]
         if self.failure is not None:
             fail = str(self.failure).replace("\n", "\n    ")
