@@ -582,11 +582,9 @@ class Graph:
         """
         outs = self._outputs
         live = self._nodes  # graph inputs are not in it
-        cse = self._cse
         stack = list(nodes)
         stack.reverse()
         removed: list[Node] = []
-        # (_remove and _unuse inlined: this runs for every node a rewrite frees)
         while stack:
             node = stack.pop()
             if node.id not in live or not node.op.pure:
@@ -598,21 +596,9 @@ class Graph:
                     break
             if read:
                 continue
-            node._alive = False
-            del live[node.id]
-            key = node._key
-            if key is not None:
-                entry = cse.pop(key, None)
-                if entry is not None and entry is not node:  # (a merged duplicate's key)
-                    cse[key] = entry
-            ins = node.inputs
-            for v in ins:
-                users = v._users
-                if type(users) is list:
-                    users.remove(node)
-                else:
-                    _unuse(v, node)
+            self._remove(node)
             removed.append(node)
+            ins = node.inputs
             for i in range(len(ins) - 1, -1, -1):
                 if not ins[i]._users:  # (an input something else reads stays)
                     stack.append(ins[i].node)

@@ -222,7 +222,6 @@ class _Driver:
     def run(self) -> None:
         g = self.g
         order = g.nodes()
-        self.order = order
         self.mark0 = g._next_id  # ids from here on are made by this run
         self.rank_of = None if g._id_ordered else {n.id: i for i, n in enumerate(order)}
         table = self.matcher.table
@@ -232,7 +231,7 @@ class _Driver:
             # the sweep skips nodes no pattern can start at (one pass here is cheaper than
             # asking at each step); their op never changes, so the skip stays right
             order = [n for n in order if n.op in table]
-            self.order = order
+        self.order = order
         heap = self.heap
         n_order = len(order)
         fast, is_output, try_rule = self.fast, g.is_output, self.try_rule
@@ -444,16 +443,10 @@ class _Driver:
         inst = _Instantiate(g, rule, m, root)
         pairs = inst.pairs(branch.result)
         self.changed = False
-        same = True
-        for old, new in pairs:
-            if old is not new:
-                same = False
-                break
-        if same:
+        if all(old is new for old, new in pairs):
             return True  # the result is the root itself: nothing to do
         built = inst.built
-        mark = inst.mark
-        created = {i: n for i, n in built.items() if i >= mark}
+        created = {i: n for i, n in built.items() if i >= inst.mark}
         touched: list[Node] = []
         outputs_changed = False
         outs = g._outputs
@@ -461,9 +454,8 @@ class _Driver:
             if old is new:
                 continue
             outputs_changed = outputs_changed or old in outs  # (Values: identity)
-            kept = set(built)
-            kept.add(new.node.id)
-            touched += g._replace([(old, new)], kept)
+            # (replace_all_uses without re-checking that our own result is a live value)
+            touched += g._replace([(old, new)], {*built, new.node.id})
         if not touched and not outputs_changed:
             # x → f(x) where only f(x) itself reads x: the graph is the same; a rewrite
             # that changes nothing is no rewrite (and must not show in the report)
@@ -506,13 +498,10 @@ class _Driver:
         """Revisit the idle roots (rewritten ``x → f(x)``, so that only ``f(x)`` reads ``x``)
         that this rewrite gave a new reader: rewriting them again changes the graph now."""
         idle = self.idle
-        for n in created:
-            for v in n.inputs:
-                if v.node is not None and v.node.id in idle:
-                    self.push(idle.pop(v.node.id), pos)
-        for _, new in pairs:
-            if new.node is not None and new.node.id in idle:
-                self.push(idle.pop(new.node.id), pos)
+        read = [v for n in created for v in n.inputs] + [new for _, new in pairs]
+        for v in read:  # (every value has a node; a graph input's is a leaf)
+            if v.node.id in idle:
+                self.push(idle.pop(v.node.id), pos)
 
     def requeue(self, touched: list[Node], pos: int) -> None:
         """Revisit nodes whose inputs changed and their users as deep as patterns look."""
