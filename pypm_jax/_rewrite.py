@@ -24,6 +24,7 @@ __all__ = [
     "RewriteRecord",
     "RewriteReport",
     "RewriteResult",
+    "guarded_pattern",
     "rewrite",
     "rewrite_terms",
 ]
@@ -35,9 +36,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._calculus import (
+    EConst,
     PAlt,
     PApp,
     Pattern,
+    PatternDef,
     PConst,
     PConstr,
     PExists,
@@ -57,7 +60,14 @@ from ._calculus import (
 from ._engine import ENGINES, default_engine
 from ._engine import match_all as _engine_match_all
 from ._errors import PyPMError, RewriteLimitError, SourceLoc
-from ._fast import CompiledPattern, Matcher, _ByIdentity, _has_call, compile_guard
+from ._fast import (
+    CompiledPattern,
+    Matcher,
+    _ByIdentity,
+    _expr_names,
+    _has_call,
+    compile_guard,
+)
 from ._graph import Graph, Node, Value
 from ._guards import Undefined, eval_expr, guard_holds
 from ._match import Match
@@ -169,6 +179,38 @@ def _reach(p: Pattern, budget: list[int]) -> int | None:
 _reach_of = _ByIdentity(lambda pdef: _reach(pdef.body, [500]))  # once per definition
 
 
+# ------------------------------------------------------------------ guards in the pattern
+
+
+def _guarded(rule: RuleDef) -> PatternDef:
+    """``rule``'s pattern with the guard of its one branch joined in as one more guard
+    (checked once the pattern has matched): its solutions are exactly those of the pattern
+    on which the rule fires, in the same order.
+
+    The fast driver matches this instead of the bare pattern, so a match whose guard fails
+    is given up inside the compiled matcher (which goes straight on to the pattern's next
+    solution) rather than found, handed to the rule and re-enumerated from the start.
+    Unchanged (the bare pattern) for a rule of several branches (``g1 or g2`` is undefined
+    where ``g1`` is, though the second branch may fire), an unconditional one, or one whose
+    guard reads a name that is not a parameter (the driver drops solutions that repeat an
+    earlier one's parameters, which only commutes with a guard that reads parameters alone).
+    """
+    pdef = rule.pattern
+    if len(rule.branches) != 1:
+        return pdef
+    guard = rule.branches[0].guard
+    if isinstance(guard, EConst) and guard.value is True:
+        return pdef
+    names: set[str] = set()
+    _expr_names(guard, names)
+    if not names <= {p.name for p in pdef.params}:
+        return pdef
+    return PatternDef(pdef.name, pdef.params, PGuard(pdef.body, guard), pdef.loc, pdef.alt_locs)
+
+
+guarded_pattern = _ByIdentity(_guarded)  # one per rule object, so compiled once
+
+
 # ---------------------------------------------------------------------------- the driver
 
 
@@ -191,7 +233,9 @@ class _Driver:
         self.rules = rules
         self.fast = engine == "fast"
         self.engine = engine
-        self.matcher = Matcher([r.pattern for r in rules])
+        # (the fast engine matches the rules' guards with their patterns; the reference
+        # machine runs the paper's algorithm on the bare patterns)
+        self.matcher = Matcher([guarded_pattern(r) if self.fast else r.pattern for r in rules])
         reaches = [_reach_of(r.pattern) for r in rules]
         self.reach = None if None in reaches else max(reaches, default=0)
         self.limit = limit
@@ -261,13 +305,13 @@ class _Driver:
                 continue
             # the common case, inlined: a single-output node, the compiled patterns
             v = node.outputs[0]
-            for ri, pdef, cp in cands:
+            for ri, _, cp in cands:
                 first = cp._first(v)
                 if first is not None:
                     if not v._users and not is_output(v):
                         break  # nothing reads it: nothing to rewrite (asked only now, as
                         # reading a value's users is one more object to fetch per node)
-                    if try_rule(ri, pdef, cp, v, first, pos):
+                    if try_rule(ri, cp, v, first, pos):
                         break
         self.visits = visits
 
@@ -306,7 +350,7 @@ class _Driver:
                     first = cp._first(v)
                     if first is None:
                         continue
-                    fired = self.try_rule(ri, pdef, cp, v, first, pos)
+                    fired = self.try_rule(ri, cp, v, first, pos)
                 else:
                     fired = self.try_reference(ri, pdef, cp, v, pos)
                 if fired:
@@ -316,36 +360,39 @@ class _Driver:
                         self.push(node, pos)
                     return
 
-    def try_rule(
-        self, ri: int, pdef: Any, cp: CompiledPattern, v: Value, first: tuple, pos: int
-    ) -> bool:
-        """The rule's branches on each solution, in order, repeated parameters dropped: the
-        first branch whose guard holds fires (unless single use refuses that match; then
-        the next solution is tried)."""
-        rule = self.rules[ri]
-        branches = self.branches[ri]
-        theta, phi, struct = first
-        for branch, holds in branches:
-            if holds(theta, phi):
-                if self.fire(rule, Match(pdef, v, theta, phi, owned=True), branch, struct, pos):
-                    return True
-                break
+    def try_rule(self, ri: int, cp: CompiledPattern, v: Value, first: tuple, pos: int) -> bool:
+        """The rule's branches on each solution of ``cp`` (the rule's guarded pattern; the
+        first solution is ``first``), in order, repeated parameters dropped: the first
+        branch whose guard holds fires (unless single use refuses that match; then the next
+        solution is tried)."""
+        if self.fire_branch(ri, v, first, pos):
+            return True
         if cp.unique:
             return False
         params = self.params[ri]
+        theta, phi, _ = first
         seen = {tuple(id((phi if op else theta).get(name)) for name, op in params)}
         rest = cp.solutions(v)
         next(rest, None)  # the first solution again
-        for theta, phi, struct in rest:
+        for sol in rest:
+            theta, phi, _ = sol
             key = tuple(id((phi if op else theta).get(name)) for name, op in params)
             if key in seen:
                 continue
             seen.add(key)
-            for branch, holds in branches:
-                if holds(theta, phi):
-                    if self.fire(rule, Match(pdef, v, theta, phi, owned=True), branch, struct, pos):
-                        return True
-                    break
+            if self.fire_branch(ri, v, sol, pos):
+                return True
+        return False
+
+    def fire_branch(self, ri: int, v: Value, sol: tuple, pos: int) -> bool:
+        """Fire the rule's first branch whose guard holds on the solution ``sol``; False
+        when none holds or single use refuses the match."""
+        theta, phi, struct = sol
+        for branch, holds in self.branches[ri]:
+            if holds(theta, phi):
+                rule = self.rules[ri]
+                m = Match(rule.pattern, v, theta, phi, owned=True)
+                return self.fire(rule, m, branch, struct, pos)
         return False
 
     def try_reference(self, ri: int, pdef: Any, cp: CompiledPattern, v: Value, pos: int) -> bool:

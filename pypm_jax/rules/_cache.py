@@ -7,7 +7,8 @@ Loading the same definitions from a blob of :mod:`pypm_jax._format` takes about 
 that, so :func:`prime` gives the rules definitions read from a cache file, written the
 first time they were built. The file also keeps what compiling each rule's pattern for the
 matching machine decided (:func:`pypm_jax._fast.summary`: root operators and structural
-pre-check, as data), another ~25 ms a process would spend again.
+pre-check, as data), another ~25 ms a process would spend again. The pattern summarized is
+the one the rewrite driver compiles: :func:`pypm_jax._rewrite.guarded_pattern`.
 
 Why it is safe:
 
@@ -41,6 +42,7 @@ from typing import Any
 from .. import _fast, _format
 from .._errors import FormatError
 from .._frontend import Rule
+from .._rewrite import guarded_pattern
 
 _FILE = "default_rules.pypm"
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # pypm_jax/
@@ -118,7 +120,7 @@ def _pattern_name(r: Rule) -> str | None:
 
 def _summary_of(d: Any) -> Any:
     try:
-        return _fast.summary(_fast.compile_pattern(d.pattern))
+        return _fast.summary(_fast.compile_pattern(guarded_pattern(d)))
     except Exception:  # the rewrite will raise it; the cache just has no summary
         return None
 
@@ -166,4 +168,4 @@ def prime(rules: Sequence[Rule]) -> None:
         if r._definition is None:
             r._definition = d
             if s is not None:
-                _fast.from_summary(d.pattern, s)
+                _fast.from_summary(guarded_pattern(d), s)

@@ -26,7 +26,7 @@ from pypm_jax._calculus import (
 )
 from pypm_jax._errors import PyPMError, RewriteLimitError, SourceLoc
 from pypm_jax._graph import Graph
-from pypm_jax._rewrite import RewriteRecord, rewrite, rewrite_terms
+from pypm_jax._rewrite import RewriteRecord, guarded_pattern, rewrite, rewrite_terms
 from pypm_jax._terms import Operator, const
 
 X, Y = PVar("x"), PVar("y")
@@ -210,14 +210,17 @@ def test_rewrite_terms_helper():
     assert terms == [G2(F2(A), B)] and len(report) == 1
 
 
-def _outcome(pool, pdefs, guards_, engine):
+def _outcome(pool, pdefs, guards_, engine, fallback=True):
+    """Rewrite the pool's graph with one rule per pattern: a branch under the guard, then
+    (with ``fallback``) an unconditional one; without, the guarded branch alone, which the
+    fast driver matches within the pattern (see ``guarded_pattern``)."""
     g = Graph(pool[-3:])
     rules = [
         rule(
             f"r{i}",
             p,
             RuleBranch(guard, RApp(FUSED, (RVar("x"),))),
-            RApp(F2, (RVar("y"),)),
+            *([RApp(F2, (RVar("y"),))] if fallback else []),
             single_use=i % 2 == 1,
         )
         for i, (p, guard) in enumerate(zip(pdefs, guards_, strict=True))
@@ -232,11 +235,34 @@ def _outcome(pool, pdefs, guards_, engine):
 @given(
     st.lists(st.tuples(pattern_defs(depth=2), guards(("x", "y"), ("F",))), min_size=1, max_size=3),
     dags(max_nodes=8),
+    st.booleans(),
 )
-def test_fast_and_reference_engines_rewrite_identically(rules_, pool):
+def test_fast_and_reference_engines_rewrite_identically(rules_, pool, fallback):
     pdefs = [p for p, _ in rules_]
     gs = [g for _, g in rules_]
-    assert _outcome(pool, pdefs, gs, "fast") == _outcome(pool, pdefs, gs, "reference")
+    fast = _outcome(pool, pdefs, gs, "fast", fallback)
+    assert fast == _outcome(pool, pdefs, gs, "reference", fallback)
+
+
+def test_the_fast_driver_matches_the_guards_within_the_pattern():
+    # a rule of one guarded branch is matched as its pattern under the guard (so a match
+    # the rule does not take is given up inside the matcher); a rule with several branches
+    # or an unconditional one, or whose guard reads a non-parameter, is left alone
+    one = rule("one", F1_X, RuleBranch(rank_is("x", 2), RVar("x")))
+    guarded = guarded_pattern(one)
+    assert guarded is guarded_pattern(one)  # one per rule object
+    assert guarded.body == PGuard(F1_X.body, rank_is("x", 2))
+    assert (guarded.name, guarded.params) == (F1_X.name, F1_X.params)
+    assert guarded_pattern(F1_TO_F2) is F1_X
+    two = rule("two", F1_X, RuleBranch(rank_is("x", 1), RVar("x")),
+               RuleBranch(rank_is("x", 2), RVar("x")))  # fmt: skip
+    assert guarded_pattern(two) is F1_X
+    stray = rule("stray", F1_X, RuleBranch(rank_is("z", 1), RVar("x")))
+    assert guarded_pattern(stray) is F1_X
+    # and the report still names the rule's own pattern
+    terms, report = rewrite_terms([F2(F1(A)), F1(B)], [one])  # A has rank 2, B rank 1
+    assert terms == [F2(A), F1(B)]
+    assert [(r.rule, r.pattern) for r in report] == [("one", "F1x")]
 
 
 def test_results_built_from_the_root_itself_make_no_cycle():

@@ -13,6 +13,7 @@ import pypm_jax as pm
 import pypm_jax.rules as R
 from pypm_jax import _fast
 from pypm_jax._frontend import Rule
+from pypm_jax._rewrite import guarded_pattern
 from pypm_jax.jax import lift
 from pypm_jax.jax.optimize import rewrite_nested
 from pypm_jax.rules import _cache
@@ -191,15 +192,18 @@ def _compiled_like(a: _fast.CompiledPattern, b: _fast.CompiledPattern) -> bool:
 
 
 def test_a_hit_gives_the_patterns_compiled_as_the_frontend_s(cache_dir):
+    # the summaries are of the patterns the rewrite driver compiles (guards joined in)
     built_by_frontend = fresh_rules()
     _cache.prime(built_by_frontend)
     loaded = fresh_rules()
     _cache.prime(loaded)
     for a, b in zip(built_by_frontend, loaded, strict=True):
-        fresh = _fast.CompiledPattern(a.definition.pattern)  # compiled now, no summary
-        assert _fast.compile_pattern(b.definition.pattern) is not fresh
-        assert _compiled_like(_fast.compile_pattern(b.definition.pattern), fresh)
-        assert _fast.summary(fresh) == _fast.summary(_fast.compile_pattern(b.definition.pattern))
+        pdef = guarded_pattern(b.definition)
+        assert pdef is not b.definition.pattern  # (every standard rule has one guarded branch)
+        assert id(pdef) in _fast._compiled.entries  # primed from its summary, not compiled
+        fresh = _fast.CompiledPattern(guarded_pattern(a.definition))  # compiled now
+        assert _compiled_like(_fast.compile_pattern(pdef), fresh)
+        assert _fast.summary(fresh) == _fast.summary(_fast.compile_pattern(pdef))
 
 
 def test_bad_summaries_are_dropped(cache_dir):
@@ -212,8 +216,10 @@ def test_bad_summaries_are_dropped(cache_dir):
     rules = fresh_rules()
     _cache.prime(rules)  # definitions loaded, summaries refused: compiled as usual
     for a, b in zip(reference, rules, strict=True):
+        pdef = guarded_pattern(b.definition)
+        assert id(pdef) not in _fast._compiled.entries
         assert _compiled_like(
-            _fast.compile_pattern(b.definition.pattern), _fast.CompiledPattern(a.definition.pattern)
+            _fast.compile_pattern(pdef), _fast.CompiledPattern(guarded_pattern(a.definition))
         )
 
 
