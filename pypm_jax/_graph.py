@@ -302,13 +302,26 @@ class Graph:
         for v in ins:
             if not isinstance(v, Value) or v.node._graph is not self or not v.node._alive:
                 raise PyPMError(f"{op.name}: input {v!r} is not a live value of this graph")
-        if op.n_in is not None and len(ins) != op.n_in:
-            raise PyPMError(f"{op.name} takes {op.n_in} inputs, got {len(ins)}")
         attrs = dict(attrs) if attrs else _NO_ATTRS
         if out_types is None:
             types = self.infer_types(op, ins, attrs)
         else:
             types = [_type(s) for s in out_types]
+        return self._add(op, ins, attrs, types, loc, meta)
+
+    def _add(
+        self,
+        op: Operator,
+        ins: tuple[Value, ...],
+        attrs: Mapping[str, Any],
+        types: Sequence[TypeSpec],
+        loc: SourceLoc | None,
+        meta: Mapping[str, Any] | None,
+    ) -> Node:
+        """``add_node`` once its inputs are known to be live values of this graph, its
+        attributes a fresh dict (or ``_NO_ATTRS``) and its types normalized (``_type``)."""
+        if op.n_in is not None and len(ins) != op.n_in:
+            raise PyPMError(f"{op.name} takes {op.n_in} inputs, got {len(ins)}")
         if len(types) != op.n_out:
             raise PyPMError(f"{op.name} has {op.n_out} outputs, got {len(types)} output types")
         types = _intern_types(types)

@@ -68,7 +68,7 @@ from ._fast import (
     _has_call,
     compile_guard,
 )
-from ._graph import Graph, Node, Value
+from ._graph import _NO_ATTRS, Graph, Node, Value
 from ._guards import Undefined, eval_expr, guard_holds
 from ._match import Match
 from ._subst import FreshNames, unfold
@@ -462,6 +462,8 @@ class _Driver:
         inside = {n.id for n in region}
         outputs = self.g._outputs
         for n in region:
+            if n.op is CONST:
+                continue  # a literal: shared freely
             for v in n.outputs:
                 if v is root:
                     continue
@@ -526,10 +528,12 @@ class _Driver:
         self.parents.append(self.made_by.get(rnode.id))
         index = len(self.report) - 1
         major = self.major(rnode)
+        table, wild = self.matcher.table, self.matcher.wildcards
         for n in created.values():
             self.new_rank[n.id] = (major, next(self.minor))
             self.made_by[n.id] = index
-            self.push(n, pos)
+            if n.op in table or wild:  # (else no rule can start at it: no visit)
+                self.push(n, pos)
         self.requeue(touched, pos)
         if rnode._alive:  # x → f(x): x lives on, read by f(x) only
             self.idle[rnode.id] = rnode
@@ -626,8 +630,8 @@ class _Instantiate:
                 dtype = replaces.dtype if replaces is not None else None
                 return g.add_const(value, dtype=dtype)
             case RApp(op, args, attrs, index):
-                ins = [self.value(a, None) for a in args]
-                values = {}
+                ins = tuple([self.value(a, None) for a in args])  # (live values of g)
+                values: dict[str, Any] = {}
                 for name, e in attrs:
                     try:
                         values[name] = eval_expr(e, m.theta, m.phi)
@@ -644,7 +648,7 @@ class _Instantiate:
                         replaces.dtype if dtype is None else dtype,
                     )
                 rnode = self.root.node
-                node = g.add_node(op, ins, values, types, loc=rnode.loc, meta=rnode._meta)
+                node = g._add(op, ins, values or _NO_ATTRS, types, rnode.loc, rnode._meta)
                 self.built.setdefault(node.id, node)
                 return node.outputs[index]
             case RTuple():
