@@ -4,10 +4,12 @@ The driver visits nodes in topological order (inputs first). At a node it tries 
 in list order — only those whose pattern can be rooted at the node's operator, found with
 one dict lookup — and for each rule the solutions of its pattern in the machine's order, and
 for each solution the rule's branches in order: the first branch whose guard holds fires.
-Firing builds the branch's result, makes every reader of the matched root read it instead,
-and removes what became dead. Interior values that something outside the match still reads
-stay alive; a rule with ``single_use=True`` only fires when no interior value has such a
-reader.
+(The fast engine matches a rule of one guarded branch as its pattern with the guard joined
+in, :func:`guarded_pattern`: same solutions, same order, but a match the guard refuses is
+dropped inside the compiled matcher.) Firing builds the branch's result, makes every reader
+of the matched root read it instead, and removes what became dead. Interior values that
+something outside the match still reads stay alive; a rule with ``single_use=True`` only
+fires when no interior value has such a reader.
 
 After a rewrite only what is near the change is looked at again: the new nodes (next, before
 the sweep goes on), the nodes whose inputs changed and their users up to the depth of the
