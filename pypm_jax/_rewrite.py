@@ -237,7 +237,10 @@ class _Driver:
         self.engine = engine
         # (the fast engine matches the rules' guards with their patterns; the reference
         # machine runs the paper's algorithm on the bare patterns)
-        self.matcher = Matcher([guarded_pattern(r) if self.fast else r.pattern for r in rules])
+        pdefs = [guarded_pattern(r) if self.fast else r.pattern for r in rules]
+        self.matcher = Matcher(pdefs)
+        # per rule: does its compiled pattern check the guard of its one branch already?
+        self.checked = [p is not r.pattern for p, r in zip(pdefs, rules, strict=True)]
         reaches = [_reach_of(r.pattern) for r in rules]
         self.reach = None if None in reaches else max(reaches, default=0)
         self.limit = limit
@@ -391,7 +394,7 @@ class _Driver:
         when none holds or single use refuses the match."""
         theta, phi, struct = sol
         for branch, holds in self.branches[ri]:
-            if holds(theta, phi):
+            if self.checked[ri] or holds(theta, phi):  # (the matcher checked it: once is enough)
                 rule = self.rules[ri]
                 m = Match(rule.pattern, v, theta, phi, owned=True)
                 return self.fire(rule, m, branch, struct, pos)

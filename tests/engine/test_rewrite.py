@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 
 from pypm_jax._calculus import (
     EAttr,
+    ECall,
     ECmp,
     EConst,
+    GuardFn,
     PApp,
     Param,
     PatternDef,
@@ -259,6 +261,12 @@ def test_the_fast_driver_matches_the_guards_within_the_pattern():
     assert guarded_pattern(two) is F1_X
     stray = rule("stray", F1_X, RuleBranch(rank_is("z", 1), RVar("x")))
     assert guarded_pattern(stray) is F1_X
+    # a guard function is called once per match (by the matcher), not again to fire
+    calls = []
+    counted = GuardFn("counted", lambda shape: calls.append(shape) or len(shape) == 2)
+    once = rule("once", F1_X, RuleBranch(ECall(counted, (EAttr("x", "shape"),)), RVar("x")))
+    terms, _ = rewrite_terms([F2(F1(A)), F1(B)], [once], engine="fast")
+    assert terms == [F2(A), F1(B)] and calls == [A.shape, B.shape]
     # and the report still names the rule's own pattern
     terms, report = rewrite_terms([F2(F1(A)), F1(B)], [one])  # A has rank 2, B rank 1
     assert terms == [F2(A), F1(B)]
