@@ -897,7 +897,10 @@ class _ByIdentity:
         hit = self.entries.get(id(key))
         if hit is not None and hit[0] is key:
             return hit[1]
-        value = self.make(key)
+        return self.put(key, self.make(key))
+
+    def put(self, key: Any, value: Any) -> Any:
+        """Make ``value`` the entry of ``key`` (as if made for it); returns it."""
         if len(self.entries) >= _CACHE_LIMIT:
             self.entries.clear()
         self.entries[id(key)] = (key, value)
@@ -1473,10 +1476,7 @@ def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
     cp._shape = pre
     cp._all = cp._machine_all
     cp._first = cp._machine_first
-    if len(_compiled.entries) >= _CACHE_LIMIT:
-        _compiled.entries.clear()
-    _compiled.entries[id(pdef)] = (pdef, cp)
-    return cp
+    return _compiled.put(pdef, cp)
 
 
 def compile_pattern(pdef: PatternDef) -> CompiledPattern:

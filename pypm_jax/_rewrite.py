@@ -238,7 +238,8 @@ class _Driver:
         # (the fast engine matches the rules' guards with their patterns; the reference
         # machine runs the paper's algorithm on the bare patterns)
         pdefs = [guarded_pattern(r) if self.fast else r.pattern for r in rules]
-        self.matcher = Matcher(pdefs)
+        matcher = Matcher(pdefs)
+        self.table, self.wild = matcher.table, matcher.wildcards  # (index: op -> candidates)
         # per rule: does its compiled pattern check the guard of its one branch already?
         self.checked = [p is not r.pattern for p, r in zip(pdefs, rules, strict=True)]
         reaches = [_reach_of(r.pattern) for r in rules]
@@ -273,9 +274,8 @@ class _Driver:
         order = g.nodes()
         self.mark0 = g._next_id  # ids from here on are made by this run
         self.rank_of = None if g._id_ordered else {n.id: i for i, n in enumerate(order)}
-        table = self.matcher.table
+        table, wild = self.table, self.wild
         get = table.get
-        wild = self.matcher.wildcards
         if not wild:
             # the sweep skips nodes no pattern can start at (one pass here is cheaper than
             # asking at each step); their op never changes, so the skip stays right
@@ -533,7 +533,7 @@ class _Driver:
         self.parents.append(self.made_by.get(rnode.id))
         index = len(self.report) - 1
         major = self.major(rnode)
-        table, wild = self.matcher.table, self.matcher.wildcards
+        table, wild = self.table, self.wild
         for n in created.values():
             self.new_rank[n.id] = (major, next(self.minor))
             self.made_by[n.id] = index
