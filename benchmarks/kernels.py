@@ -32,8 +32,15 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import pallas_kernels as pk  # noqa: E402
+from pallas_kernels import _dispatch as dsp  # noqa: E402
 from pallas_kernels._attention import AttentionBlocks, default_blocks  # noqa: E402
 from pallas_kernels._gemm import GemmBlocks, default_gemm_blocks  # noqa: E402
+from pallas_kernels._gemm_mgpu import MosaicGemmConfig, default_mosaic_config  # noqa: E402
+
+
+def _hopper() -> bool:
+    cc = dsp.gpu_compute_capability()
+    return cc is not None and cc.startswith("9.")
 
 
 def bench_many(
@@ -204,12 +211,16 @@ def gemm_table(
 ) -> None:
     label = "kernel" if impl == "pallas" else "impl=None (fallback)"
     where = "GPU" if impl == "pallas" else "CPU"
+    # On a Hopper GPU the Mosaic kernel (pallas_kernels/_gemm_mgpu.py) is timed in the
+    # same round-robin as the Triton kernel and the original.
+    mosaic = impl == "pallas" and _hopper() and jnp.dtype(dtype) != jnp.float32
     out.append(f"\n### GEMM + bias + activation on {where}, {jnp.dtype(dtype).name}\n")
+    extra_head = " Mosaic kernel ms | original / Mosaic (median) | same, min sample |" * mosaic
     out.append(
         f"| M | K | N | act | {label} ms | XLA `act(x@w+b)` (original) ms | {label} TFLOP/s "
-        "| original time / ours (median) | same, min sample |"
+        f"| original time / ours (median) | same, min sample |{extra_head}"
     )
-    out.append("|---|---|---|---|---|---|---|---|---|")
+    out.append("|---|---|---|---|---|---|---|---|---|" + "---|---|---|" * mosaic)
     for m, kdim, n in shapes:
         ks = jax.random.split(jax.random.PRNGKey(1), 3)
         x = jax.random.normal(ks[0], (m, kdim), jnp.float32).astype(dtype)
@@ -220,13 +231,23 @@ def gemm_table(
                 lambda x, w, b, a=act: pk.gemm_epilogue(x, w, b, activation=a, impl=impl)
             )
             orig = jax.jit(lambda x, w, b, f=_ACT_PLAIN[act]: f(x @ w + b))
-            r = bench_many({"k": kern, "o": orig}, x, w, b, samples=samples)
+            fns = {"k": kern, "o": orig}
+            if mosaic:
+                fns["m"] = jax.jit(
+                    lambda x, w, b, a=act: pk.gemm_epilogue(
+                        x, w, b, activation=a, impl="pallas", _backend="mosaic"
+                    )
+                )
+            r = bench_many(fns, x, w, b, samples=samples)
             tk, to = r["k"], r["o"]
             tflops = 2 * m * n * kdim / tk / 1e12
             mins = _LAST_MINIMA
+            extra = ""
+            if mosaic:
+                extra = f" {_ms(r['m'])} | {to / r['m']:.2f}x | {mins['o'] / mins['m']:.2f}x |"
             out.append(
                 f"| {m} | {kdim} | {n} | {act} | {_ms(tk)} | {_ms(to)} | {tflops:.3g} "
-                f"| {to / tk:.2f}x | {mins['o'] / mins['k']:.2f}x |"
+                f"| {to / tk:.2f}x | {mins['o'] / mins['k']:.2f}x |{extra}"
             )
             print(out[-1], flush=True)
 
@@ -339,6 +360,48 @@ def tune(samples: int, what: list[str]) -> None:
             )
         except Exception as e:
             print(f"gemm {cfg}: FAILED {type(e).__name__}: {str(e)[:120]}", flush=True)
+    if _hopper():
+        tune_mosaic(samples)
+
+
+def tune_mosaic(samples: int) -> None:
+    """Tiles of the Hopper kernel against XLA's fused ``relu(x @ w + b)`` (the epilogue
+    furthest from the target in session 4), each timed side by side with XLA."""
+    print("\n## Mosaic GEMM sweep, bf16 relu: kernel ms / XLA ms\n", flush=True)
+    orig = jax.jit(lambda x, w, b: jax.nn.relu(x @ w + b))
+    for m, kdim, n in [(8192, 1024, 4096), (4096, 4096, 4096), (8192, 4096, 1024)]:
+        ks = jax.random.split(jax.random.PRNGKey(1), 3)
+        x = jax.random.normal(ks[0], (m, kdim), jnp.bfloat16)
+        w = jax.random.normal(ks[1], (kdim, n), jnp.bfloat16) * 0.03
+        b = jax.random.normal(ks[2], (n,), jnp.bfloat16)
+        # (tile_m, tile_n, max_concurrent_steps, grid_minor_dim, grid_tile_width, wg_dimension)
+        for tm, tn, steps, minor, width, wg in [
+            (128, 128, 4, "n", 8, "n"),
+            (128, 128, 4, "n", 4, "n"),
+            (128, 128, 4, "n", 16, "n"),
+            (128, 128, 4, "m", 8, "n"),
+            (128, 128, 3, "n", 8, "n"),
+            (128, 128, 4, "n", 8, "m"),
+            (64, 128, 4, "n", 8, "n"),
+            (128, 64, 4, "n", 8, "n"),
+            (128, 256, 2, "n", 8, "m"),
+        ]:
+            cfg = MosaicGemmConfig(tm, tn, 64, steps, 64, 64, minor, width, wg)
+            f = jax.jit(
+                lambda x, w, b, c=cfg: pk.gemm_epilogue(
+                    x, w, b, activation="relu", impl="pallas", _blocks=c
+                )
+            )
+            try:
+                r = bench_many({"k": f, "o": orig}, x, w, b, samples=samples)
+                print(
+                    f"mosaic {m}x{kdim}x{n} {tm}x{tn} s{steps} {minor}{width} wg={wg}: "
+                    f"{_ms(r['k'])} / XLA {_ms(r['o'])} = {r['o'] / r['k']:.2f}x "
+                    f"({2 * m * n * kdim / r['k'] / 1e12:.0f} TFLOP/s)",
+                    flush=True,
+                )
+            except Exception as e:  # a config may exceed shared memory / registers
+                print(f"mosaic {cfg}: FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)
 
 
 def dataclasses_replace(obj: Any, **kw: Any) -> Any:
@@ -416,6 +479,8 @@ def main() -> None:
             default_blocks(2048, 2048, 128, jnp.bfloat16, False),
             "gemm",
             default_gemm_blocks(8192, 4096, 1024, jnp.bfloat16, False),
+            "mosaic gemm",
+            default_mosaic_config(8192, 4096, False),
         )
     print("\n" + "\n".join(out), flush=True)
 

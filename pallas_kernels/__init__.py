@@ -12,7 +12,8 @@ Implementation selection (``impl`` argument of every kernel):
                fallback; it is the original unfused computation, so an optimized
                program on CPU is never slower than the original.
 ``"interpret"``the same Pallas kernel under ``interpret=True`` (tests on CPU).
-``"pallas"``   the Pallas kernel lowered through Triton (GPU only).
+``"pallas"``   the Pallas kernel lowered through Triton (GPU only); GEMMs can run the
+               Hopper Mosaic GPU kernel instead (``$PYPM_GEMM_BACKEND=mosaic``).
 
 The environment variable ``PYPM_KERNEL_IMPL`` (``xla``/``interpret``/``pallas``/
 ``auto``) overrides the auto choice process-wide, e.g. to force every substituted

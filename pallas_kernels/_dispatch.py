@@ -70,6 +70,14 @@ def on_gpu() -> bool:
         return False
 
 
+def gpu_compute_capability() -> str | None:
+    """The default GPU's compute capability (``"9.0"`` on an H100), None without a GPU."""
+    if not on_gpu():
+        return None
+    cc = getattr(jax.devices()[0], "compute_capability", None)
+    return None if cc is None else str(cc)
+
+
 def resolve_impl(impl: str | None, unsupported_reason: str | None, kernel: str) -> str:
     """Turn the user's ``impl`` (or the env override) into a concrete implementation.
 
@@ -170,6 +178,21 @@ def triton_compiler_params(num_warps: int, num_stages: int) -> Any:
 
     cls = getattr(plgpu, "CompilerParams", None) or plgpu.TritonCompilerParams
     return cls(num_warps=num_warps, num_stages=num_stages)
+
+
+def mosaic_gpu_interpret_params() -> Any:
+    """``InterpretGPUParams()``: runs a Mosaic GPU kernel in its CPU interpreter.
+
+    jax 0.11 exports the class as ``jax.experimental.pallas.mosaic_gpu.InterpretGPUParams``;
+    0.10 has it only under ``jax._src``.  The one private import of the kernels lives here;
+    ``tests/pallas_kernels/test_kernels_gemm_mgpu.py`` fails loudly if it moves.
+    """
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    cls = getattr(plgpu, "InterpretGPUParams", None)
+    if cls is None:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams as cls
+    return cls()
 
 
 def pallas_call_kwargs(interpret: bool, num_warps: int, num_stages: int) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -26,8 +27,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import _dispatch as dsp
+from . import _gemm_mgpu as mgpu
 
 pl = dsp.LazyModule("jax.experimental.pallas")  # imported when a kernel is built
+
+GEMM_BACKEND_ENV = "PYPM_GEMM_BACKEND"
+GEMM_BACKENDS: tuple[str, ...] = ("triton", "mosaic")
 
 ACTIVATIONS: tuple[str, ...] = ("none", "relu", "gelu_tanh", "gelu", "silu", "sigmoid", "tanh")
 
@@ -236,11 +241,17 @@ def _gemm_pallas(
     epilogue: Callable[..., Any],
     out_dtype: Any,
     interpret: bool,
-    blocks: GemmBlocks | None,
+    blocks: GemmBlocks | mgpu.MosaicGemmConfig | None,
     precision: Any,
+    backend: str = "triton",
 ) -> jax.Array:
+    if backend == "mosaic":
+        cfg = blocks if isinstance(blocks, mgpu.MosaicGemmConfig) else None
+        return mgpu.gemm_mosaic(x, w, cols, epilogue, out_dtype, interpret, cfg)
     m, k = x.shape
     n = w.shape[1]
+    if not isinstance(blocks, GemmBlocks):
+        blocks = None
     if blocks is None:
         blocks = default_gemm_blocks(m, n, k, x.dtype, interpret)
     else:
@@ -294,8 +305,8 @@ def _gemm_core(
     epilogue: Callable[..., Any],
     cfg: tuple[Any, ...],
 ) -> jax.Array:
-    out_dtype, interpret, blocks, precision = cfg
-    return _gemm_pallas(x, w, cols, epilogue, out_dtype, interpret, blocks, precision)
+    out_dtype, interpret, blocks, precision, backend = cfg
+    return _gemm_pallas(x, w, cols, epilogue, out_dtype, interpret, blocks, precision, backend)
 
 
 def _gemm_core_fwd(
@@ -311,7 +322,7 @@ def _gemm_core_fwd(
 def _gemm_core_bwd(
     epilogue: Callable[..., Any], cfg: tuple[Any, ...], res: Any, g: jax.Array
 ) -> tuple[Any, ...]:
-    out_dtype, _, _, precision = cfg
+    out_dtype, _, _, precision, _ = cfg
     x, w, cols = res
     acc = dsp.dot(x, w, precision=precision)
     _, vjp = jax.vjp(lambda a, *c: _apply_epilogue(epilogue, a, c, out_dtype), acc, *cols)
@@ -325,7 +336,9 @@ def _gemm_core_bwd(
 _gemm_core.defvjp(_gemm_core_fwd, _gemm_core_bwd)
 
 
-@functools.partial(jax.jit, static_argnames=("epilogue", "interpret", "blocks", "precision"))
+@functools.partial(
+    jax.jit, static_argnames=("epilogue", "interpret", "blocks", "precision", "backend")
+)
 def _gemm_kernel_path(
     x: jax.Array,
     w: jax.Array,
@@ -333,13 +346,15 @@ def _gemm_kernel_path(
     *,
     epilogue: Callable[..., Any],
     interpret: bool,
-    blocks: GemmBlocks | None,
+    blocks: GemmBlocks | mgpu.MosaicGemmConfig | None,
     precision: Any,
+    backend: str,
 ) -> jax.Array:
     lead = x.shape[:-1]
     x2 = x.reshape(math.prod(lead), x.shape[-1])
     out_dtype = jnp.result_type(x.dtype, w.dtype)
-    out = _gemm_core(x2, w, tuple(cols), epilogue, (out_dtype, interpret, blocks, precision))
+    cfg = (out_dtype, interpret, blocks, precision, backend)
+    out = _gemm_core(x2, w, tuple(cols), epilogue, cfg)
     return out.reshape(*lead, w.shape[1])
 
 
@@ -385,13 +400,52 @@ def _validate(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...], who: str)
             raise TypeError(f"{who}: {name} must be floating point, got {a.dtype}")
 
 
+def resolve_gemm_backend(
+    requested: str | None,
+    impl: str,
+    dtype: Any,
+    col_dtypes: tuple[Any, ...],
+    epilogue: Callable[..., Any],
+) -> str:
+    """Which Pallas kernel runs a ``"pallas"``/``"interpret"`` GEMM: ``"triton"`` or
+    ``"mosaic"`` (the Hopper kernel of ``_gemm_mgpu``).
+
+    ``requested`` (the private ``_backend`` argument) or ``$PYPM_GEMM_BACKEND`` asks for
+    one explicitly; a request that cannot run raises, like an explicit ``impl``.  Auto is
+    Triton everywhere for now: the Mosaic kernel lowers (checked on CPU) and is exact in
+    the interpreter, but has not yet been timed on an H100 (docs/STATUS.md).
+    """
+    source = "_backend"
+    if requested is None:
+        env = os.environ.get(GEMM_BACKEND_ENV, "").strip().lower()
+        if env and env != "auto":
+            requested, source = env, f"${GEMM_BACKEND_ENV}"
+    if requested is None:
+        return "triton"
+    if requested not in GEMM_BACKENDS:
+        raise ValueError(
+            f"gemm_fused: invalid {source}={requested!r}; expected one of {GEMM_BACKENDS} "
+            "(or 'auto')."
+        )
+    if requested == "mosaic":
+        reason = mgpu.mosaic_error(dtype, col_dtypes, epilogue)
+        if reason is None and impl == "pallas":
+            cc = dsp.gpu_compute_capability()
+            if cc is None or not cc.startswith("9."):
+                reason = f"it needs a Hopper (sm90) GPU, this one is compute capability {cc}"
+        if reason is not None:
+            raise ValueError(f"gemm_fused: {source}='mosaic' cannot handle this call: {reason}")
+    return requested
+
+
 def gemm_fused(
     x: jax.Array,
     w: jax.Array,
     epilogue: Callable[..., Any],
     *col_operands: jax.Array,
     impl: str | None = None,
-    _blocks: GemmBlocks | None = None,
+    _blocks: GemmBlocks | mgpu.MosaicGemmConfig | None = None,
+    _backend: str | None = None,
 ) -> jax.Array:
     """``epilogue(x @ w, *col_operands)`` with the epilogue fused into the GEMM.
 
@@ -400,8 +454,10 @@ def gemm_fused(
       w: ``[K, N]``.
       epilogue: elementwise ``fn(acc_f32_tile, *col_tiles) -> tile``; ``acc`` is the
         f32 accumulator ``[bm, bn]`` and each column tile is that operand's ``[bn]``
-        slice (floats upcast to f32).  It is traced into the kernel, so it must be a
-        pure elementwise JAX function; it is a static (hashable) argument.
+        slice (floats upcast to f32), or, in the Hopper kernel, that slice broadcast to
+        ``[bm, bn]``: write it with broadcasting arithmetic (``acc * s + t``).  It is
+        traced into the kernel, so it must be a pure elementwise JAX function; it is a
+        static (hashable) argument.
       *col_operands: ``[N]`` vectors (bias-like).
       impl: None (auto), "xla", "interpret" or "pallas".
 
@@ -417,6 +473,9 @@ def gemm_fused(
     impl = dsp.resolve_impl(impl, reason, "gemm_fused")
     if impl == "xla":
         return _gemm_reference_jit(x, w, epilogue, *cols)
+    if isinstance(_blocks, mgpu.MosaicGemmConfig) and _backend is None:
+        _backend = "mosaic"
+    backend = resolve_gemm_backend(_backend, impl, x.dtype, tuple(c.dtype for c in cols), epilogue)
     return _gemm_kernel_path(
         x,
         w,
@@ -425,6 +484,7 @@ def gemm_fused(
         interpret=impl == "interpret",
         blocks=_blocks,
         precision=dsp.matmul_precision(x.dtype),
+        backend=backend,
     )
 
 
@@ -435,7 +495,8 @@ def gemm_epilogue(
     *,
     activation: str = "none",
     impl: str | None = None,
-    _blocks: GemmBlocks | None = None,
+    _blocks: GemmBlocks | mgpu.MosaicGemmConfig | None = None,
+    _backend: str | None = None,
 ) -> jax.Array:
     """``act(x @ w + bias)``: f32 accumulation, f32 epilogue, result in x's dtype.
 
@@ -452,5 +513,11 @@ def gemm_epilogue(
     chosen = dsp.resolve_impl(impl, reason, "gemm_epilogue")
     table = _REF_EPILOGUES if chosen == "xla" else _KERNEL_EPILOGUES
     return gemm_fused(
-        x, w, table[(activation, bias is not None)], *cols, impl=chosen, _blocks=_blocks
+        x,
+        w,
+        table[(activation, bias is not None)],
+        *cols,
+        impl=chosen,
+        _blocks=_blocks,
+        _backend=_backend,
     )

@@ -23,6 +23,7 @@ from kernels_testutil import (
 )
 
 import pallas_kernels as pk
+from pallas_kernels import _dispatch as dsp
 
 pytestmark = pytest.mark.gpu
 
@@ -198,3 +199,60 @@ def test_gemm_templated_epilogue_and_grad_gpu() -> None:
         )(xf, wf, bf)
     for g, r in zip(got, want, strict=True):
         assert_close(g, r, "float32", tol_table=GRAD_TOL)
+
+
+# --------------------------------------------------------------------------- #
+# The Hopper kernel (pallas_kernels/_gemm_mgpu.py), asked for explicitly: auto still
+# picks Triton until its timings are recorded (docs/STATUS.md).
+# --------------------------------------------------------------------------- #
+
+
+def _need_hopper() -> None:
+    cc = dsp.gpu_compute_capability()
+    if cc is None or not cc.startswith("9."):
+        pytest.skip(f"the Mosaic GEMM needs a Hopper (sm90) GPU, this is {cc}")
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("activation", pk.ACTIVATIONS)
+def test_gemm_mosaic_every_activation_gpu(activation: str, with_bias: bool) -> None:
+    _need_hopper()
+    x = rnd(10, (1024, 1024), jnp.bfloat16)
+    w = rnd(11, (1024, 1024), jnp.bfloat16, scale=0.03)
+    b = rnd(12, (1024,), jnp.bfloat16) if with_bias else None
+    out = pk.gemm_epilogue(x, w, b, activation=activation, impl="pallas", _backend="mosaic")
+    ref = pk.gemm_epilogue_reference(x, w, b, activation=activation)
+    assert out.dtype == jnp.bfloat16
+    assert_close(out, ref, "bfloat16", what=f"mosaic {activation} bias={with_bias}")
+
+
+@pytest.mark.parametrize(
+    "dtype,shape_x,shape_w,activation",
+    [
+        ("float16", (1000, 999), (999, 1001), "gelu"),
+        ("bfloat16", (2, 3, 100, 320), (320, 72), "gelu_tanh"),
+        ("bfloat16", (40, 4096), (4096, 4096), "relu"),
+        ("float16", (8192, 1024), (1024, 4096), "silu"),
+    ],
+)
+def test_gemm_mosaic_ragged_batched_gpu(dtype, shape_x, shape_w, activation) -> None:
+    _need_hopper()
+    x = rnd(13, shape_x, dtype)
+    w = rnd(14, shape_w, dtype, scale=0.05)
+    b = rnd(15, (shape_w[1],), dtype)
+    out = pk.gemm_epilogue(x, w, b, activation=activation, impl="pallas", _backend="mosaic")
+    ref = pk.gemm_epilogue_reference(x, w, b, activation=activation)
+    assert_close(out, ref, dtype, what=f"mosaic {dtype}/{activation}")
+
+
+def test_gemm_mosaic_templated_epilogue_gpu() -> None:
+    _need_hopper()
+    x = rnd(16, (512, 384), jnp.bfloat16)
+    w = rnd(17, (384, 640), jnp.bfloat16, scale=0.05)
+    b, s = rnd(18, (640,), jnp.bfloat16), rnd(19, (640,))
+
+    def chain(a, b, s):
+        return jnp.tanh(a + b) * 0.5 + s * jnp.maximum(a, 0.0)
+
+    out = pk.gemm_fused(x, w, chain, b, s, impl="pallas", _backend="mosaic")
+    assert_close(out, pk.gemm_fused_reference(x, w, chain, b, s), "bfloat16")
