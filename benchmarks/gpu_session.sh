@@ -3,6 +3,8 @@
 #
 #   bash benchmarks/gpu_session.sh tests     # pytest -m gpu tests/  (kernels + corpus)
 #   bash benchmarks/gpu_session.sh kernels   # benchmarks/kernels.py --tune gemm
+#   bash benchmarks/gpu_session.sh gemm      # the GEMM part alone: Triton and Mosaic sweeps,
+#                                            # the GEMM tables (Mosaic column on a Hopper)
 #   bash benchmarks/gpu_session.sh e2e       # benchmarks/e2e.py --size gpu, whole corpus
 #
 # Run from the repository root on the device (docs/STATUS.md, "On a GPU"). Its image has
@@ -17,7 +19,7 @@
 # and name `.whl` in the call's carry. Output goes to $OUT (the device tool brings it back)
 # and to the terminal; the first lines name the GPU and the versions.
 set -uo pipefail
-stage=${1:?usage: gpu_session.sh tests|kernels|e2e}
+stage=${1:?usage: gpu_session.sh tests|kernels|gemm|e2e}
 OUT=${OUT:-/tmp/pypm-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -73,12 +75,15 @@ tests)
 kernels)
     python3 benchmarks/kernels.py --tune gemm 2>&1 | tee "$OUT/kernels.txt"
     ;;
+gemm)
+    python3 benchmarks/kernels.py --tune gemm --only gemm 2>&1 | tee "$OUT/gemm.txt"
+    ;;
 e2e)
     python3 benchmarks/e2e.py --size gpu --samples 10 --json "$OUT/e2e.json" 2>&1 |
         tee "$OUT/e2e.txt"
     ;;
 *)
-    echo "unknown stage $stage (tests, kernels or e2e)" >&2
+    echo "unknown stage $stage (tests, kernels, gemm or e2e)" >&2
     exit 2
     ;;
 esac

@@ -400,6 +400,23 @@ def _validate(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...], who: str)
             raise TypeError(f"{who}: {name} must be floating point, got {a.dtype}")
 
 
+# Whether auto picks the Mosaic kernel on a Hopper GPU for the calls it can serve.  Off
+# until its H100 timings are recorded (docs/STATUS.md, benchmarks/RESULTS.md); turning it
+# on is this one line, the policy below is already tested.
+MOSAIC_AUTO_ON_HOPPER = False
+
+
+def _mosaic_reason(
+    impl: str, dtype: Any, col_dtypes: tuple[Any, ...], epilogue: Callable[..., Any]
+) -> str | None:
+    reason = mgpu.mosaic_error(dtype, col_dtypes, epilogue)
+    if reason is None and impl == "pallas":
+        cc = dsp.gpu_compute_capability()
+        if cc is None or not cc.startswith("9."):
+            reason = f"it needs a Hopper (sm90) GPU, this one is compute capability {cc}"
+    return reason
+
+
 def resolve_gemm_backend(
     requested: str | None,
     impl: str,
@@ -412,8 +429,9 @@ def resolve_gemm_backend(
 
     ``requested`` (the private ``_backend`` argument) or ``$PYPM_GEMM_BACKEND`` asks for
     one explicitly; a request that cannot run raises, like an explicit ``impl``.  Auto is
-    Triton everywhere for now: the Mosaic kernel lowers (checked on CPU) and is exact in
-    the interpreter, but has not yet been timed on an H100 (docs/STATUS.md).
+    Triton unless :data:`MOSAIC_AUTO_ON_HOPPER`, which is off until the Mosaic kernel
+    (it lowers, checked on CPU, and is exact in the interpreter) is timed on an H100;
+    then auto takes it for the compiled calls it can serve and Triton for the rest.
     """
     source = "_backend"
     if requested is None:
@@ -421,6 +439,12 @@ def resolve_gemm_backend(
         if env and env != "auto":
             requested, source = env, f"${GEMM_BACKEND_ENV}"
     if requested is None:
+        if (
+            MOSAIC_AUTO_ON_HOPPER
+            and impl == "pallas"
+            and _mosaic_reason(impl, dtype, col_dtypes, epilogue) is None
+        ):
+            return "mosaic"
         return "triton"
     if requested not in GEMM_BACKENDS:
         raise ValueError(
@@ -428,11 +452,7 @@ def resolve_gemm_backend(
             "(or 'auto')."
         )
     if requested == "mosaic":
-        reason = mgpu.mosaic_error(dtype, col_dtypes, epilogue)
-        if reason is None and impl == "pallas":
-            cc = dsp.gpu_compute_capability()
-            if cc is None or not cc.startswith("9."):
-                reason = f"it needs a Hopper (sm90) GPU, this one is compute capability {cc}"
+        reason = _mosaic_reason(impl, dtype, col_dtypes, epilogue)
         if reason is not None:
             raise ValueError(f"gemm_fused: {source}='mosaic' cannot handle this call: {reason}")
     return requested

@@ -180,6 +180,27 @@ def test_auto_backend_is_triton_until_timed_on_a_gpu(monkeypatch) -> None:
     assert g.resolve_gemm_backend(None, "interpret", jnp.bfloat16, (jnp.bfloat16,), ep) == "triton"
 
 
+@pytest.mark.parametrize(
+    "cc,dtype,epilogue,impl,want",
+    [
+        ("9.0", jnp.bfloat16, g._KERNEL_EPILOGUES[("relu", True)], "pallas", "mosaic"),
+        ("9.0", jnp.float16, g._KERNEL_EPILOGUES[("gelu", True)], "pallas", "mosaic"),
+        ("9.0", jnp.float32, g._KERNEL_EPILOGUES[("relu", True)], "pallas", "triton"),
+        ("9.0", jnp.bfloat16, lambda a, b: jax.nn.relu(a + b), "pallas", "triton"),
+        ("8.0", jnp.bfloat16, g._KERNEL_EPILOGUES[("relu", True)], "pallas", "triton"),
+        ("10.0", jnp.bfloat16, g._KERNEL_EPILOGUES[("relu", True)], "pallas", "triton"),
+        (None, jnp.bfloat16, g._KERNEL_EPILOGUES[("relu", True)], "interpret", "triton"),
+    ],
+)
+def test_auto_policy_once_switched_on(monkeypatch, cc, dtype, epilogue, impl, want) -> None:
+    # The policy MOSAIC_AUTO_ON_HOPPER turns on: Mosaic for compiled calls on sm90 it can
+    # serve, Triton for everything else (never an error: auto is not a request).
+    monkeypatch.delenv(g.GEMM_BACKEND_ENV, raising=False)
+    monkeypatch.setattr(g, "MOSAIC_AUTO_ON_HOPPER", True)
+    monkeypatch.setattr(dsp, "gpu_compute_capability", lambda: cc)
+    assert g.resolve_gemm_backend(None, impl, dtype, (jnp.bfloat16,), epilogue) == want
+
+
 def test_env_override_routes_to_mosaic(monkeypatch) -> None:
     calls = []
     real = gm.gemm_mosaic
