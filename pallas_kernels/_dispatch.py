@@ -195,6 +195,20 @@ def mosaic_gpu_interpret_params() -> Any:
     return cls()
 
 
+def mosaic_gpu_load(ref: Any, *, layout: Any) -> Any:
+    """``plgpu.load`` of a whole (already indexed, ``ref.at[...]``) ref in ``layout``.
+
+    jax 0.10 requires the index argument; 0.11 deprecates it (index through ``ref.at``).
+    """
+    import inspect
+
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    if inspect.signature(plgpu.load).parameters["idx"].default is inspect.Parameter.empty:
+        return plgpu.load(ref, (), layout=layout, optimized=False)
+    return plgpu.load(ref, layout=layout, optimized=False)
+
+
 def pallas_call_kwargs(interpret: bool, num_warps: int, num_stages: int) -> dict[str, Any]:
     """Backend-dependent ``pallas_call`` keyword arguments."""
     if interpret:

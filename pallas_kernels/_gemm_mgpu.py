@@ -194,7 +194,7 @@ def _kernel(
         # a plain ref read; both read the same values.
         if interpret:
             return jnp.broadcast_to(ref[idx][None, :], (epi_tile_m, epi_tile_n))
-        v = plgpu.load(ref, idx, layout=col_layout, optimized=False)
+        v = dsp.mosaic_gpu_load(ref.at[idx], layout=col_layout)
         v = lax.broadcast_in_dim(v, (epi_tile_m, epi_tile_n), (1,))
         return plgpu.layout_cast(v, plgpu.Layout.WGMMA)
 
