@@ -374,9 +374,11 @@ def tune_mosaic(samples: int) -> None:
         x = jax.random.normal(ks[0], (m, kdim), jnp.bfloat16)
         w = jax.random.normal(ks[1], (kdim, n), jnp.bfloat16) * 0.03
         b = jax.random.normal(ks[2], (n,), jnp.bfloat16)
-        # (tile_m, tile_n, max_concurrent_steps, grid_minor_dim, grid_tile_width, wg_dimension)
-        for tm, tn, steps, minor, width, wg in [
+        # (tile_m, tile_n, max_concurrent_steps, grid_minor_dim, grid_tile_width, wg_dimension,
+        #  preload_columns)
+        for tm, tn, steps, minor, width, wg, *pre in [
             (128, 128, 4, "n", 8, "n"),
+            (128, 128, 4, "n", 8, "n", False),
             (128, 128, 4, "n", 4, "n"),
             (128, 128, 4, "n", 16, "n"),
             (128, 128, 4, "m", 8, "n"),
@@ -386,7 +388,7 @@ def tune_mosaic(samples: int) -> None:
             (128, 64, 4, "n", 8, "n"),
             (128, 256, 2, "n", 8, "m"),
         ]:
-            cfg = MosaicGemmConfig(tm, tn, 64, steps, 64, 64, minor, width, wg)
+            cfg = MosaicGemmConfig(tm, tn, 64, steps, 64, 64, minor, width, wg, *pre)
             f = jax.jit(
                 lambda x, w, b, c=cfg: pk.gemm_epilogue(
                     x, w, b, activation="relu", impl="pallas", _blocks=c
@@ -395,7 +397,8 @@ def tune_mosaic(samples: int) -> None:
             try:
                 r = bench_many({"k": f, "o": orig}, x, w, b, samples=samples)
                 print(
-                    f"mosaic {m}x{kdim}x{n} {tm}x{tn} s{steps} {minor}{width} wg={wg}: "
+                    f"mosaic {m}x{kdim}x{n} {tm}x{tn} s{steps} {minor}{width} wg={wg} "
+                    f"preload={cfg.preload_columns}: "
                     f"{_ms(r['k'])} / XLA {_ms(r['o'])} = {r['o'] / r['k']:.2f}x "
                     f"({2 * m * n * kdim / r['k'] / 1e12:.0f} TFLOP/s)",
                     flush=True,

@@ -86,6 +86,9 @@ class MosaicGemmConfig:
     grid_minor_dim: str = "n"  # the output-tile order: planar snake along this dim
     grid_tile_width: int = 8
     wg_dimension: str = "n"
+    # Load the column operands (bias) before the main loop instead of in the epilogue:
+    # costs tile_n / 4 registers per operand and thread during the loop.
+    preload_columns: bool = True
 
     @property
     def cta_tile_m(self) -> int:
@@ -100,7 +103,7 @@ def default_mosaic_config(m: int, n: int, interpret: bool) -> MosaicGemmConfig:
     """H100 defaults (JAX's tuned Hopper matmul tiles); 64-wide tiles when interpreted, so
     small test shapes still cover several CTA tiles and K steps."""
     if interpret:
-        return MosaicGemmConfig(64, 64, 64, 2, 64, 64, "n", 2, "n")
+        return MosaicGemmConfig(64, 64, 64, 2, 64, 64, "n", 2, "n", True)
     if m <= 64:
         return MosaicGemmConfig(tile_m=64)
     return MosaicGemmConfig()
@@ -185,16 +188,21 @@ def _kernel(
     )
     col_layout = plgpu.Layout.WGMMA.reduce(0)
 
-    def load_col(ref: Any, idx: Any) -> Any:
-        # The epilogue gets each column operand broadcast to the [epi_tile_m, epi_tile_n]
-        # tile.  Compiled, the column is loaded in the layout of one row of the WGMMA
-        # accumulator and broadcast in registers (Mosaic's layout inference needs the
-        # explicit broadcast + cast; it rejects an implicit one inside ``acc + b``).  The
-        # interpreter has no rule for that layout-annotated load (gpu ``load_p``), only for
-        # a plain ref read; both read the same values.
+    # The epilogue gets each column operand broadcast to the [epi_tile_m, epi_tile_n]
+    # tile.  Compiled, the column is loaded in the layout of one row of the WGMMA
+    # accumulator and broadcast in registers (Mosaic's layout inference needs the explicit
+    # broadcast + cast; it rejects an implicit one inside ``acc + b``).  The interpreter
+    # has no rule for that layout-annotated load (gpu ``load_p``), only for a plain ref
+    # read; both read the same values.
+    def load_col(ref: Any, start: Any) -> Any:
+        idx = (pl.ds(start, epi_tile_n),)
         if interpret:
-            return jnp.broadcast_to(ref[idx][None, :], (epi_tile_m, epi_tile_n))
-        v = dsp.mosaic_gpu_load(ref.at[idx], layout=col_layout)
+            return ref[idx]
+        return dsp.mosaic_gpu_load(ref.at[idx], layout=col_layout)
+
+    def tile_of(v: Any) -> Any:
+        if interpret:
+            return jnp.broadcast_to(v[None, :], (epi_tile_m, epi_tile_n))
         v = lax.broadcast_in_dim(v, (epi_tile_m, epi_tile_n), (1,))
         return plgpu.layout_cast(v, plgpu.Layout.WGMMA)
 
@@ -256,6 +264,15 @@ def _kernel(
             def compute_context(eval_pipeline: Any) -> None:
                 @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((tile_m, tile_n), jnp.float32))
                 def _acc_scope(acc_ref: Any) -> None:
+                    n_epi = tile_n // epi_tile_n
+                    pre = None
+                    if config.preload_columns:
+                        # Issued before the main loop, which hides their latency; each
+                        # [epi_tile_n] slice is loaded once, not once per row of sub-tiles.
+                        pre = [
+                            [load_col(c, wg_n0 + ni * epi_tile_n) for ni in range(n_epi)]
+                            for c in col_gmems
+                        ]
                     eval_pipeline(acc_ref)
                     acc = acc_ref[...]
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -264,8 +281,11 @@ def _kernel(
                             epi_m_slice = slice(epi_mi * epi_tile_m, (epi_mi + 1) * epi_tile_m)
                             epi_n_slice = slice(epi_ni * epi_tile_n, (epi_ni + 1) * epi_tile_n)
                             slot = (epi_mi * (tile_n // epi_tile_n) + epi_ni) % 2
-                            idx = (pl.ds(wg_n0 + epi_ni * epi_tile_n, epi_tile_n),)
-                            cols = [load_col(c, idx) for c in col_gmems]
+                            if pre is not None:
+                                cols = [tile_of(v[epi_ni]) for v in pre]
+                            else:
+                                start = wg_n0 + epi_ni * epi_tile_n
+                                cols = [tile_of(load_col(c, start)) for c in col_gmems]
                             out = epilogue(acc[epi_m_slice, epi_n_slice], *cols)
                             if jnp.shape(out) != (epi_tile_m, epi_tile_n):
                                 raise ValueError(

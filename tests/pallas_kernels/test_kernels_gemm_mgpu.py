@@ -71,6 +71,16 @@ def test_exact_values_when_products_are_exact() -> None:
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
 
 
+def test_columns_loaded_in_the_epilogue_instead_of_before_the_loop() -> None:
+    x = rnd(20, X_SHAPE, "bfloat16")
+    w = rnd(21, W_SHAPE, "bfloat16", scale=0.2)
+    b = rnd(22, (200,), "bfloat16")
+    cfg = gm.MosaicGemmConfig(64, 64, 64, 2, 64, 64, "m", 2, "n", preload_columns=False)
+    out = gemm_epilogue(x, w, b, activation="gelu_tanh", impl="interpret", _blocks=cfg)
+    ref = gemm_epilogue_reference(x, w, b, activation="gelu_tanh")
+    assert_close(out, ref, "bfloat16")
+
+
 def test_gradients_through_the_mosaic_forward() -> None:
     x = rnd(11, (64, 96), "bfloat16")
     w = rnd(12, (96, 128), "bfloat16", scale=0.2)
@@ -128,6 +138,8 @@ def test_f16_and_small_m_config_lower_for_cuda() -> None:
     small = gm.default_mosaic_config(32, 512, interpret=False)
     assert small.tile_m == 64
     assert "mosaic_gpu" in _export_for_cuda(epilogue, 1, config=small)
+    late = gm.MosaicGemmConfig(preload_columns=False)
+    assert "mosaic_gpu" in _export_for_cuda(epilogue, 1, config=late)
 
 
 # One epilogue per allowed primitive, so the allow-list claims only what lowers.
