@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_session.sh gemm      # the GEMM part alone: Triton and Mosaic sweeps,
 #                                            # the GEMM tables (Mosaic column on a Hopper)
 #   bash benchmarks/gpu_session.sh e2e       # benchmarks/e2e.py --size gpu, whole corpus
+#   bash benchmarks/gpu_session.sh e2e-mosaic  # the same, PYPM_GEMM_BACKEND=prefer-mosaic
 #
 # Run from the repository root on the device (docs/STATUS.md, "On a GPU"). Its image has
 # JAX, Flax, pytest and Hypothesis, but transformers 5 (no Flax models) and a
@@ -19,7 +20,7 @@
 # and name `.whl` in the call's carry. Output goes to $OUT (the device tool brings it back)
 # and to the terminal; the first lines name the GPU and the versions.
 set -uo pipefail
-stage=${1:?usage: gpu_session.sh tests|kernels|gemm|e2e}
+stage=${1:?usage: gpu_session.sh tests|kernels|gemm|e2e|e2e-mosaic}
 OUT=${OUT:-/tmp/pypm-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -82,8 +83,13 @@ e2e)
     python3 benchmarks/e2e.py --size gpu --samples 10 --json "$OUT/e2e.json" 2>&1 |
         tee "$OUT/e2e.txt"
     ;;
+e2e-mosaic)
+    # the same with the Hopper GEMM wherever it serves the call (bf16/f16 models)
+    PYPM_GEMM_BACKEND=prefer-mosaic python3 benchmarks/e2e.py --size gpu --samples 10 \
+        --json "$OUT/e2e_mosaic.json" 2>&1 | tee "$OUT/e2e_mosaic.txt"
+    ;;
 *)
-    echo "unknown stage $stage (tests, kernels, gemm or e2e)" >&2
+    echo "unknown stage $stage (tests, kernels, gemm, e2e or e2e-mosaic)" >&2
     exit 2
     ;;
 esac

@@ -432,15 +432,20 @@ def resolve_gemm_backend(
     Triton unless :data:`MOSAIC_AUTO_ON_HOPPER`, which is off until the Mosaic kernel
     (it lowers, checked on CPU, and is exact in the interpreter) is timed on an H100;
     then auto takes it for the compiled calls it can serve and Triton for the rest.
+    ``$PYPM_GEMM_BACKEND=prefer-mosaic`` applies that policy now (to compare whole
+    models both ways on a GPU).
     """
     source = "_backend"
+    prefer = MOSAIC_AUTO_ON_HOPPER
     if requested is None:
         env = os.environ.get(GEMM_BACKEND_ENV, "").strip().lower()
-        if env and env != "auto":
+        if env == "prefer-mosaic":
+            prefer = True
+        elif env and env != "auto":
             requested, source = env, f"${GEMM_BACKEND_ENV}"
     if requested is None:
         if (
-            MOSAIC_AUTO_ON_HOPPER
+            prefer
             and impl == "pallas"
             and _mosaic_reason(impl, dtype, col_dtypes, epilogue) is None
         ):
@@ -449,7 +454,7 @@ def resolve_gemm_backend(
     if requested not in GEMM_BACKENDS:
         raise ValueError(
             f"gemm_fused: invalid {source}={requested!r}; expected one of {GEMM_BACKENDS} "
-            "(or 'auto')."
+            "(or 'auto', or 'prefer-mosaic' in the environment)."
         )
     if requested == "mosaic":
         reason = _mosaic_reason(impl, dtype, col_dtypes, epilogue)

@@ -213,6 +213,17 @@ def test_auto_policy_once_switched_on(monkeypatch, cc, dtype, epilogue, impl, wa
     assert g.resolve_gemm_backend(None, impl, dtype, (jnp.bfloat16,), epilogue) == want
 
 
+def test_prefer_mosaic_in_the_environment_is_the_auto_policy(monkeypatch) -> None:
+    monkeypatch.setenv(g.GEMM_BACKEND_ENV, "prefer-mosaic")
+    monkeypatch.setattr(dsp, "gpu_compute_capability", lambda: "9.0")
+    relu = g._KERNEL_EPILOGUES[("relu", True)]
+    assert g.resolve_gemm_backend(None, "pallas", jnp.bfloat16, (jnp.bfloat16,), relu) == "mosaic"
+    # f32 is not for the Mosaic kernel: a preference, so Triton, not an error
+    assert g.resolve_gemm_backend(None, "pallas", jnp.float32, (jnp.float32,), relu) == "triton"
+    monkeypatch.setattr(dsp, "gpu_compute_capability", lambda: "8.0")
+    assert g.resolve_gemm_backend(None, "pallas", jnp.bfloat16, (jnp.bfloat16,), relu) == "triton"
+
+
 def test_env_override_routes_to_mosaic(monkeypatch) -> None:
     calls = []
     real = gm.gemm_mosaic
