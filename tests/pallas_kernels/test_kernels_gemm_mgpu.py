@@ -136,8 +136,11 @@ def test_f16_and_small_m_config_lower_for_cuda() -> None:
     epilogue = g._KERNEL_EPILOGUES[("gelu_tanh", True)]
     assert "mosaic_gpu" in _export_for_cuda(epilogue, 1, jnp.float16)
     small = gm.default_mosaic_config(32, 512, interpret=False)
-    assert small.tile_m == 64
+    assert (small.tile_m, small.tile_n) == (64, 128)
     assert "mosaic_gpu" in _export_for_cuda(epilogue, 1, config=small)
+    narrow = gm.default_mosaic_config(4096, 72, interpret=False)
+    assert (narrow.tile_m, narrow.cta_tile_n) == (128, 128)
+    assert "mosaic_gpu" in _export_for_cuda(epilogue, 1, config=narrow)
     late = gm.MosaicGemmConfig(preload_columns=False)
     assert "mosaic_gpu" in _export_for_cuda(epilogue, 1, config=late)
 
