@@ -6,10 +6,12 @@ kernel is JAX's own Hopper matmul (``jax/experimental/pallas/ops/gpu/hopper_matm
 Apache-2.0, by the JAX authors) -- a persistent, warp-specialized kernel: one warpgroup
 issues TMA loads into a ring of shared-memory stages, two compute warpgroups run WGMMA on
 them -- with our epilogue applied to the f32 accumulator before the store.  Only the
-epilogue loop differs from the original: each ``epi_tile_m x epi_tile_n`` piece of the
-accumulator goes through ``epilogue(acc, *columns)`` (the column operands loaded straight
-from global memory as ``[epi_tile_n]`` vectors in the WGMMA column layout) and is cast to
-the output dtype on its way to shared memory and out through TMA.
+epilogue differs from the original: each ``epi_tile_m x epi_tile_n`` piece of the
+accumulator goes through ``epilogue(acc, *columns)`` and is cast to the output dtype on its
+way to shared memory and out through TMA.  The column operands are read from global memory
+before the main loop, as ``[epi_tile_n]`` vectors in the accumulator's column layout, and
+reach the epilogue broadcast to the piece's shape.  (Also dropped from the original: the
+2-CTA cluster variants and the ``C +=`` input.)
 
 Scope: bf16/f16 inputs (WGMMA with f32 accumulation), M, N, K padded to tile multiples,
 epilogues built from :data:`EPILOGUE_PRIMITIVES` (elementwise primitives with a Mosaic GPU
@@ -118,21 +120,24 @@ def mosaic_error(
     for i, cd in enumerate(col_dtypes):
         if not jnp.issubdtype(cd, jnp.floating):
             return f"column operand {i} has dtype {jnp.dtype(cd).name} (floats only)"
-    bad = _foreign_primitives(epilogue, len(col_dtypes))
-    if bad:
-        return f"the epilogue uses {sorted(bad)}, outside EPILOGUE_PRIMITIVES"
-    return None
+    return _epilogue_problem(epilogue, len(col_dtypes))
 
 
 @functools.lru_cache(maxsize=256)
-def _foreign_primitives(epilogue: Callable[..., Any], n_cols: int) -> frozenset[str]:
-    acc = jax.ShapeDtypeStruct((8, 8), jnp.float32)
-    col = jax.ShapeDtypeStruct((8,), jnp.float32)
+def _epilogue_problem(epilogue: Callable[..., Any], n_cols: int) -> str | None:
+    """Why the kernel cannot trace ``epilogue`` on its tiles, or None.  Traced as the kernel
+    calls it: the accumulator piece and each column operand broadcast to its shape."""
+    tile = jax.ShapeDtypeStruct((8, 8), jnp.float32)
     try:
-        closed = jax.make_jaxpr(epilogue)(acc, *([col] * n_cols))
-    except Exception as exc:  # the Triton path reports the epilogue's own error
-        return frozenset({f"<untraceable: {type(exc).__name__}>"})
-    return frozenset(_primitive_names(closed.jaxpr)) - EPILOGUE_PRIMITIVES
+        closed, shape = jax.make_jaxpr(epilogue, return_shape=True)(tile, *([tile] * n_cols))
+    except Exception as exc:
+        return f"the epilogue does not trace on broadcast column tiles ({type(exc).__name__})"
+    if getattr(shape, "shape", None) != (8, 8):
+        return f"the epilogue is not elementwise on [8, 8] tiles (it returns {shape})"
+    bad = _primitive_names(closed.jaxpr) - EPILOGUE_PRIMITIVES
+    if bad:
+        return f"the epilogue uses {sorted(bad)}, outside EPILOGUE_PRIMITIVES"
+    return None
 
 
 def _primitive_names(jaxpr: Any) -> set[str]:

@@ -252,6 +252,10 @@ def test_mosaic_requests_that_cannot_run_raise(monkeypatch) -> None:
     x, w = x32.astype(jnp.bfloat16), w32.astype(jnp.bfloat16)
     with pytest.raises(ValueError, match="custom_jvp_call"):
         gemm_fused(x, w, jax.nn.relu, impl="interpret", _backend="mosaic")
+    with pytest.raises(ValueError, match="not elementwise"):  # written for [bn] columns
+        gemm_fused(x, w, lambda a, b: a + b[None, :], x32[0], impl="interpret", _backend="mosaic")
+    with pytest.raises(ValueError, match="does not trace"):
+        gemm_fused(x, w, lambda a, b: a + b[:, :3], x32[0], impl="interpret", _backend="mosaic")
     with pytest.raises(ValueError, match="invalid _backend='cuda'"):
         gemm_epilogue(x, w, impl="interpret", _backend="cuda")
     monkeypatch.setenv(g.GEMM_BACKEND_ENV, "tpu")
