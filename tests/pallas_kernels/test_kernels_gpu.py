@@ -245,7 +245,7 @@ def test_gemm_mosaic_ragged_batched_gpu(dtype, shape_x, shape_w, activation) -> 
     assert_close(out, ref, dtype, what=f"mosaic {dtype}/{activation}")
 
 
-def test_gemm_mosaic_templated_epilogue_gpu() -> None:
+def test_gemm_mosaic_templated_epilogue_and_grad_gpu() -> None:
     _need_hopper()
     x = rnd(16, (512, 384), jnp.bfloat16)
     w = rnd(17, (384, 640), jnp.bfloat16, scale=0.05)
@@ -256,3 +256,19 @@ def test_gemm_mosaic_templated_epilogue_gpu() -> None:
 
     out = pk.gemm_fused(x, w, chain, b, s, impl="pallas", _backend="mosaic")
     assert_close(out, pk.gemm_fused_reference(x, w, chain, b, s), "bfloat16")
+    got = jax.grad(
+        lambda x, w, b: (
+            pk.gemm_epilogue(x, w, b, activation="gelu", impl="pallas", _backend="mosaic")
+            .astype(jnp.float32)
+            .sum()
+        ),
+        argnums=(0, 1, 2),
+    )(x, w, b)
+    want = jax.grad(
+        lambda x, w, b: (
+            pk.gemm_epilogue_reference(x, w, b, activation="gelu").astype(jnp.float32).sum()
+        ),
+        argnums=(0, 1, 2),
+    )(x, w, b)
+    for g, r in zip(got, want, strict=True):
+        assert_close(g, r, "bfloat16", tol_table=GRAD_TOL)
