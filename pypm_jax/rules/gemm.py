@@ -111,6 +111,16 @@ def Activation(h, sig):  # noqa: F811
 
 @pm.pattern
 def Activation(h, sig):  # noqa: F811
+    """tanh-approximate GELU as BLOOM writes it (transformers' ``bloom_gelu_forward``):
+    ``h * 0.5 * (1 + tanh(0.79788456 * h * (1 + 0.044715 * h * h)))``, sqrt(2/pi) rounded."""
+    c = pm.var()
+    assert c.value > SQRT_2_OVER_PI - 1e-7 and c.value < SQRT_2_OVER_PI + 1e-7
+    sig <= P.tanh(Mul2(Mul2(h, c), Add2(Mul2(Mul2(h, 0.044715), h), 1.0)))
+    return Mul2(Half(h), Add2(sig, 1.0))
+
+
+@pm.pattern
+def Activation(h, sig):  # noqa: F811
     """exact GELU as ``jax.nn.gelu`` writes it: ``(h / 2) * erfc(-h / sqrt 2)``."""
     sig <= P.erfc(Mul2(P.neg(h), INV_SQRT2))
     return Mul2(Half(h), sig)

@@ -214,6 +214,222 @@ def hf_distilbert(size: Size = SMALL) -> Model:
     return apply, (params, _ids(7, size)), f"FlaxDistilBertModel ({_dims(size)})"
 
 
+# -------------------------------------------- more Hugging Face Flax models (the wider corpus)
+#
+# Checked by tests/rules/test_rules_corpus.py (sites, outputs, gradients; kernels
+# interpreted) but kept out of ALL_MODELS, so the GPU tests and benchmarks/e2e.py keep their
+# model list. Not here: FlaxT5Model (transformers' Flax T5 calls jnp.clip(a_max=...), which
+# jax 0.10 removed) and FlaxOPTModel (same attention code as BART).
+
+
+def _hf_ids_model(cls: Any, cfg: Any, size: Size, seed: int, desc: str) -> Model:
+    """A decoder- or encoder-only model called as ``model(ids).last_hidden_state``."""
+    model, params = _hf(cls, cfg, (size.batch, size.seq), size)
+
+    def apply(params: Any, ids: jax.Array) -> Any:
+        return model(ids, params=params, train=False).last_hidden_state
+
+    return apply, (params, _ids(seed, size)), f"{cls.__name__} ({_dims(size)}{desc})"
+
+
+@functools.cache
+def hf_roberta(size: Size = SMALL) -> Model:
+    from transformers import FlaxRobertaModel, RobertaConfig
+
+    cfg = RobertaConfig(
+        vocab_size=100, hidden_size=size.hidden, num_hidden_layers=size.layers,
+        num_attention_heads=size.heads, intermediate_size=size.ffn,
+        max_position_embeddings=size.positions + 2,  # RoBERTa's positions start at 2
+    )  # fmt: skip
+    model, params = _hf(FlaxRobertaModel, cfg, (size.batch, size.seq), size)
+    mask = jnp.ones((size.batch, size.seq), jnp.int32).at[0, -max(1, size.seq // 4) :].set(0)
+
+    def apply(params: Any, ids: jax.Array, mask: jax.Array) -> Any:
+        return model(ids, attention_mask=mask, params=params, train=False).last_hidden_state
+
+    return apply, (params, _ids(21, size), mask), f"FlaxRobertaModel ({_dims(size)}, padding mask)"
+
+
+@functools.cache
+def hf_electra(size: Size = SMALL) -> Model:
+    from transformers import ElectraConfig, FlaxElectraModel
+
+    cfg = ElectraConfig(
+        vocab_size=100, embedding_size=size.hidden // 2, hidden_size=size.hidden,
+        num_hidden_layers=size.layers, num_attention_heads=size.heads,
+        intermediate_size=size.ffn, max_position_embeddings=size.positions,
+    )  # fmt: skip
+    return _hf_ids_model(FlaxElectraModel, cfg, size, 22, ", embedding projection")
+
+
+@functools.cache
+def hf_albert(size: Size = SMALL) -> Model:
+    from transformers import AlbertConfig, FlaxAlbertModel
+
+    cfg = AlbertConfig(
+        vocab_size=100, embedding_size=size.hidden // 2, hidden_size=size.hidden,
+        num_hidden_layers=size.layers, num_attention_heads=size.heads,
+        intermediate_size=size.ffn, max_position_embeddings=size.positions,
+    )  # fmt: skip
+    return _hf_ids_model(FlaxAlbertModel, cfg, size, 23, ", shared layers")
+
+
+@functools.cache
+def hf_gpt_neo(size: Size = SMALL) -> Model:
+    from transformers import FlaxGPTNeoModel, GPTNeoConfig
+
+    cfg = GPTNeoConfig(
+        vocab_size=100, hidden_size=size.hidden, num_layers=size.layers,
+        num_heads=size.heads, intermediate_size=size.ffn,
+        attention_types=[[["global", "local"], size.layers // 2]],
+        max_position_embeddings=size.positions, window_size=max(2, size.seq // 2),
+    )  # fmt: skip
+    return _hf_ids_model(FlaxGPTNeoModel, cfg, size, 24, ", global + local attention")
+
+
+@functools.cache
+def hf_gptj(size: Size = SMALL) -> Model:
+    from transformers import FlaxGPTJModel, GPTJConfig
+
+    cfg = GPTJConfig(
+        vocab_size=100, n_embd=size.hidden, n_layer=size.layers, n_head=size.heads,
+        n_inner=size.ffn, rotary_dim=size.hidden // size.heads // 2, n_positions=size.positions,
+    )  # fmt: skip
+    return _hf_ids_model(FlaxGPTJModel, cfg, size, 25, ", partial rotary")
+
+
+@functools.cache
+def hf_bloom(size: Size = SMALL) -> Model:
+    from transformers import BloomConfig, FlaxBloomModel
+
+    cfg = BloomConfig(
+        vocab_size=100, hidden_size=size.hidden, n_layer=size.layers, n_head=size.heads
+    )
+    model, params = _hf(FlaxBloomModel, cfg, (size.batch, size.seq), size)
+
+    def apply(params: Any, ids: jax.Array) -> Any:
+        return model(ids, params=params, train=False).last_hidden_state
+
+    return apply, (params, _ids(26, size)), f"FlaxBloomModel ({_dims(size)}, ALiBi)"
+
+
+@functools.cache
+def hf_clip_text(size: Size = SMALL) -> Model:
+    from transformers import CLIPTextConfig, FlaxCLIPTextModel
+
+    cfg = CLIPTextConfig(
+        vocab_size=100, hidden_size=size.hidden, num_hidden_layers=size.layers,
+        num_attention_heads=size.heads, intermediate_size=size.ffn,
+        max_position_embeddings=size.positions,
+    )  # fmt: skip
+    return _hf_ids_model(FlaxCLIPTextModel, cfg, size, 27, ", causal, quick GELU")
+
+
+@functools.cache
+def hf_mbart(size: Size = SMALL) -> Model:
+    from transformers import FlaxMBartModel, MBartConfig
+
+    cfg = MBartConfig(
+        vocab_size=100, d_model=size.hidden, encoder_layers=size.layers // 2 or 1,
+        decoder_layers=size.layers // 2 or 1, encoder_attention_heads=size.heads,
+        decoder_attention_heads=size.heads, encoder_ffn_dim=size.ffn,
+        decoder_ffn_dim=size.ffn, max_position_embeddings=size.positions,
+    )  # fmt: skip
+    model, params = _hf(FlaxMBartModel, cfg, (size.batch, size.seq), size)
+
+    def apply(params: Any, ids: jax.Array, dec_ids: jax.Array) -> Any:
+        return model(ids, decoder_input_ids=dec_ids, params=params, train=False).last_hidden_state
+
+    return (
+        apply,
+        (params, _ids(28, size), _ids(29, size)),
+        f"FlaxMBartModel ({_dims(size)}, pre-LN)",
+    )
+
+
+@functools.cache
+def hf_whisper(size: Size = SMALL) -> Model:
+    from transformers import FlaxWhisperModel, WhisperConfig
+
+    frames = 2 * size.seq  # the encoder's stride-2 convolution halves them
+    cfg = WhisperConfig(
+        vocab_size=100, d_model=size.hidden, encoder_layers=size.layers // 2 or 1,
+        decoder_layers=size.layers // 2 or 1, encoder_attention_heads=size.heads,
+        decoder_attention_heads=size.heads, encoder_ffn_dim=size.ffn,
+        decoder_ffn_dim=size.ffn, num_mel_bins=8, max_source_positions=size.seq,
+        max_target_positions=size.positions,
+    )  # fmt: skip
+    model = FlaxWhisperModel(cfg, seed=0, _do_init=False, dtype=jnp.dtype(size.dtype))
+    init = functools.partial(model.init_weights, input_shape=(size.batch, 8, frames))
+    params = random_like(jax.eval_shape(init, _key(0)), dtype=jnp.dtype(size.dtype))
+    feats = jax.random.normal(_key(30), (size.batch, 8, frames), jnp.float32).astype(size.dtype)
+
+    def apply(params: Any, feats: jax.Array, dec_ids: jax.Array) -> Any:
+        return model(feats, decoder_input_ids=dec_ids, params=params, train=False).last_hidden_state
+
+    return apply, (params, feats, _ids(31, size)), f"FlaxWhisperModel ({_dims(size)}, audio)"
+
+
+@functools.cache
+def hf_beit(size: Size = SMALL) -> Model:
+    from transformers import BeitConfig, FlaxBeitModel
+
+    cfg = BeitConfig(
+        hidden_size=size.hidden, num_hidden_layers=size.layers, num_attention_heads=size.heads,
+        intermediate_size=size.ffn, image_size=16, patch_size=4, use_relative_position_bias=True,
+    )  # fmt: skip
+    model, params = _hf(FlaxBeitModel, cfg, (size.batch, 16, 16, 3), size)
+    pixels = jax.random.normal(_key(32), (size.batch, 3, 16, 16), jnp.float32).astype(size.dtype)
+
+    def apply(params: Any, pixels: jax.Array) -> Any:
+        return model(pixels, params=params, train=False).last_hidden_state
+
+    return apply, (params, pixels), f"FlaxBeitModel ({_dims(size)}, relative position bias)"
+
+
+@functools.cache
+def hf_mistral(size: Size = SMALL) -> Model:
+    from transformers import FlaxMistralModel, MistralConfig
+
+    cfg = MistralConfig(
+        vocab_size=100, hidden_size=size.hidden, num_hidden_layers=size.layers,
+        num_attention_heads=size.heads, num_key_value_heads=max(1, size.heads // 2),
+        intermediate_size=size.ffn, sliding_window=None,
+        max_position_embeddings=max(size.positions, 2 * size.hidden // size.heads),
+    )  # fmt: skip
+    return _hf_ids_model(FlaxMistralModel, cfg, size, 33, ", GQA, RoPE")
+
+
+@functools.cache
+def hf_gemma(size: Size = SMALL) -> Model:
+    from transformers import FlaxGemmaModel, GemmaConfig
+
+    head_dim = size.hidden // size.heads
+    cfg = GemmaConfig(
+        vocab_size=100, hidden_size=size.hidden, num_hidden_layers=size.layers,
+        num_attention_heads=size.heads, num_key_value_heads=1, head_dim=head_dim,
+        intermediate_size=size.ffn, hidden_activation="gelu_pytorch_tanh",
+        max_position_embeddings=max(size.positions, 2 * head_dim),
+    )  # fmt: skip
+    return _hf_ids_model(FlaxGemmaModel, cfg, size, 34, ", MQA, RoPE")
+
+
+MORE_HF_MODELS: dict[str, Callable[..., Model]] = {
+    "roberta": hf_roberta,
+    "electra": hf_electra,
+    "albert": hf_albert,
+    "gpt_neo": hf_gpt_neo,
+    "gptj": hf_gptj,
+    "bloom": hf_bloom,
+    "clip_text": hf_clip_text,
+    "mbart": hf_mbart,
+    "whisper": hf_whisper,
+    "beit": hf_beit,
+    "mistral": hf_mistral,
+    "gemma": hf_gemma,
+}
+
+
 # ------------------------------------------------------------------------ Flax linen / nnx
 
 

@@ -12,16 +12,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from corpus import ALL_MODELS, HF_MODELS, has_transformers
+from corpus import ALL_MODELS, HF_MODELS, MORE_HF_MODELS, has_transformers
 
 from pypm_jax.jax import optimize
 from pypm_jax.jax.report import OptimizationFallbackWarning
 
 
 def _model(name):
-    if name in HF_MODELS and not has_transformers():
+    if (name in HF_MODELS or name in MORE_HF_MODELS) and not has_transformers():
         pytest.skip("transformers is not installed")
-    return ALL_MODELS[name]()
+    return {**ALL_MODELS, **MORE_HF_MODELS}[name]()
 
 
 def _loss(out):
@@ -39,7 +39,7 @@ def _assert_close(a, b, rtol, atol, what):
         )
 
 
-@pytest.mark.parametrize("name", list(ALL_MODELS))
+@pytest.mark.parametrize("name", [*ALL_MODELS, *MORE_HF_MODELS])
 def test_lift_lower_is_identity(name):
     apply, inputs, desc = _model(name)
     with warnings.catch_warnings():

@@ -16,6 +16,7 @@ import pytest
 from rules_helpers import (
     CORPUS_BF16,
     CORPUS_SITES,
+    MORE_SITES,
     assert_kernels_run_as,
     build_corpus_model,
     check,
@@ -49,6 +50,14 @@ def _build(name, size=None):
 def test_every_site_rewritten_outputs_and_gradients_match(name):
     fn, args, desc, counts = _build(name)
     check(fn, args, counts, what=desc, grad=True)
+
+
+@pytest.mark.parametrize("name", list(MORE_SITES))
+def test_wider_corpus_every_site_outputs_and_gradients(name):
+    """Twelve more Hugging Face Flax models: ALiBi, relative position bias, local attention,
+    MQA/GQA with RoPE, shared layers, encoder-decoder with audio input, BLOOM's GELU."""
+    fn, args, desc = build_corpus_model(name, SMALL)
+    check(fn, args, MORE_SITES[name], what=desc, grad=True)
 
 
 @pytest.mark.parametrize("name", corpus_params(CORPUS_BF16))

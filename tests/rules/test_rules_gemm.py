@@ -30,11 +30,20 @@ def _gelu_new(y):  # GPT-2 / BERT "gelu_new" as written out in many ports
     return 0.5 * y * (1.0 + jnp.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y**3)))
 
 
+def _gelu_bloom(y):  # transformers' bloom_gelu_forward: sqrt(2/pi) rounded, x*x inside
+    return y * 0.5 * (1.0 + jnp.tanh(0.79788456 * y * (1 + 0.044715 * y * y)))
+
+
+def _gelu_bloom_far(y):  # the same shape with a constant that is not sqrt(2/pi)
+    return y * 0.5 * (1.0 + jnp.tanh(0.7978 * y * (1 + 0.044715 * y * y)))
+
+
 ACTIVATIONS = {
     "jax.nn.relu": (jax.nn.relu, "relu"),
     "jnp.maximum": (lambda y: jnp.maximum(0.0, y), "relu"),
     "jax.nn.gelu(approximate=True)": (jax.nn.gelu, "gelu_tanh"),
     "gelu_new written out": (_gelu_new, "gelu_tanh"),
+    "BLOOM's gelu": (_gelu_bloom, "gelu_tanh"),
     "jax.nn.gelu(approximate=False)": (lambda y: jax.nn.gelu(y, approximate=False), "gelu"),
     "gelu with erf written out": (_gelu_textbook, "gelu"),
     "jax.nn.silu": (jax.nn.silu, "silu"),
@@ -57,6 +66,13 @@ def test_dense_bias_activation(name):
     (node,) = kernel_nodes(fast, args)
     plan = node.attrs["plan"]
     assert plan.activation == kind and plan.bias and not plan.transpose_w
+
+
+def test_bloom_gelu_needs_sqrt_2_over_pi_to_seven_digits():
+    def dense(x, w, b):
+        return _gelu_bloom_far(x @ w + b)
+
+    check(dense, operands(), {}, what="tanh GELU with 0.7978 for sqrt(2/pi)")
 
 
 def test_flax_dense_gelu_gradients():
