@@ -219,7 +219,7 @@ def hf_distilbert(size: Size = SMALL) -> Model:
 # Checked by tests/rules/test_rules_corpus.py (sites, outputs, gradients; kernels
 # interpreted) but kept out of ALL_MODELS, so the GPU tests and benchmarks/e2e.py keep their
 # model list. Not here: FlaxT5Model (transformers' Flax T5 calls jnp.clip(a_max=...), which
-# jax 0.10 removed) and FlaxOPTModel (same attention code as BART).
+# jax 0.10 removed).
 
 
 def _hf_ids_model(cls: Any, cfg: Any, size: Size, seed: int, desc: str) -> Model:
@@ -414,6 +414,23 @@ def hf_gemma(size: Size = SMALL) -> Model:
     return _hf_ids_model(FlaxGemmaModel, cfg, size, 34, ", MQA, RoPE")
 
 
+@functools.cache
+def hf_opt(size: Size = SMALL) -> Model:
+    from transformers import FlaxOPTModel, OPTConfig
+
+    cfg = OPTConfig(
+        vocab_size=100, hidden_size=size.hidden, num_hidden_layers=size.layers,
+        num_attention_heads=size.heads, ffn_dim=size.ffn, word_embed_proj_dim=size.hidden,
+        max_position_embeddings=size.positions,
+    )  # fmt: skip
+    model, params = _hf(FlaxOPTModel, cfg, (size.batch, size.seq), size)
+
+    def apply(params: Any, ids: jax.Array) -> Any:  # OPT's flag is `deterministic`
+        return model(ids, params=params, deterministic=True).last_hidden_state
+
+    return apply, (params, _ids(35, size)), f"FlaxOPTModel ({_dims(size)}, ReLU MLP)"
+
+
 MORE_HF_MODELS: dict[str, Callable[..., Model]] = {
     "roberta": hf_roberta,
     "electra": hf_electra,
@@ -427,6 +444,7 @@ MORE_HF_MODELS: dict[str, Callable[..., Model]] = {
     "beit": hf_beit,
     "mistral": hf_mistral,
     "gemma": hf_gemma,
+    "opt": hf_opt,
 }
 
 

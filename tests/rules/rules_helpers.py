@@ -181,6 +181,7 @@ MORE_SITES: dict[str, dict[str, int]] = {
     "beit": {"attention_bias": 2, "gemm_epilogue": 2},
     "mistral": {"attention_bias": 2, "gemm_epilogue_no_bias": 2},
     "gemma": {"attention_bias": 2, "gemm_epilogue_no_bias": 2},
+    "opt": {"attention_bias": 2, "gemm_epilogue": 2},
 }
 CORPUS_BF16 = ("bert", "llama", "linen_mha_masked", "nnx_mha")  # the models also checked in bf16
 

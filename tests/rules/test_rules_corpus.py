@@ -54,7 +54,7 @@ def test_every_site_rewritten_outputs_and_gradients_match(name):
 
 @pytest.mark.parametrize("name", list(MORE_SITES))
 def test_wider_corpus_every_site_outputs_and_gradients(name):
-    """Twelve more Hugging Face Flax models: ALiBi, relative position bias, local attention,
+    """Thirteen more Hugging Face Flax models: ALiBi, relative position bias, local attention,
     MQA/GQA with RoPE, shared layers, encoder-decoder with audio input, BLOOM's GELU."""
     fn, args, desc = build_corpus_model(name, SMALL)
     check(fn, args, MORE_SITES[name], what=desc, grad=True)
