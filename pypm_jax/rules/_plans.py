@@ -481,6 +481,7 @@ def dpa_plan(
     scores: Any,
     output: Any,
     mask: Any = None,
+    bias: Any = None,
 ) -> AttentionPlan | None:
     """Plan for ``jax.nn.dot_product_attention``'s XLA implementation (``nnx.MultiHeadAttention``).
 
@@ -492,8 +493,10 @@ def dpa_plan(
 
     ``shapes = (q, k, v)`` with q before its reshape, ``scores = (dimension_numbers, shape,
     logits permutation, softmax axes)`` of the logits ``dot_general``, ``output = (dimension_numbers, (perm1, perm2), shape,
-    dtype)``, ``mask = (shape, dtype)`` of the ``[B, 1 | N, T, S]`` boolean mask or None.
-    q/k/v are already in the kernel's BSHD layout, so the plan is all identities.
+    dtype)``, ``mask = (shape, dtype)`` of the ``[B, 1 | N, T, S]`` boolean mask or None
+    (``is_causal``'s ``[1, 1, T, S]`` triangle is such a mask), ``bias`` likewise for an
+    added floating bias. q/k/v are already in the kernel's BSHD layout, so the plan is all
+    identities.
     """
     try:
         q, k, v = (_ints(s) for s in shapes)
@@ -524,13 +527,20 @@ def dpa_plan(
     # [B, K, H, G, T] --p1, p2--> must be [B, T, K, G, H], then reshaped to [B, T, N, H]
     if tuple(p1[i] for i in p2) != (0, 4, 1, 3, 2) or o_shape != q:
         return None
-    mask_shape = None
+    mask_shape = bias_shape = None
     if mask is not None:
         m_shape, m_dtype = mask
         mask_shape = _ints(m_shape)
         if mask_shape is None or len(mask_shape) != 4:
             return None
         if not str(_dtype_name(m_dtype)).startswith(("bool", "int", "uint")):
+            return None
+    if bias is not None:
+        b_shape, b_dtype = bias
+        bias_shape = _ints(b_shape)
+        if bias_shape is None or len(bias_shape) != 4:
+            return None
+        if not str(_dtype_name(b_dtype)).startswith(("float", "bfloat")):
             return None
     ident = (0, 1, 2, 3)
     return AttentionPlan(
@@ -542,9 +552,9 @@ def dpa_plan(
         perm_scores=ident,
         perm_out=ident,
         scale_input=1,
-        bias=0,
+        bias=0 if bias is None else 1,
         mask=mask is not None,
-        kernel_shapes=(q, k, v, None, mask_shape),
+        kernel_shapes=(q, k, v, bias_shape, mask_shape),
         dtype=dts[0],
         out_shape=o_shape,
         out_dtype=_dtype_name(o_dtype),

@@ -64,6 +64,7 @@ __all__ = [
     "Masked",
     "GroupedMask",
     "DpaMask",
+    "DpaGrouped",
 ]
 
 LAYOUT = pm.opclass("layout")
@@ -371,9 +372,29 @@ def DpaMask(m):
     """The mask as applied under ``vmap`` over query groups:
     ``and(ones, transpose(GroupedMask(mask)))``."""
     c, t = pm.var(), pm.var()
-    t <= P.transpose(GroupedMask(m))
-    assert c.value == True and t.permutation == (2, 0, 1, 3, 4)  # noqa: E712 (guard data)
+    t <= DpaGrouped(GroupedMask(m))
+    assert c.value == True  # noqa: E712 (guard data)
     return P.and_(Splat(c), t)
+
+
+@pm.pattern
+def DpaMask(m):  # noqa: F811
+    """``is_causal=True`` without a mask: ``and(ones_like(logits), tril[None, None])``, made
+    outside the ``vmap`` over query groups and broadcast over them. The ``[1, 1, T, S]``
+    triangle is the kernel's mask."""
+    c, a, y = pm.var(), pm.var(), pm.var()
+    y <= P.broadcast_in_dim(a)
+    a <= P.and_(Splat(c), m)
+    assert c.value == True and m.rank == 4 and y.broadcast_dimensions == (1, 2, 3, 4)  # noqa: E712
+    return y
+
+
+@pm.pattern
+def DpaGrouped(t):
+    """A grouped ``[B, K, G, T, S]`` mask or bias moved as ``vmap`` over G moves it."""
+    y = P.transpose(t)
+    assert y.permutation == (2, 0, 1, 3, 4)
+    return y
 
 
 # ============================================================ the attention patterns
@@ -483,6 +504,39 @@ def AttentionDpaMask(r, q, k, v, s, xt, z, o, t1, t2, c, mask):
     t1 <= P.transpose(o)
     o <= P.dot_general(v, Probs(Softmax(xm, z)))
     xm <= P.select_n(DpaMask(mask), Splat(fill), xt)
+    xt <= P.transpose(P.mul(s, c))
+    s <= P.dot_general(q5, k)
+    q5 <= P.reshape(q)
+    assert c.rank == 0 and fill.value <= MASK_FILL_MAX
+    return r
+
+
+@pm.pattern
+def AttentionDpaBias(r, q, k, v, s, xt, z, o, t1, t2, c, bias):
+    """``jax.nn.dot_product_attention(..., bias=bias)``: ``logits + bias`` before softmax."""
+    q5, xb = pm.var(), pm.var()
+    r <= P.reshape(t2)
+    t2 <= P.transpose(t1)
+    t1 <= P.transpose(o)
+    o <= P.dot_general(v, Probs(Softmax(xb, z)))
+    xb <= P.add(xt, DpaGrouped(Cast(GroupedMask(bias))))
+    xt <= P.transpose(P.mul(s, c))
+    s <= P.dot_general(q5, k)
+    q5 <= P.reshape(q)
+    assert c.rank == 0
+    return r
+
+
+@pm.pattern
+def AttentionDpaBiasMask(r, q, k, v, s, xt, z, o, t1, t2, c, bias, mask):
+    """``jax.nn.dot_product_attention(..., bias=bias, mask=mask)`` (or ``is_causal``)."""
+    q5, xb, xm, fill = pm.var(), pm.var(), pm.var(), pm.var()
+    r <= P.reshape(t2)
+    t2 <= P.transpose(t1)
+    t1 <= P.transpose(o)
+    o <= P.dot_general(v, Probs(Softmax(xm, z)))
+    xm <= P.select_n(DpaMask(mask), Splat(fill), xb)
+    xb <= P.add(xt, DpaGrouped(Cast(GroupedMask(bias))))
     xt <= P.transpose(P.mul(s, c))
     s <= P.dot_general(q5, k)
     q5 <= P.reshape(q)
@@ -600,9 +654,31 @@ def attention_dpa_mask(r, q, k, v, s, xt, z, o, t1, t2, c, mask):
     return FlashAttention(q, k, v, 0, mask, c, plan=plan)
 
 
+@pm.rule(AttentionDpaBias, single_use=True)
+def attention_dpa_bias(r, q, k, v, s, xt, z, o, t1, t2, c, bias):
+    plan = dpa_plan((q.shape, k.shape, v.shape), (q.dtype, k.dtype, v.dtype),
+                    (s.dimension_numbers, s.shape, xt.permutation, z.axes),
+                    (o.dimension_numbers, (t1.permutation, t2.permutation), r.shape, r.dtype),
+                    None, (bias.shape, bias.dtype))  # fmt: skip
+    assert attention_supported(plan)
+    return FlashAttention(q, k, v, bias, 0, c, plan=plan)
+
+
+@pm.rule(AttentionDpaBiasMask, single_use=True)
+def attention_dpa_bias_mask(r, q, k, v, s, xt, z, o, t1, t2, c, bias, mask):
+    plan = dpa_plan((q.shape, k.shape, v.shape), (q.dtype, k.dtype, v.dtype),
+                    (s.dimension_numbers, s.shape, xt.permutation, z.axes),
+                    (o.dimension_numbers, (t1.permutation, t2.permutation), r.shape, r.dtype),
+                    (mask.shape, mask.dtype), (bias.shape, bias.dtype))  # fmt: skip
+    assert attention_supported(plan)
+    return FlashAttention(q, k, v, bias, mask, c, plan=plan)
+
+
 # Most specific first: a spelling with a mask or bias must not be read as a plainer one.
 ATTENTION_RULES = [
+    attention_dpa_bias_mask,
     attention_dpa_mask,
+    attention_dpa_bias,
     attention_dpa,
     attention_scaled_bias_mask,
     attention_bias_mask,

@@ -262,3 +262,79 @@ def test_jax_nn_dot_product_attention_xla(masked):
             return jax.nn.dot_product_attention(q, k, v, implementation="xla")
 
         check(attn, (q, k, v), {"attention_dpa": 1}, grad=True)
+
+
+def _bias(heads=H, seed=7, skv=S, dtype=jnp.float32):
+    return jax.random.normal(jax.random.PRNGKey(seed), (B, heads, S, skv), dtype)
+
+
+@pytest.mark.parametrize("kv_heads", [H, 1])
+def test_jax_nn_dot_product_attention_causal(kv_heads):
+    def attn(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+
+    # is_causal's [1, 1, T, S] triangle is the kernel's mask (GQA too: it is per-head-free)
+    fast = check(attn, qkv(kv_heads=kv_heads), {"attention_dpa_mask": 1}, grad=True)
+    (node,) = kernel_nodes(fast, qkv(kv_heads=kv_heads))
+    assert node.attrs["plan"].kernel_shapes[4] == (1, 1, S, S)
+
+
+def test_jax_nn_dot_product_attention_causal_longer_keys():
+    def attn(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+
+    check(attn, qkv(skv=SKV), {"attention_dpa_mask": 1}, grad=True)
+
+
+@pytest.mark.parametrize("bias_heads", [H, 1])
+def test_jax_nn_dot_product_attention_bias(bias_heads):
+    def attn(q, k, v, bias):
+        return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation="xla")
+
+    check(attn, (*qkv(), _bias(bias_heads)), {"attention_dpa_bias": 1}, grad=True)
+
+
+def test_jax_nn_dot_product_attention_bias_grouped_kv_heads():
+    def attn(q, k, v, bias):
+        return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation="xla")
+
+    check(attn, (*qkv(kv_heads=1), _bias()), {"attention_dpa_bias": 1}, grad=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_jax_nn_dot_product_attention_bias_and_mask(causal):
+    if causal:
+
+        def attn(q, k, v, bias):
+            return jax.nn.dot_product_attention(
+                q, k, v, bias=bias, is_causal=True, implementation="xla"
+            )
+
+        args = (*qkv(), _bias())
+    else:
+
+        def attn(q, k, v, bias, keep):
+            mask = keep[:, None, None, :]
+            return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, implementation="xla")
+
+        args = (*qkv(), _bias(), padding())
+    check(attn, args, {"attention_dpa_bias_mask": 1}, grad=True)
+
+
+def test_jax_nn_dot_product_attention_bf16_bias():
+    def attn(q, k, v, bias):  # the bias is converted to the f32 logits' dtype first
+        return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation="xla")
+
+    args = (*qkv(dtype=jnp.bfloat16), _bias(dtype=jnp.bfloat16))
+    check(attn, args, {"attention_dpa_bias": 1})
+
+
+def test_jax_nn_dot_product_attention_mask_and_causal_left_alone():
+    # two masks combined: the kernel takes one, so the rules leave it (and stay correct)
+    def attn(q, k, v, keep):
+        mask = keep[:, None, None, :]
+        return jax.nn.dot_product_attention(
+            q, k, v, mask=mask, is_causal=True, implementation="xla"
+        )
+
+    check(attn, (*qkv(), padding()), {})
