@@ -58,6 +58,7 @@ __all__ = [
     "GuardFn",
     "show",
     "show_expr",
+    "binds_below",
     "alts",
 ]
 
@@ -264,6 +265,61 @@ def children(p: Pattern, *, into_mu: bool = True) -> tuple[Pattern, ...]:
         case PMu(_, _, _, body):
             return (body,) if into_mu else ()
     return ()
+
+
+# How far binds_below looks before it gives up (and answers False, the safe answer).
+_BELOW_DEPTH = 64
+
+
+def binds_below(p: Pattern, var: str, _depth: int = 0) -> bool:
+    """Does every match of ``p`` against a term t bind (or check) the term variable ``var`` to
+    a *proper* subterm of t -- somewhere under an operator application of ``p``?
+
+    Then a match constraint ``p ; (var ≈ q)`` matches q against a proper subterm, so a
+    recursive reference in q consumes structure just as one under an application does
+    (``y <= f(x); x <= P()``). A variable bound outside ``p`` and checked under an
+    application of ``p`` counts: the check demands it equal that subterm. Conservative:
+    False where unsure (calls, which may or may not bind their arguments; patterns nested
+    deeper than it looks).
+    """
+    if _depth > _BELOW_DEPTH:
+        return False
+    d = _depth + 1
+    match p:
+        case PApp(_, args, _) | PFunVar(_, args, _, _):
+            return any(_binds(a, var, d) for a in args)
+        case PAlt(left, right):
+            return binds_below(left, var, d) and binds_below(right, var, d)
+        case PGuard(pat, _):
+            return binds_below(pat, var, d)
+        case PExists(x, pat, kind):
+            return not (x == var and kind == "term") and binds_below(pat, var, d)
+        case PConstr(pat, x, c):
+            if binds_below(pat, var, d) or binds_below(c, var, d):
+                return True
+            return binds_below(pat, x, d) and _binds(c, var, d)
+    return False
+
+
+def _binds(p: Pattern, var: str, depth: int) -> bool:
+    """Does every match of ``p`` bind (or check) ``var`` somewhere, the root included?"""
+    if depth > _BELOW_DEPTH:
+        return False
+    d = depth + 1
+    match p:
+        case PVar(x):
+            return x == var
+        case PApp(_, args, _) | PFunVar(_, args, _, _):
+            return any(_binds(a, var, d) for a in args)
+        case PAlt(left, right):
+            return _binds(left, var, d) and _binds(right, var, d)
+        case PGuard(pat, _):
+            return _binds(pat, var, d)
+        case PExists(x, pat, kind):
+            return not (x == var and kind == "term") and _binds(pat, var, d)
+        case PConstr(pat, x, c):
+            return _binds(pat, var, d) or (_binds(pat, x, d) and _binds(c, var, d))
+    return False
 
 
 def alts(p: Pattern) -> list[Pattern]:

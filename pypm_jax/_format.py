@@ -73,6 +73,7 @@ from ._calculus import (
     RuleBranch,
     RuleDef,
     RVar,
+    binds_below,
 )
 from ._dtypes import DTYPES, DType
 from ._errors import FormatError, SourceLoc
@@ -1126,6 +1127,8 @@ def _check_pattern_def(d: PatternDef, owner: str, budget: _Budget) -> None:
             elif tag == "mu":
                 frames.pop()
                 mus[item[1]].pop()
+            elif tag == "enter":  # a constraint on a proper subterm: as under an application
+                apps += 1
             else:  # "app"
                 apps -= 1
             continue
@@ -1155,7 +1158,10 @@ def _check_pattern_def(d: PatternDef, owner: str, budget: _Budget) -> None:
                 stack += [("unbind", key), body]
             case PConstr(pat, var, constraint):
                 need("term", var, "term variable")
-                stack += [constraint, pat]
+                if binds_below(pat, var):  # the constraint matches a proper subterm
+                    stack += [("app",), constraint, ("enter",), pat]
+                else:
+                    stack += [constraint, pat]
             case PMu(name, params, args, body):
                 check_args(f"μ{name}", params, args)
                 frames.append({(p.kind, p.name): 1 for p in params})

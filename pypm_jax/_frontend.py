@@ -69,6 +69,7 @@ from ._calculus import (
     RuleBranch,
     RuleDef,
     RVar,
+    binds_below,
     show,
 )
 from ._errors import PatternDefinitionError, SourceLoc
@@ -672,7 +673,8 @@ def _bound_names(p: Pattern) -> set[str]:
 
 
 def _check_recursion(name: str, p: Pattern, loc: SourceLoc | None) -> None:
-    """Every recursive reference must sit under an operator application."""
+    """Every recursive reference must sit under an operator application, or in a match
+    constraint on a variable bound under one (:func:`~pypm_jax._calculus.binds_below`)."""
 
     def walk(q: Pattern, guarded: bool) -> None:
         match q:
@@ -691,9 +693,10 @@ def _check_recursion(name: str, p: Pattern, loc: SourceLoc | None) -> None:
                 walk(right, guarded)
             case PGuard(pat) | PExists(_, pat):
                 walk(pat, guarded)
-            case PConstr(pat, _, c):
+            case PConstr(pat, x, c):
                 walk(pat, guarded)
-                walk(c, guarded)
+                # ``y <= f(x); x <= P()``: x is a proper subterm, so P(...) consumes f
+                walk(c, guarded or binds_below(pat, x))
             case PMu(n, _, _, body) if n != name:
                 walk(body, guarded)
 

@@ -28,9 +28,10 @@ over rank / shape[i] / dtype / op_class / arithmetic / and / or / not are often 
 always true, existentials bind a subterm, match constraints re-match a bound variable,
 subpatterns are wrapped as (non-recursive) calls ``μH(hs)[xs]. p`` (an operator parameter
 sometimes instantiated with a concrete operator), and recursive templates (the paper's
-UnaryChain and P(x, f, g), a chain of one fixed operator, a left spine of a binary
-operator) appear where they fit. Recursion is always guarded: every recursive reference
-sits under an application. So a good share of the pairs match (often more than once), and
+UnaryChain and P(x, f, g), a chain of one fixed operator -- its recursion under the
+application or in a match constraint on a variable the application binds -- a left spine of
+a binary operator) appear where they fit. Recursion is always guarded: every recursive
+reference sits under an application, or constrains a variable bound under one. So a good share of the pairs match (often more than once), and
 the rest fail for varied reasons.
 
 Well-modedness. With ``well_moded=True`` (the default) every guard, match constraint and
@@ -243,6 +244,14 @@ def unary_chain(name: str, x: Arg, f: Arg, *, recursive_first: bool = True) -> P
 def op_chain(name: str, op: Operator, x: Arg) -> PMu:
     """``μC(x). op(C(x)) ‖ op(x)``: a chain of one fixed operator."""
     body = PAlt(PApp(op, (PCall(name, ("x",)),)), PApp(op, (PVar("x"),)))
+    return PMu(name, (Param("x"),), (x,), body)
+
+
+def constr_chain(name: str, op: Operator, x: Arg) -> PMu:
+    """``μK(x). (∃y. op(y) ; (y ≈ K(x))) ‖ op(x)``: ``op_chain`` with its recursive reference in
+    a match constraint on y, which the application binds to a proper subterm."""
+    rec = PExists("y", PConstr(PApp(op, (PVar("y"),)), "y", PCall(name, ("x",))))
+    body = PAlt(rec, PApp(op, (PVar("x"),)))
     return PMu(name, (Param("x"),), (x,), body)
 
 
@@ -619,7 +628,8 @@ class _Abstractor:
                 return self.struct(t, bound, depth)
             b = {**bound, x: _chain_bottom(t)}
             if choice == 1:
-                return op_chain(name, t.op, x), b
+                chain = constr_chain if self.draw(st.booleans()) else op_chain
+                return chain(name, t.op, x), b
             f = self._op_var(t.op, bound) or t.op
             p = unary_chain(name, x, f, recursive_first=self.draw(st.booleans()))
             return p, ({**b, f: t.op} if isinstance(f, str) else b)

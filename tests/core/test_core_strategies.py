@@ -131,8 +131,20 @@ def test_terms_share_subterms():
     assert shared(t)  # hash-consing made the two inputs one object
 
 
+def _app_binds(p: Pattern, x: str) -> bool:
+    """p is an application (maybe under guards/existentials) with the variable x among its
+    operands: the one shape the strategies give a recursive match constraint."""
+    match p:
+        case PApp(_, args, _) | PFunVar(_, args, _, _):
+            return PVar(x) in args
+        case PGuard(pat, _) | PExists(_, pat, _):
+            return _app_binds(pat, x)
+    return False
+
+
 def _guarded(p: Pattern, under_app: bool = False) -> bool:
-    """Every recursive reference sits under an application (SEMANTICS.md §9)."""
+    """Every recursive reference sits under an application, or in a match constraint on a
+    variable bound under one (SEMANTICS.md §9)."""
     match p:
         case PCall():
             return under_app
@@ -144,8 +156,10 @@ def _guarded(p: Pattern, under_app: bool = False) -> bool:
             return _guarded(left, under_app) and _guarded(right, under_app)
         case PGuard(pat, _) | PExists(_, pat, _):
             return _guarded(pat, under_app)
-        case PConstr(pat, _, constraint):
-            return _guarded(pat, under_app) and _guarded(constraint, False)
+        case PConstr(pat, x, constraint):
+            # a constraint on a variable an application of pat binds matches a proper subterm
+            below = under_app or _app_binds(pat, x)
+            return _guarded(pat, under_app) and _guarded(constraint, below)
         case PVar() | PConst():
             return True
     raise TypeError(p)

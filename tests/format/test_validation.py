@@ -382,6 +382,9 @@ CLOSED = [
         _app(Relu, PMu("Q", (Param("z"),), ("x",), _app(Relu, PCall("P", ("z",))))), PVar("x")))),
     # unused parameters are fine: closed means "no variable other than the parameters"
     _def(PConst(1.0), (Param("x"), Param("y"))),
+    # a recursive reference in a match constraint on a variable an application binds
+    _def(PMu("P", (Param("x"),), ("x",), PAlt(
+        PExists("y", PConstr(_app(Relu, PVar("y")), "y", PCall("P", ("x",)))), PVar("x")))),
 ]  # fmt: skip
 
 
@@ -404,6 +407,12 @@ NOT_CLOSED = [
     (_def(PMu("P", (Param("x"),), ("x",), PCall("P", ("x",)))), "without consuming"),
     (_def(PMu("P", (Param("x"),), ("x",), PAlt(PCall("P", ("x",)), PVar("x")))), "without consuming"),
     (_def(PMu("P", (Param("x"),), ("x",), _app(Relu, PCall("P", ("x", "x"))))), "takes 1 argument"),
+    # ... but not on a variable bound at the root, or under an application on one path only
+    (_def(PMu("P", (Param("x"),), ("x",), PAlt(
+        PExists("y", PConstr(PVar("y"), "y", PCall("P", ("x",)))), PVar("x")))), "without consuming"),
+    (_def(PMu("P", (Param("x"),), ("x",), PAlt(PExists("y", PConstr(
+        PAlt(_app(Relu, PVar("y")), PVar("y")), "y", PCall("P", ("x",)))), PVar("x")))),
+     "without consuming"),
     (_def(PMu("P", (Param("x"),), ("x",), _app(Relu, PCall("Q", ("x",))))), "outside μ'Q'"),
     (_def(PMu("P", (Param("x"),), ("y",), PVar("x"))), "term variable 'y' is not bound"),
     (_def(PMu("P", (Param("x"),), (Relu,), PVar("x"))), "operator Relu passed for term parameter"),

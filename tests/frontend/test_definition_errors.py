@@ -116,6 +116,43 @@ def test_recursion_through_a_match_constraint_without_application():
         C.definition
 
 
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_recursion_through_a_match_constraint_on_a_subterm(engine):
+    """``y <= Relu(x); x <= C(w)``: x is bound under the application, so C(...) consumes it
+    (rules/causal.py's patterns need this to read the operand's shape in a guard)."""
+
+    @pm.pattern
+    def C(w):
+        x, y = pm.var(), pm.var()
+        y <= Relu(x)
+        x <= C(w)
+        return y
+
+    @pm.pattern
+    def C(w):  # noqa: F811
+        return Relu(w)
+
+    a = pm.leaf("a", shape=(2,), dtype="f32")
+    m = pm.match(C, Relu(Relu(Relu(a))), engine=engine)
+    assert m is not None and m["w"] is a
+    assert pm.match(C, MatMul(a, a), engine=engine) is None
+
+
+def test_recursion_through_a_match_constraint_on_a_parameter():
+    @pm.pattern
+    def C(w):
+        y = pm.var()
+        w <= C(y)  # MARK-param (w is bound by the caller: maybe to this very term)
+        return Relu(y)
+
+    @pm.pattern
+    def C(w):  # noqa: F811
+        return Relu(w)
+
+    with pytest.raises(pm.PatternDefinitionError, match="without consuming"):
+        C.definition
+
+
 def test_symbolic_truth_value_outside_if_and_assert():
     @pm.pattern
     def Truthy(x):
