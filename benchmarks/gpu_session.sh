@@ -3,6 +3,8 @@
 #
 #   bash benchmarks/gpu_session.sh tests     # pytest -m gpu tests/  (kernels + corpus)
 #   bash benchmarks/gpu_session.sh kernels   # benchmarks/kernels.py --tune gemm
+#   bash benchmarks/gpu_session.sh attention # the attention tables alone, with the decoder
+#                                            # causal bias as data vs mask_is_causal
 #   bash benchmarks/gpu_session.sh gemm      # the GEMM part alone: Triton and Mosaic sweeps,
 #                                            # the GEMM tables (Mosaic column on a Hopper)
 #   bash benchmarks/gpu_session.sh e2e       # benchmarks/e2e.py --size gpu, whole corpus
@@ -20,7 +22,7 @@
 # and name `.whl` in the call's carry. Output goes to $OUT (the device tool brings it back)
 # and to the terminal; the first lines name the GPU and the versions.
 set -uo pipefail
-stage=${1:?usage: gpu_session.sh tests|kernels|gemm|e2e|e2e-mosaic}
+stage=${1:?usage: gpu_session.sh tests|kernels|attention|gemm|e2e|e2e-mosaic}
 OUT=${OUT:-/tmp/pypm-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -76,6 +78,9 @@ tests)
 kernels)
     python3 benchmarks/kernels.py --tune gemm 2>&1 | tee "$OUT/kernels.txt"
     ;;
+attention)
+    python3 benchmarks/kernels.py --only attention 2>&1 | tee "$OUT/attention.txt"
+    ;;
 gemm)
     python3 benchmarks/kernels.py --tune gemm --only gemm 2>&1 | tee "$OUT/gemm.txt"
     ;;
@@ -89,7 +94,7 @@ e2e-mosaic)
         --json "$OUT/e2e_mosaic.json" 2>&1 | tee "$OUT/e2e_mosaic.txt"
     ;;
 *)
-    echo "unknown stage $stage (tests, kernels, gemm, e2e or e2e-mosaic)" >&2
+    echo "unknown stage $stage (tests, kernels, attention, gemm, e2e or e2e-mosaic)" >&2
     exit 2
     ;;
 esac

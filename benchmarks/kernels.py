@@ -4,6 +4,8 @@
 GPU (default when JAX's backend is a GPU):
   * flash attention forward (and forward+backward at seq 2048) vs XLA's unfused
     attention, seq 512..4096, bf16, head dim 64/128, causal and not;
+  * a decoder's causal bias as data vs with ``mask_is_causal`` (what rules/causal.py
+    turns on) vs XLA, seq 1024..4096;
   * GEMM + epilogue vs ``jax.jit(lambda x, w, b: act(x @ w + b))``.
 CPU (``--cpu-small``, or automatically without a GPU): small shapes, the
 ``impl=None`` fallback vs the original program, to show it is not slower.
@@ -167,6 +169,67 @@ def attention_table(
         )
         out.append("|---|---|---|---|---|---|---|---|---|")
         out.extend(bwd_rows)
+
+
+def hf_decoder_bias(b: int, s: int, dtype: Any) -> jax.Array:
+    """A Hugging Face Flax decoder's attention bias, ``[B, 1, S, S]``: ``where(causal and
+    not padding, 0, finfo.min)``, the second sequence left-padded by 100 tokens."""
+    tri = jnp.tril(jnp.ones((s, s), bool))
+    keep = jnp.arange(s)[None, :] >= jnp.asarray([0, 100] * (b // 2) + [0] * (b % 2))[:, None]
+    mask = keep[:, None, None, :] & tri
+    return jnp.where(mask, 0.0, float(jnp.finfo(dtype).min)).astype(dtype)
+
+
+def biased_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array) -> jax.Array:
+    """The unfused program of a decoder with such a bias (Flax's ``dot_product_attention``)."""
+    d = q.shape[-1]
+    w = jnp.einsum("bqhd,bkhd->bhqk", q / jnp.sqrt(d).astype(q.dtype), k) + bias
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(w).astype(q.dtype), v)
+
+
+def causal_bias_table(
+    shapes: list[tuple[int, int, int, int]],
+    dtype: Any,
+    samples: int,
+    with_bwd: set[tuple[int, int]],
+    out: list[str],
+) -> None:
+    """What ``rules/causal.py`` buys a decoder: the kernel with its causal bias as data vs
+    with ``mask_is_causal=True`` (blocks above the diagonal skipped), against XLA."""
+    out.append(f"\n### Decoder causal bias (Hugging Face style), {jnp.dtype(dtype).name}\n")
+    out.append(
+        "| B | S | H | D | pass | kernel, bias as data ms | kernel, mask_is_causal ms "
+        "| XLA unfused ms | skip gain | vs XLA |"
+    )
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    for b, s, h, d in shapes:
+        q, k, v = _attn_inputs(b, s, h, d, dtype)
+        bias = hf_decoder_bias(b, s, dtype)
+        scale = 1.0 / math.sqrt(d)
+
+        def kern(promise: bool, bias: jax.Array = bias, scale: float = scale) -> Any:
+            return lambda q_, k_, v_: pk.flash_attention(
+                q_, k_, v_, bias, scale=scale, mask_is_causal=promise, impl="pallas"
+            )
+
+        passes = [("fwd", jax.jit)] + ([("fwd+bwd", grad_of)] if (s, d) in with_bwd else [])
+        for name, wrap in passes:
+            r = bench_many(
+                {
+                    "data": wrap(kern(False)),
+                    "skip": wrap(kern(True)),
+                    "xla": wrap(lambda q, k, v, bias=bias: biased_attention(q, k, v, bias)),
+                },
+                q,
+                k,
+                v,
+                samples=samples,
+            )
+            out.append(
+                f"| {b} | {s} | {h} | {d} | {name} | {_ms(r['data'])} | {_ms(r['skip'])} "
+                f"| {_ms(r['xla'])} | {r['data'] / r['skip']:.2f}x | {r['xla'] / r['skip']:.2f}x |"
+            )
+            print(out[-1], flush=True)
 
 
 def cpu_attention_table(
@@ -463,6 +526,13 @@ def main() -> None:
         if args.only in (None, "attention"):
             shapes = [(4, s, 16, d) for d in (64, 128) for s in (512, 1024, 2048, 4096)]
             attention_table(shapes, jnp.bfloat16, "pallas", samples, {(2048, 64), (2048, 128)}, out)
+            causal_bias_table(
+                [(4, s, 16, d) for d in (64, 128) for s in (1024, 2048, 4096)],
+                jnp.bfloat16,
+                samples,
+                {(2048, 64), (2048, 128)},
+                out,
+            )
         if args.only in (None, "gemm"):
             gemm_table(
                 [(8192, 1024, 4096), (4096, 4096, 4096), (8192, 4096, 1024)],

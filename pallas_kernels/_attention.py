@@ -329,7 +329,8 @@ def clamp_blocks(cfg: AttentionBlocks, sq: int, skv: int) -> AttentionBlocks:
 @dataclasses.dataclass(frozen=True)
 class _Cfg:
     layout: str
-    causal: bool
+    causal: bool  # mask the scores above the diagonal
+    skip_above: bool  # skip the kv blocks above the diagonal (causal, or mask_is_causal)
     scale: float
     kv_len: int  # true (unpadded) kv length
     kv_padded: bool  # kv was padded to a block multiple (padded keys get -inf)
@@ -456,7 +457,7 @@ def _kv_ranges(cfg: _Cfg, q_start: Any, bq: int, bk: int, nk: int) -> tuple[Any,
     """(n_unmasked, hi) for a q block: kv blocks [0, n_unmasked) need no causal or
     padding mask; blocks [n_unmasked, hi) do; blocks >= hi are above the diagonal."""
     full_kv = cfg.kv_len // bk
-    if not cfg.causal:
+    if not cfg.skip_above:
         return min(full_kv, nk), nk
     hi = jnp.minimum(lax.div(q_start + bq + bk - 1, bk), nk)
     n_unmasked = jnp.minimum(lax.div(q_start + 1, bk), full_kv)
@@ -509,7 +510,7 @@ def _fwd_kernel(*refs: Any, cfg: _Cfg, with_stats: bool) -> None:
     n_unmasked, hi = _kv_ranges(cfg, q_start, bq, bk, nk)
     carry = _fori(0, n_unmasked, functools.partial(body, structural=False), carry)
     carry = _fori(n_unmasked, hi, functools.partial(body, structural=True), carry)
-    if cfg.causal and cfg.exact:
+    if cfg.skip_above and cfg.exact:
         # Rows that saw only masked scores must average over *all* keys (reference
         # semantics), including the causally skipped ones: visit them in that case.
         ext = jnp.where(jnp.min(carry[1]) <= _FULLY_MASKED_THRESHOLD, nk, hi)
@@ -564,7 +565,7 @@ def _dq_kernel(*refs: Any, cfg: _Cfg) -> None:
     n_unmasked, hi = _kv_ranges(cfg, q_start, bq, bk, nk)
     dq = _fori(0, n_unmasked, functools.partial(body, structural=False), dq)
     dq = _fori(n_unmasked, hi, functools.partial(body, structural=True), dq)
-    if cfg.causal and cfg.exact:
+    if cfg.skip_above and cfg.exact:
         ext = jnp.where(jnp.min(m) <= _FULLY_MASKED_THRESHOLD, nk, hi)
         dq = _fori(hi, ext, functools.partial(body, structural=True), dq)
     dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
@@ -617,7 +618,7 @@ def _dkdv_kernel(*refs: Any, cfg: _Cfg) -> None:
     dp = k.shape[-1]
     carry = (jnp.zeros((bk, dp), jnp.float32), jnp.zeros((bk, dp), jnp.float32))
     kv_block_full = j < (cfg.kv_len // bk)  # block holds no padded keys
-    if cfg.causal:
+    if cfg.skip_above:
         first = lax.div(k_start, bq)  # first q block touching it
         unmasked_from = jnp.minimum(lax.div(k_start + bk - 1 + bq - 1, bq), nq)
         unmasked_from = jnp.where(kv_block_full, jnp.maximum(unmasked_from, first), nq)
@@ -894,7 +895,10 @@ def _prep_score_operand(
 
 
 @functools.partial(
-    jax.jit, static_argnames=("scale", "causal", "layout", "interpret", "blocks", "precision")
+    jax.jit,
+    static_argnames=(
+        "scale", "causal", "mask_is_causal", "layout", "interpret", "blocks", "precision"
+    ),
 )
 def _flash_pallas(
     q: jax.Array,
@@ -905,6 +909,7 @@ def _flash_pallas(
     *,
     scale: float,
     causal: bool,
+    mask_is_causal: bool,
     layout: str,
     interpret: bool,
     blocks: AttentionBlocks | None,
@@ -915,7 +920,13 @@ def _flash_pallas(
     dp = dsp.next_pow2(d)
     if blocks is None:
         blocks = default_blocks(
-            sq, skv, dp, q.dtype, interpret, causal, exact=bias is not None or mask is not None
+            sq,
+            skv,
+            dp,
+            q.dtype,
+            interpret,
+            causal or mask_is_causal,
+            exact=bias is not None or mask is not None,
         )
     else:
         blocks = clamp_blocks(blocks, sq, skv)
@@ -936,6 +947,7 @@ def _flash_pallas(
     cfg = _Cfg(
         layout=layout,
         causal=causal,
+        skip_above=causal or mask_is_causal,
         scale=scale,
         kv_len=skv,
         kv_padded=skv_pad != skv,
@@ -968,6 +980,7 @@ def flash_attention(
     *,
     scale: float | None = None,
     causal: bool = False,
+    mask_is_causal: bool = False,
     layout: str = "BSHD",
     impl: str | None = None,
     _blocks: AttentionBlocks | None = None,
@@ -981,6 +994,12 @@ def flash_attention(
       mask: boolean array broadcastable to ``[B, Hq, Sq, Skv]``, True = attend.
       scale: score scale, default ``1/sqrt(D)`` (a Python number).
       causal: top-left aligned causal mask (query i attends keys j <= i).
+      mask_is_causal: a promise that ``bias``/``mask`` already mask out every key above
+        that diagonal (mask False, or bias <= ``MASK_VALUE / 2``). The result is the same
+        as without it; the kernel skips the blocks above the diagonal, and visits them
+        only for rows that have no key left (which the reference averages over all keys).
+        Unlike ``causal``, nothing is masked by it, so a score the bias masks keeps its
+        gradient. Needs a bias or a mask.
       layout: "BSHD" or "BHSD".
       impl: None (auto), "xla", "interpret" or "pallas"; see ``pallas_kernels``.
 
@@ -993,7 +1012,9 @@ def flash_attention(
     bias = None if bias is None else jnp.asarray(bias)
     mask = None if mask is None else jnp.asarray(mask)
     _validate_arrays(q, k, v, bias, mask, layout)
-    causal = bool(causal)
+    causal, mask_is_causal = bool(causal), bool(mask_is_causal)
+    if mask_is_causal and bias is None and mask is None:
+        raise ValueError("flash_attention: mask_is_causal=True needs a bias or a mask")
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else dsp.static_float(scale, "scale")
     reason = _kernel_error(
@@ -1018,6 +1039,7 @@ def flash_attention(
         mask,
         scale=scale,
         causal=causal,
+        mask_is_causal=mask_is_causal,
         layout=layout,
         interpret=impl == "interpret",
         blocks=_blocks,

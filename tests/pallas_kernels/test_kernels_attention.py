@@ -248,3 +248,79 @@ def test_jit_and_vmap_compose() -> None:
     ref = jax.vmap(lambda q, k, v: attention_reference(q, k, v, causal=True))
     qs, ks, vs = (jnp.stack([x, x * 0.5]) for x in (q, k, v))
     assert_close(vm(qs, ks, vs), ref(qs, ks, vs), "float32")
+
+
+# ------------------------------------------------------------------ mask_is_causal
+#
+# ``mask_is_causal=True`` promises the bias/mask already masks every key above the diagonal:
+# the kernel skips those blocks (16-row blocks in interpret mode, so these shapes skip some)
+# and must give the reference's result *without* the flag, gradients included -- also for
+# left padding, whose first query rows have no key left (and for a bias, keep a gradient).
+
+
+def _causal_operands(kind: str, sq: int, skv: int, dtype: str, seed: int = 5):
+    q, k, v = attention_inputs(seed, "BSHD", 2, sq, skv, 2, 2, 32, dtype)
+    tril = jnp.arange(sq)[:, None] >= jnp.arange(skv)[None, :]
+    starts = jnp.asarray([0, 5])  # batch 1 is left-padded: its rows 0..4 see no key
+    keep = (jnp.arange(skv)[None, :] >= starts[:, None])[:, None, None, :] & tril
+    if kind == "mask":
+        return q, k, v, None, keep
+    big_negative = float(jnp.finfo(dtype).min)  # in the bias's dtype: finite, <= MASK_VALUE/2
+    bias = jnp.where(keep, 0.0, big_negative).astype(dtype)
+    if kind == "alibi":
+        alibi = jnp.asarray([-0.5, -0.25])[None, :, None, None] * jnp.arange(skv)
+        bias = jnp.maximum(bias + alibi.astype(dtype), big_negative)
+    return q, k, v, bias, None
+
+
+CAUSAL_PROMISES = [
+    ("mask", 40, 40, "float32"),
+    ("bias", 40, 40, "float32"),
+    ("alibi", 37, 37, "bfloat16"),
+    ("mask", 24, 40, "float32"),  # more keys than queries: top-left
+    ("mask", 40, 24, "float16"),  # fewer keys
+]
+
+
+@pytest.mark.parametrize("kind, sq, skv, dtype", CAUSAL_PROMISES)
+def test_mask_is_causal_forward_and_gradients_are_the_reference(kind, sq, skv, dtype):
+    q, k, v, bias, mask = _causal_operands(kind, sq, skv, dtype)
+    out = flash_attention(q, k, v, bias, mask, mask_is_causal=True, impl="interpret")
+    assert_close(out, attention_reference(q, k, v, bias, mask), dtype, what="forward")
+    cot = rnd(7, q.shape, jnp.float32)
+    argnums = (0, 1, 2) if bias is None else (0, 1, 2, 3)
+
+    def loss(fn, q, k, v, bias, **kw):
+        return jnp.sum(fn(q, k, v, bias, mask, **kw).astype(jnp.float32) * cot)
+
+    got = jax.grad(
+        lambda *a: loss(flash_attention, *a, mask_is_causal=True, impl="interpret"),
+        argnums=argnums,
+    )(q, k, v, bias)
+    want = jax.grad(lambda *a: loss(attention_reference, *a), argnums=argnums)(
+        _f32(q), _f32(k), _f32(v), _f32(bias)
+    )
+    for name, g, w in zip("q k v bias".split(), got, want, strict=False):
+        assert_close(g, w, dtype, tol_table=GRAD_TOL, what=f"{kind}: d{name}")
+    if bias is not None:  # the padded rows' scores keep their gradient (a bias adds)
+        assert float(jnp.max(jnp.abs(got[0][1, :5]))) > 0
+
+
+def test_mask_is_causal_skips_blocks():
+    """With a mask that does *not* hide the upper triangle the promise is broken, and the
+    result shows the blocks above the diagonal were skipped (so the flag does something)."""
+    q, k, v = attention_inputs(1, "BSHD", 1, 48, 48, 2, 2, 32, "float32")
+    everything = jnp.ones((1, 1, 48, 48), bool)
+    out = flash_attention(q, k, v, mask=everything, mask_is_causal=True, impl="interpret")
+    full = attention_reference(q, k, v, mask=everything)
+    causal = attention_reference(q, k, v, causal=True)
+    assert not np.allclose(out, full, atol=1e-3) and not np.allclose(out, causal, atol=1e-3)
+    # the first block row (queries 0..15) sees keys 0..15 only
+    blockwise = attention_reference(q[:, :16], k[:, :16], v[:, :16])
+    np.testing.assert_allclose(out[:, :16], blockwise, rtol=1e-5, atol=1e-5)
+
+
+def test_mask_is_causal_needs_a_mask_or_bias():
+    q, k, v = attention_inputs(1, "BSHD", 1, 8, 8, 2, 2, 32, "float32")
+    with pytest.raises(ValueError, match="mask_is_causal"):
+        flash_attention(q, k, v, mask_is_causal=True, impl="interpret")

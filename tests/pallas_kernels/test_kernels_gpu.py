@@ -137,6 +137,49 @@ def test_attention_gradients_gpu(case) -> None:
         assert_close(g, w, case[8], tol_table=GRAD_TOL, what=f"{case[0]}: d{name}")
 
 
+# mask_is_causal: a causal bias or mask (left padding: whole rows with no key), the kernel
+# skipping the blocks above the diagonal; the result is the reference's without the flag.
+CAUSAL_PROMISES = [
+    ("bias", 512, 512, 64, "bfloat16"),
+    ("mask", 300, 300, 64, "float32"),
+    ("bias", 640, 1000, 128, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("kind, sq, skv, d, dtype", CAUSAL_PROMISES)
+def test_attention_mask_is_causal_gpu(kind, sq, skv, d, dtype) -> None:
+    q, k, v = attention_inputs(3, "BSHD", 2, sq, skv, 4, 4, d, dtype)
+    tril = jnp.arange(sq)[:, None] >= jnp.arange(skv)[None, :]
+    starts = jnp.asarray([0, 70])
+    keep = (jnp.arange(skv)[None, :] >= starts[:, None])[:, None, None, :] & tril
+    bias = mask = None
+    if kind == "bias":
+        bias = jnp.where(keep, 0.0, float(jnp.finfo(dtype).min)).astype(dtype)
+    else:
+        mask = keep
+    cot = rnd(78, q.shape)
+    argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
+
+    def loss(fn, q, k, v, bias, **kw):
+        return jnp.sum(fn(q, k, v, bias, mask, **kw).astype(jnp.float32) * cot)
+
+    with _precision(dtype):
+        out = pk.flash_attention(q, k, v, bias, mask, mask_is_causal=True, impl="pallas")
+        got = jax.jit(
+            jax.grad(
+                lambda *a: loss(pk.flash_attention, *a, mask_is_causal=True, impl="pallas"),
+                argnums=argnums,
+            )
+        )(q, k, v, bias)
+    with jax.default_matmul_precision("highest"):
+        ref = pk.attention_reference(q, k, v, bias, mask)
+        f32 = [None if x is None else x.astype(jnp.float32) for x in (q, k, v, bias)]
+        want = jax.jit(jax.grad(lambda *a: loss(pk.attention_reference, *a), argnums=argnums))(*f32)
+    assert_close(out, ref, dtype, what=f"{kind}: forward")
+    for name, g, w in zip("q k v bias".split(), got, want, strict=False):
+        assert_close(g, w, dtype, tol_table=GRAD_TOL, what=f"{kind}: d{name}")
+
+
 def test_auto_impl_uses_pallas_on_gpu(monkeypatch) -> None:
     monkeypatch.delenv(pk.ENV_VAR, raising=False)
     q, k, v = attention_inputs(0, "BSHD", 1, 128, 128, 2, 2, 64, "bfloat16")
