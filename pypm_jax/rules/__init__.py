@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _cache, attention, gemm
+from . import _cache, attention, causal, gemm
 from ._kernels import FlashAttention, GemmEpilogue
 from .attention import (
     ATTENTION_RULES,
@@ -26,6 +26,7 @@ from .attention import (
     attention_scaled_mask,
 )
 from .attention import attention as attention_rule
+from .causal import CAUSAL_RULES, attention_causal_bias, attention_causal_mask
 from .gemm import (
     GEMM_LINEAR_RULES,
     GEMM_RULES,
@@ -54,6 +55,9 @@ __all__ = [
     "attention_dpa_mask",
     "attention_dpa_bias",
     "attention_dpa_bias_mask",
+    "attention_causal_mask",
+    "attention_causal_bias",
+    "causal",
     "gemm_epilogue",
     "gemm_epilogue_no_bias",
     "gemm_epilogue_linear",
@@ -61,8 +65,10 @@ __all__ = [
 
 
 def attention_rules() -> list[Any]:
-    """Attention → flash attention, most specific spelling first."""
-    return list(ATTENTION_RULES)
+    """Attention → flash attention, most specific spelling first; then the causal rules, which
+    let the kernel skip the blocks above the diagonal where its mask (or bias) provably
+    hides them."""
+    return list(ATTENTION_RULES) + list(CAUSAL_RULES)
 
 
 def gemm_rules(*, linear: bool = False) -> list[Any]:

@@ -78,7 +78,16 @@ def flash_attention_impl(
             kernel_bias = -kernel_bias
     if plan.mask:
         kernel_mask = jnp.transpose(mask, plan.perm_scores)
-    out = flash_attention(q, k, v, kernel_bias, kernel_mask, scale=kernel_scale, layout=plan.layout)
+    out = flash_attention(
+        q,
+        k,
+        v,
+        kernel_bias,
+        kernel_mask,
+        scale=kernel_scale,
+        mask_is_causal=plan.mask_is_causal,
+        layout=plan.layout,
+    )
     return jnp.transpose(out, plan.perm_out).astype(plan.out_dtype)
 
 

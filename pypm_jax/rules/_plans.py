@@ -25,6 +25,12 @@ __all__ = [
     "attention_plan",
     "dpa_plan",
     "attention_supported",
+    "causal_plan",
+    "keeps_axes",
+    "moves_last_to_row",
+    "slice_keeps_origin",
+    "reshape_keeps_last_two",
+    "tril_compare",
     "gemm_plan",
     "gemm_supported",
     "inserts_unit_axes",
@@ -282,6 +288,7 @@ class AttentionPlan(NamedTuple):
     dtype: str
     out_shape: tuple[int, ...]
     out_dtype: str
+    mask_is_causal: bool = False  # the kernel may skip blocks above the diagonal (causal_plan)
 
 
 _LAYOUT_AXES = {"BHSD": ("B", "H", "S", "D"), "BSHD": ("B", "S", "H", "D")}
@@ -572,6 +579,120 @@ def attention_supported(plan: Any) -> bool:
     return supports_attention(
         q, k, v, plan.dtype, layout=plan.layout, bias_shape=bias, mask_shape=mask
     )
+
+
+# --------------------------------------------------------------------- causal masks
+#
+# ``rules/causal.py`` proves that a mask is False above the diagonal of its last two axes
+# (query row i, key column j > i) from how the program builds it: comparisons of iotas,
+# then broadcasts, slices, casts and conjunctions that keep that property. These predicates
+# say which of those ops keep it: they must leave the last two axes where they are, at the
+# same sizes (or move an index axis exactly where the pattern says).
+
+
+@guard_fn("rules.keeps_axes")
+def keeps_axes(broadcast_dimensions: Any, in_shape: Any, out_shape: Any, n: Any) -> bool:
+    """A ``broadcast_in_dim`` that maps the operand's last ``n`` axes onto the result's last
+    ``n`` axes at the same sizes (other axes may be added or grown)."""
+    dims, inp, out = _ints(broadcast_dimensions), _ints(in_shape), _ints(out_shape)
+    try:
+        n = int(n)
+    except (TypeError, ValueError):
+        return False
+    if dims is None or inp is None or out is None or n < 1 or len(inp) < n or len(out) < n:
+        return False
+    if len(dims) != len(inp):
+        return False
+    r = len(out)
+    return dims[-n:] == tuple(range(r - n, r)) and inp[-n:] == out[-n:]
+
+
+@guard_fn("rules.moves_last_to_row")
+def moves_last_to_row(broadcast_dimensions: Any, in_shape: Any, out_shape: Any) -> bool:
+    """A ``broadcast_in_dim`` that puts the operand's last axis at the result's second-last
+    axis, same size (Flax's ``expand_dims(idx, -1)`` of a key index makes a query index)."""
+    dims, inp, out = _ints(broadcast_dimensions), _ints(in_shape), _ints(out_shape)
+    if dims is None or inp is None or out is None or not inp or len(out) < 2:
+        return False
+    return len(dims) == len(inp) and dims[-1] == len(out) - 2 and inp[-1] == out[-2]
+
+
+@guard_fn("rules.slice_keeps_origin")
+def slice_keeps_origin(start_indices: Any, strides: Any, n: Any) -> bool:
+    """A ``slice`` starting at 0 with stride 1 on the last ``n`` axes (``m[..., :T, :S]``):
+    position (i, j) of the result is position (i, j) of the operand."""
+    start = _ints(start_indices)
+    try:
+        n = int(n)
+    except (TypeError, ValueError):
+        return False
+    if start is None or n < 1 or len(start) < n or any(start[-n:]):
+        return False
+    if strides is None:
+        return True
+    st = _ints(strides)
+    return st is not None and len(st) == len(start) and all(x == 1 for x in st[-n:])
+
+
+@guard_fn("rules.reshape_keeps_last_two")
+def reshape_keeps_last_two(dimensions: Any, in_shape: Any, out_shape: Any) -> bool:
+    """A row-major ``reshape`` (no ``dimensions``) that keeps the last two axes: it only
+    merges, splits, adds or drops leading axes (``tril[None, None]``)."""
+    inp, out = _ints(in_shape), _ints(out_shape)
+    if dimensions is not None or inp is None or out is None or len(inp) < 2 or len(out) < 2:
+        return False
+    return inp[-2:] == out[-2:]
+
+
+@guard_fn("rules.tril_compare")
+def tril_compare(row_shape: Any, col_shape: Any, out_shape: Any) -> bool:
+    """``row >= col`` (or ``>``) of a query index and a key index: the query index must span
+    the rows and the key index the columns (either may be size 1 on the other axis and
+    broadcast by the comparison)."""
+    r, c, o = _ints(row_shape), _ints(col_shape), _ints(out_shape)
+    if r is None or c is None or o is None or len(o) < 2 or not len(r) == len(c) == len(o):
+        return False
+    return r[-2] == o[-2] and c[-1] == o[-1]
+
+
+@guard_fn("rules.causal_plan")
+def causal_plan(plan: Any, causal: Any, part: Any, bias_dtype: Any = None) -> Any:
+    """The plan of a flash-attention node whose mask (``part="mask"``) or bias
+    (``part="bias"``) is proven to mask every key above the diagonal, with the kernel's
+    ``mask_is_causal`` promise on: it skips those blocks, and computes what it did before.
+
+    ``causal = (shape, dtype)`` of the boolean array proven False above the diagonal of its
+    last two axes, in the program's score layout: the mask itself, or the ``p`` of a bias
+    ``where(p, 0, big_negative)`` (maybe plus another bias). Returns None when the plan
+    already has the promise, has no such mask or added bias, or when those last two axes
+    are not the kernel's (query, key) axes at the full key length -- the kernel's diagonal
+    is top-left aligned in them. A bias must not be float16 (its big negative would not be).
+    """
+    if not isinstance(plan, AttentionPlan) or plan.mask_is_causal:
+        return None
+    try:
+        c_shape, c_dtype = causal
+    except (TypeError, ValueError):
+        return None
+    c_shape = _ints(c_shape)
+    if c_shape is None or len(c_shape) != 4 or tuple(plan.perm_scores[2:]) != (2, 3):
+        return None
+    if not str(_dtype_name(c_dtype)).startswith(("bool", "int", "uint")):
+        return None
+    if part == "mask":
+        if not plan.mask:
+            return None
+    elif part == "bias":
+        if plan.bias != 1 or _dtype_name(bias_dtype) not in ("float32", "bfloat16"):
+            return None
+    else:
+        return None
+    seq_axis = _LAYOUT_AXES[plan.layout].index("S")
+    sq, skv = plan.kernel_shapes[0][seq_axis], plan.kernel_shapes[1][seq_axis]
+    kernel = _perm_apply(c_shape, plan.perm_scores)
+    if kernel[3] != skv or kernel[2] not in (1, sq):
+        return None
+    return plan._replace(mask_is_causal=True)
 
 
 # ----------------------------------------------------------------------------- GEMM

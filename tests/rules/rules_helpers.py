@@ -148,14 +148,16 @@ def driver_counts_shared_constants(chain: bool = False) -> bool:
 # Sites per corpus model (tests/jax/corpus.py, 2 layers each) -- the same on CPU
 # (test_rules_corpus.py) and GPU (test_rules_corpus_gpu.py). BERT and ViT return the pooler
 # too (dense + tanh). BART: encoder self, decoder self and cross attention per layer.
+# A decoder's self-attention is rewritten twice: attention_bias, then attention_causal_bias
+# (its bias provably hides the keys above the diagonal: the kernel may skip those blocks).
 # Llama's MLP gate is a dense + SiLU without bias. A scanned stack has one layer body,
 # rewritten once for all layers.
 CORPUS_SITES: dict[str, dict[str, int]] = {
     "bert": {"attention_bias": 2, "gemm_epilogue": 3},
-    "gpt2": {"attention_bias": 2, "gemm_epilogue": 2},
-    "llama": {"attention_bias": 2, "gemm_epilogue_no_bias": 2},
+    "gpt2": {"attention_bias": 2, "attention_causal_bias": 2, "gemm_epilogue": 2},
+    "llama": {"attention_bias": 2, "attention_causal_bias": 2, "gemm_epilogue_no_bias": 2},
     "vit": {"attention": 2, "gemm_epilogue": 3},
-    "bart": {"attention_bias": 6, "gemm_epilogue": 4},
+    "bart": {"attention_bias": 6, "attention_causal_bias": 2, "gemm_epilogue": 4},
     "distilbert": {"attention_bias": 2, "gemm_epilogue": 2},
     "linen_mha": {"attention": 1},
     "linen_mha_masked": {"attention_mask": 1},
@@ -172,16 +174,21 @@ MORE_SITES: dict[str, dict[str, int]] = {
     "roberta": {"attention_bias": 2, "gemm_epilogue": 2},
     "electra": {"attention_bias": 2, "gemm_epilogue": 2},
     "albert": {"attention_bias": 2, "gemm_epilogue": 2},
-    "gpt_neo": {"attention_bias": 2, "gemm_epilogue": 2},
-    "gptj": {"attention_bias": 2, "gemm_epilogue": 2},
-    "bloom": {"attention_bias": 2, "gemm_epilogue": 2},
-    "clip_text": {"attention_bias": 2},
-    "mbart": {"attention_bias": 3, "gemm_epilogue": 2},
-    "whisper": {"attention": 2, "attention_bias": 1, "gemm_epilogue": 2},
+    "gpt_neo": {"attention_bias": 2, "attention_causal_bias": 2, "gemm_epilogue": 2},
+    "gptj": {"attention_bias": 2, "attention_causal_bias": 2, "gemm_epilogue": 2},
+    "bloom": {"attention_bias": 2, "attention_causal_bias": 2, "gemm_epilogue": 2},
+    "clip_text": {"attention_bias": 2, "attention_causal_bias": 2},
+    "mbart": {"attention_bias": 3, "attention_causal_bias": 1, "gemm_epilogue": 2},
+    "whisper": {
+        "attention": 2,
+        "attention_bias": 1,
+        "attention_causal_bias": 1,
+        "gemm_epilogue": 2,
+    },
     "beit": {"attention_bias": 2, "gemm_epilogue": 2},
-    "mistral": {"attention_bias": 2, "gemm_epilogue_no_bias": 2},
-    "gemma": {"attention_bias": 2, "gemm_epilogue_no_bias": 2},
-    "opt": {"attention_bias": 2, "gemm_epilogue": 2},
+    "mistral": {"attention_bias": 2, "attention_causal_bias": 2, "gemm_epilogue_no_bias": 2},
+    "gemma": {"attention_bias": 2, "attention_causal_bias": 2, "gemm_epilogue_no_bias": 2},
+    "opt": {"attention_bias": 2, "attention_causal_bias": 2, "gemm_epilogue": 2},
 }
 CORPUS_BF16 = ("bert", "llama", "linen_mha_masked", "nnx_mha")  # the models also checked in bf16
 

@@ -181,7 +181,8 @@ def test_causal_mask_with_where():
         s = jnp.where(causal, s, jnp.finfo(s.dtype).min)
         return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
 
-    check(attn, qkv(), {"attention_mask": 1}, grad=True)
+    # the mask is jnp.tril's: the kernel may skip the blocks above the diagonal too
+    check(attn, qkv(), {"attention_mask": 1, "attention_causal_mask": 1}, grad=True)
 
 
 def test_inverted_mask_equal_zero():
@@ -273,17 +274,21 @@ def test_jax_nn_dot_product_attention_causal(kv_heads):
     def attn(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
 
-    # is_causal's [1, 1, T, S] triangle is the kernel's mask (GQA too: it is per-head-free)
-    fast = check(attn, qkv(kv_heads=kv_heads), {"attention_dpa_mask": 1}, grad=True)
+    # is_causal's [1, 1, T, S] triangle is the kernel's mask (GQA too: it is per-head-free),
+    # and, being provably causal, turns the kernel's causal flag on
+    counts = {"attention_dpa_mask": 1, "attention_causal_mask": 1}
+    fast = check(attn, qkv(kv_heads=kv_heads), counts, grad=True)
     (node,) = kernel_nodes(fast, qkv(kv_heads=kv_heads))
     assert node.attrs["plan"].kernel_shapes[4] == (1, 1, S, S)
+    assert node.attrs["plan"].mask_is_causal
 
 
 def test_jax_nn_dot_product_attention_causal_longer_keys():
     def attn(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
 
-    check(attn, qkv(skv=SKV), {"attention_dpa_mask": 1}, grad=True)
+    counts = {"attention_dpa_mask": 1, "attention_causal_mask": 1}  # top-left, as the kernel's
+    check(attn, qkv(skv=SKV), counts, grad=True)
 
 
 @pytest.mark.parametrize("bias_heads", [H, 1])
@@ -318,7 +323,8 @@ def test_jax_nn_dot_product_attention_bias_and_mask(causal):
             return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, implementation="xla")
 
         args = (*qkv(), _bias(), padding())
-    check(attn, args, {"attention_dpa_bias_mask": 1}, grad=True)
+    counts = {"attention_dpa_bias_mask": 1} | ({"attention_causal_mask": 1} if causal else {})
+    check(attn, args, counts, grad=True)
 
 
 def test_jax_nn_dot_product_attention_bf16_bias():

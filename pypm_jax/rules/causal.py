@@ -1,0 +1,371 @@
+"""Causal masks → the flash-attention kernel's ``mask_is_causal`` promise, in the pattern language.
+
+Decoder models hand the attention a mask (or a ``where(mask, 0, finfo.min)`` bias) that is
+False above the diagonal: query i never attends key j > i. The attention rules pass it to the
+kernel as data, which then computes every block above the diagonal only to mask it out.
+These rules run on the kernel nodes the attention rules produce and, when they can *prove*
+from the program that the mask (or bias) hides every key above the diagonal, make the
+kernel's ``mask_is_causal`` promise: the kernel skips those blocks (about half the work at
+long sequences) and computes exactly what it did before -- it still reads the mask and
+bias, and it revisits the skipped blocks for rows left with no key (left padding), which
+average over every key, with the bias's gradients, as in the original program.
+
+The proof is structural: ``Tril()`` matches the ways real programs build a mask that is False
+above the diagonal of its last two axes --
+
+* ``ge(row_index, col_index)`` of iotas (Flax's ``make_causal_mask``, which Hugging Face's
+  decoders keep as a ``[1, 1, P, P]`` table, and ``jnp.tril``'s ``_tri``), with offsets that
+  only lower the band (GPT-Neo's local attention: ``tril(m, -window)``);
+* moved by broadcasts, slices from the origin (``table[:, :, :T, :S]``) and leading-axis
+  reshapes that keep (i, j) in place, cast, compared ``!= 0`` / ``> 0``;
+* combined: ``and`` with anything (a padding mask), ``xor`` of two (GPT-Neo's local window),
+  a ``select_n`` whose every case is causal or zero (``jnp.tril``, Mistral's sliding window).
+
+Guards (``rules._plans``) check every step keeps the last two axes in place; ``causal_plan``
+checks those are the kernel's (query, key) axes at the full key length (the kernel's diagonal
+is top-left aligned). A mask the rules cannot prove causal runs as before, every block.
+"""
+
+from __future__ import annotations
+
+import pypm_jax as pm
+
+from ..jax import prims as P
+from ._kernels import FlashAttention
+from ._plans import (
+    attention_supported,
+    causal_plan,
+    keeps_axes,
+    moves_last_to_row,
+    reshape_keeps_last_two,
+    slice_keeps_origin,
+    tril_compare,
+)
+from .attention import Splat
+
+__all__ = [
+    "CAUSAL_RULES",
+    "KeyIndex",
+    "QueryIndex",
+    "QueryAtMost",
+    "KeyAtLeast",
+    "Tril",
+    "CausalBias",
+    "attention_causal_mask",
+    "attention_causal_bias",
+    "CAUSAL_FILL_MAX",
+]
+
+# The kernel treats a row whose running max is at most this as fully masked (and then
+# visits the blocks it skipped): pallas_kernels' MASK_VALUE / 2 = finfo(float32).min / 2.
+CAUSAL_FILL_MAX = -1.7014117331926443e38
+
+# ------------------------------------------------------------------ index arrays
+#
+# KeyIndex:   y[..., j] == j along the last axis.
+# QueryIndex: y[..., i, :] == i along the second-last axis.
+
+
+@pm.pattern
+def KeyIndex():
+    y = P.iota()
+    assert y.dimension == y.rank - 1
+    return y
+
+
+@pm.pattern
+def KeyIndex():  # noqa: F811 (alternates share a name)
+    y, x = pm.var(), pm.var()
+    y <= P.broadcast_in_dim(x)
+    x <= KeyIndex()
+    assert keeps_axes(y.broadcast_dimensions, x.shape, y.shape, 1)
+    return y
+
+
+@pm.pattern
+def QueryIndex():
+    y = P.iota()
+    assert y.rank >= 2 and y.dimension == y.rank - 2
+    return y
+
+
+@pm.pattern
+def QueryIndex():  # noqa: F811
+    """Flax's ``expand_dims(idx, -1)``: a key index moved to the row axis."""
+    y, x = pm.var(), pm.var()
+    y <= P.broadcast_in_dim(x)
+    x <= KeyIndex()
+    assert moves_last_to_row(y.broadcast_dimensions, x.shape, y.shape)
+    return y
+
+
+@pm.pattern
+def QueryIndex():  # noqa: F811
+    y, x = pm.var(), pm.var()
+    y <= P.broadcast_in_dim(x)
+    x <= QueryIndex()
+    assert keeps_axes(y.broadcast_dimensions, x.shape, y.shape, 2)
+    return y
+
+
+# QueryAtMost: y[..., i, j] <= i.  KeyAtLeast: y[..., i, j] >= j.
+
+
+@pm.pattern
+def QueryAtMost():
+    return QueryIndex()
+
+
+@pm.pattern
+def QueryAtMost():  # noqa: F811
+    """``i + k`` with ``k <= 0`` (``jnp.tril(m, k)``)."""
+    c = pm.var()
+    assert c.value <= 0
+    return P.add(QueryAtMost(), Splat(c))
+
+
+@pm.pattern
+def QueryAtMost():  # noqa: F811
+    c = pm.var()
+    assert c.value <= 0
+    return P.add(Splat(c), QueryAtMost())
+
+
+@pm.pattern
+def QueryAtMost():  # noqa: F811
+    c = pm.var()
+    assert c.value >= 0
+    return P.sub(QueryAtMost(), Splat(c))
+
+
+@pm.pattern
+def KeyAtLeast():
+    return KeyIndex()
+
+
+@pm.pattern
+def KeyAtLeast():  # noqa: F811
+    c = pm.var()
+    assert c.value >= 0
+    return P.add(KeyAtLeast(), Splat(c))
+
+
+@pm.pattern
+def KeyAtLeast():  # noqa: F811
+    c = pm.var()
+    assert c.value >= 0
+    return P.add(Splat(c), KeyAtLeast())
+
+
+# ------------------------------------------------------------------ the causal mask
+#
+# Tril: y[..., i, j] is zero (False) wherever j > i.
+
+
+@pm.pattern
+def Tril():
+    """``row >= col``: j > i means row <= i < j <= col, so row < col and the result is False."""
+    y, r, c = pm.var(), pm.var(), pm.var()
+    y <= P.ge(r, c)
+    r <= QueryAtMost()
+    c <= KeyAtLeast()
+    assert tril_compare(r.shape, c.shape, y.shape)
+    return y
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    y, r, c = pm.var(), pm.var(), pm.var()
+    y <= P.gt(r, c)
+    r <= QueryAtMost()
+    c <= KeyAtLeast()
+    assert tril_compare(r.shape, c.shape, y.shape)
+    return y
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    y, r, c = pm.var(), pm.var(), pm.var()
+    y <= P.le(c, r)
+    r <= QueryAtMost()
+    c <= KeyAtLeast()
+    assert tril_compare(r.shape, c.shape, y.shape)
+    return y
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    y, r, c = pm.var(), pm.var(), pm.var()
+    y <= P.lt(c, r)
+    r <= QueryAtMost()
+    c <= KeyAtLeast()
+    assert tril_compare(r.shape, c.shape, y.shape)
+    return y
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    y, x = pm.var(), pm.var()
+    y <= P.broadcast_in_dim(x)
+    x <= Tril()
+    assert keeps_axes(y.broadcast_dimensions, x.shape, y.shape, 2)
+    return y
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    """``table[:, :, :T, :S]``: Hugging Face's decoders slice a ``[1, 1, P, P]`` table."""
+    y = P.slice(Tril())
+    assert slice_keeps_origin(y.start_indices, y.strides, 2)
+    return y
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    y, x = pm.var(), pm.var()
+    y <= P.reshape(x)
+    x <= Tril()
+    assert reshape_keeps_last_two(y.dimensions, x.shape, y.shape)
+    return y
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    """A cast keeps zeros zero (and False False)."""
+    return P.convert_element_type(Tril())
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    return P.copy(Tril())
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    """``mask != 0`` (``jnp.logical_and``'s reading of a numeric mask)."""
+    c = pm.var()
+    assert c.value == 0
+    return P.ne(Tril(), Splat(c))
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    """``mask > 0`` (Hugging Face's ``attention_mask > 0``)."""
+    c = pm.var()
+    assert c.value >= 0
+    return P.gt(Tril(), Splat(c))
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    """``and`` with anything: a causal mask combined with a padding mask."""
+    return P.and_(Tril(), pm.var())
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    return P.and_(pm.var(), Tril())
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    """GPT-Neo's local window: ``causal ^ tril(causal, -window)``."""
+    return P.xor(Tril(), Tril())
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    """``jnp.tril(m)``: ``where(tri, m, 0)``."""
+    c = pm.var()
+    assert c.value == 0
+    return P.select_n(Tril(), Splat(c), pm.var())
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    """``where(p, causal, 0)``."""
+    c = pm.var()
+    assert c.value == 0
+    return P.select_n(pm.var(), Splat(c), Tril())
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    """Mistral's sliding window: ``where(tril(ones, -window), False, causal)``."""
+    c = pm.var()
+    assert c.value == 0
+    return P.select_n(pm.var(), Tril(), Splat(c))
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    return P.select_n(pm.var(), Tril(), Tril())
+
+
+@pm.pattern
+def CausalBias(p):
+    """``where(p, 0, big_negative)`` of a causal p: Hugging Face's decoders' attention bias.
+    big_negative must be at most the kernel's ``MASK_VALUE / 2`` (``finfo.min``, of float32
+    or bfloat16, is): a row whose every key it masks then looks fully masked to the kernel."""
+    fill, zero = pm.var(), pm.var()
+    p <= Tril()
+    assert fill.value <= CAUSAL_FILL_MAX and zero.value == 0
+    return P.select_n(p, Splat(fill), Splat(zero))
+
+
+@pm.pattern
+def CausalBias(p):  # noqa: F811
+    """Cast (to the scores' dtype): zero stays zero, big_negative stays at most the threshold
+    or becomes -inf (a float16 bias, which could overflow, is refused by causal_plan)."""
+    return P.convert_element_type(CausalBias(p))
+
+
+@pm.pattern
+def CausalBias(p):  # noqa: F811
+    """Plus another bias (BLOOM's ALiBi), either order."""
+    return P.add(CausalBias(p), pm.var())
+
+
+@pm.pattern
+def CausalBias(p):  # noqa: F811
+    return P.add(pm.var(), CausalBias(p))
+
+
+# ======================================================================= the rules
+#
+# Each matches a FlashAttention node, never anything else, so it costs nothing where there is
+# no attention; causal_plan returns None once the promise is made, so no rule fires twice.
+
+
+@pm.pattern
+def CausalMasked(f, a, b, v, bias, mask, c):
+    f <= FlashAttention(a, b, v, bias, mask, c)
+    mask <= Tril()
+    return f
+
+
+@pm.pattern
+def CausalBiased(f, a, b, v, bias, mask, c, p):
+    f <= FlashAttention(a, b, v, bias, mask, c)
+    bias <= CausalBias(p)
+    return f
+
+
+@pm.rule(CausalMasked)
+def attention_causal_mask(f, a, b, v, bias, mask, c):
+    """The kernel's mask is False above the diagonal: the kernel may skip those blocks."""
+    plan = causal_plan(f.plan, (mask.shape, mask.dtype), "mask")
+    assert attention_supported(plan)
+    return FlashAttention(a, b, v, bias, mask, c, plan=plan)
+
+
+@pm.rule(CausalBiased)
+def attention_causal_bias(f, a, b, v, bias, mask, c, p):
+    """The kernel's bias is ``where(p, 0, big_negative)`` of a causal p (maybe plus another
+    bias): the kernel may skip the blocks above the diagonal."""
+    plan = causal_plan(f.plan, (p.shape, p.dtype), "bias", bias.dtype)
+    assert attention_supported(plan)
+    return FlashAttention(a, b, v, bias, mask, c, plan=plan)
+
+
+CAUSAL_RULES = [attention_causal_mask, attention_causal_bias]
