@@ -322,7 +322,9 @@ def CausalBias(p):  # noqa: F811
 
 @pm.pattern
 def CausalBias(p):  # noqa: F811
-    """Plus another bias (BLOOM's ALiBi), either order."""
+    """Plus another bias (BLOOM's ALiBi), either order. Assumed finite and below
+    ``-MASK_VALUE / 2`` (1.7e38), so big_negative plus it still hides a key: true of every
+    bias a program adds to its scores (a larger one would overflow them)."""
     return P.add(CausalBias(p), pm.var())
 
 
