@@ -8,7 +8,11 @@ that, so :func:`prime` gives the rules definitions read from a cache file, writt
 first time they were built. The file also keeps what compiling each rule's pattern for the
 matching machine decided (:func:`pypm_jax._fast.summary`: root operators and structural
 pre-check, as data), another ~25 ms a process would spend again. The pattern summarized is
-the one the rewrite driver compiles: :func:`pypm_jax._rewrite.guarded_pattern`.
+the one the rewrite driver compiles: :func:`pypm_jax._rewrite.guarded_pattern`. Every rule is
+summarized for the machine, also one whose pattern would otherwise become generated code
+(the causal rules': ~5 ms each to generate, and they only ever run at the few attention
+kernel nodes), since generated code is code and the file holds none: a hit runs it on the
+machine, which finds the same matches in the same order.
 
 Why it is safe:
 
@@ -120,7 +124,11 @@ def _pattern_name(r: Rule) -> str | None:
 
 def _summary_of(d: Any) -> Any:
     try:
-        return _fast.summary(_fast.compile_pattern(guarded_pattern(d)))
+        pdef = guarded_pattern(d)
+        cp = _fast.compile_pattern(pdef)
+        if cp.backend != "machine":
+            cp = _fast.CompiledPattern(pdef, backend="machine")
+        return _fast.summary(cp)
     except Exception:  # the rewrite will raise it; the cache just has no summary
         return None
 

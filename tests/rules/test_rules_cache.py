@@ -73,6 +73,7 @@ def test_a_hit_loads_what_the_frontend_builds(cache_dir, frontend_runs):
 def test_cached_rules_rewrite_identically(cache_dir):
     def block(q, k, v, x, w, b):
         s = jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k)
+        s = jnp.where(jnp.tril(jnp.ones((8, 8), bool)), s, -1e30)  # causal: rules/causal.py
         a = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
         return a, jax.nn.gelu(x @ w + b)
 
@@ -90,7 +91,11 @@ def test_cached_rules_rewrite_identically(cache_dir):
         result = rewrite_nested(prog, rules)
         out.append((str(prog.graph), [str(r) for r in result.report]))
     assert out[0] == out[1]
-    assert len(out[0][1]) == 2  # one attention, one epilogue
+    # one attention (then its causal mask), one epilogue; the loaded causal rule ran on the
+    # machine (its summary's), the frontend's as generated code
+    assert len(out[0][1]) == 3
+    causal = [r for r in loaded if r.name == "attention_causal_mask"][0]
+    assert _fast.compile_pattern(guarded_pattern(causal.definition)).backend == "machine"
 
 
 def _write(path: str, data: bytes) -> None:
@@ -200,10 +205,9 @@ def test_a_hit_gives_the_patterns_compiled_as_the_frontend_s(cache_dir):
     for a, b in zip(built_by_frontend, loaded, strict=True):
         pdef = guarded_pattern(b.definition)
         assert pdef is not b.definition.pattern  # (every standard rule has one guarded branch)
-        fresh = _fast.CompiledPattern(guarded_pattern(a.definition))  # compiled now
-        # primed from its summary, not compiled -- but generated code has no summary (the
-        # causal rules' small patterns), and is compiled at first use
-        assert (id(pdef) in _fast._compiled.entries) == (fresh.backend == "machine"), a.name
+        assert id(pdef) in _fast._compiled.entries  # primed from its summary, not compiled
+        # for the machine, also the causal rules' patterns, which would be generated code
+        fresh = _fast.CompiledPattern(guarded_pattern(a.definition), backend="machine")
         assert _compiled_like(_fast.compile_pattern(pdef), fresh)
         assert _fast.summary(fresh) == _fast.summary(_fast.compile_pattern(pdef))
 
