@@ -9,7 +9,9 @@ in, :func:`guarded_pattern`: same solutions, same order, but a match the guard r
 dropped inside the compiled matcher.) Firing builds the branch's result, makes every reader
 of the matched root read it instead, and removes what became dead. Interior values that
 something outside the match still reads stay alive; a rule with ``single_use=True`` only
-fires when no interior value has such a reader.
+fires when no interior value has such a reader -- except values computed from literals
+alone, and values a caller declares cheap to share (``shareable``: the JAX layer's mask
+plumbing, which several attention layers read).
 
 After a rewrite only what is near the change is looked at again: the new nodes (next, before
 the sweep goes on), the nodes whose inputs changed and their users up to the depth of the
@@ -33,7 +35,7 @@ __all__ = [
 
 import heapq
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,8 +232,16 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 class _Driver:
     """One rewriting run: the sweep, the revisit queue and the report."""
 
-    def __init__(self, graph: Graph, rules: tuple[RuleDef, ...], engine: str, limit: int):
+    def __init__(
+        self,
+        graph: Graph,
+        rules: tuple[RuleDef, ...],
+        engine: str,
+        limit: int,
+        shareable: Callable[[Node], bool] | None = None,
+    ):
         self.g = graph
+        self.shareable = shareable
         self.rules = rules
         self.fast = engine == "fast"
         self.engine = engine
@@ -450,8 +460,10 @@ class _Driver:
         op = node.op
         if op is CONST:
             return True
-        if op is LEAF or not op.pure or not node.inputs or depth >= _CONST_DEPTH:
+        if op is LEAF or not op.pure or depth >= _CONST_DEPTH:
             return False
+        if not node.inputs:
+            return True  # pure and reads nothing: a constant too (an iota)
         ins = [v.node for v in node.inputs]
         if any(n.op is LEAF for n in ins):
             result = False
@@ -461,9 +473,29 @@ class _Driver:
             memo[node.id] = result
         return result
 
+    def cheap_to_share(self, node: Node, inside: set[int]) -> bool:
+        """Is ``node``, with every ancestor of it inside the match, a literal, computed from
+        literals alone, or ``shareable``? Then the readers outside keep only such nodes alive:
+        nothing the replacement computes again is computed twice."""
+        if self.shareable is None:
+            return False
+        stack, seen = [node], set()
+        while stack:
+            n = stack.pop()
+            if n.id in seen:
+                continue
+            seen.add(n.id)
+            if n.op is CONST or self.constant_only(n):
+                continue
+            if not self.shareable(n):
+                return False
+            stack.extend(v.node for v in n.inputs if v.node.id in inside)
+        return True
+
     def single_use_ok(self, root: Value, region: list[Node]) -> bool:
-        """Does nothing outside the match read an interior value (other than literals and
-        what is computed from literals alone, which sharing costs nothing)?"""
+        """Does nothing outside the match read an interior value (other than literals, what
+        is computed from literals alone, and ``shareable`` plumbing, which sharing costs
+        nothing)?"""
         inside = {n.id for n in region}
         outputs = self.g._outputs
         for n in region:
@@ -479,7 +511,7 @@ class _Driver:
                             escapes = True
                             break
                 if escapes:
-                    if not self.constant_only(n):
+                    if not (self.constant_only(n) or self.cheap_to_share(n, inside)):
                         return False
                     break
         return True
@@ -670,11 +702,15 @@ def rewrite(
     *,
     max_iterations: int | None = None,
     engine: str | None = None,
+    shareable: Callable[[Node], bool] | None = None,
 ) -> RewriteResult:
     """Rewrite ``graph`` in place, greedily, to a fixpoint; see the module docstring.
 
     ``max_iterations`` bounds the number of rewrites (default: four per node plus 1000);
-    ``engine`` picks the matcher ("fast" or "reference"; default: ``PYPM_ENGINE``).
+    ``engine`` picks the matcher ("fast" or "reference"; default: ``PYPM_ENGINE``);
+    ``shareable(node)`` says an interior node of a match that something outside also reads
+    costs nothing to keep (with its ancestors in the match), so it does not stop a
+    ``single_use`` rule (default: only literals and what is computed from them).
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"rewrite() takes a Graph, got {type(graph).__name__}")
@@ -686,7 +722,7 @@ def rewrite(
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: expected one of {ENGINES}")
     limit = 4 * len(graph) + 1000 if max_iterations is None else max_iterations
-    driver = _Driver(graph, rules, engine, limit)
+    driver = _Driver(graph, rules, engine, limit, shareable)
     driver.run()
     return RewriteResult(graph, driver.report, driver.visits)
 

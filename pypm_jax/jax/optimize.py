@@ -58,14 +58,36 @@ def default_rules() -> list[Any]:
     return list(fn())
 
 
+# Cheap to keep for other readers: moving, casting, comparing and combining values (the
+# masks several attention layers share), never arithmetic, reductions or contractions.
+_PLUMBING_CLASSES = frozenset({"layout", "conversion", "select"})
+_PLUMBING_OPS = frozenset({"and", "or", "not", "xor", "eq", "ne", "lt", "le", "gt", "ge"})
+
+
+def mask_plumbing(node: Any) -> bool:
+    """Is ``node`` a JAX primitive that only moves, casts, compares or combines values?
+
+    ``rewrite``'s ``shareable``: a single-use rule may then leave such interior nodes to the
+    other readers -- e.g. ``jax.nn.dot_product_attention``'s regrouped mask, one value for
+    every layer that passes the same mask -- as long as the match's part they depend on is
+    such nodes too (so never scores or probabilities).
+    """
+    op = node.op
+    if op.namespace != "jax":
+        return False
+    cls = op.op_class
+    return op.name in _PLUMBING_OPS or (cls is not None and cls.name in _PLUMBING_CLASSES)
+
+
 def rewrite_nested(target: Any, rules: Sequence[Any], **options: Any) -> RewriteResult:
     """Rewrite a lifted program (or graph) and every scan/while/cond body inside it.
 
     The report lists the outer program's rewrites first, then each body's (depth first, in
     node order). ``options`` go to :func:`pypm_jax._rewrite.rewrite` (``max_iterations``,
-    ``engine``).
+    ``engine``, ``shareable``: by default :func:`mask_plumbing`).
     """
     defs = [as_rule_def(r) for r in rules]
+    options.setdefault("shareable", mask_plumbing)
     graph = target.graph if isinstance(target, LiftedProgram) else target
     report = OptimizeReport()
     stack = [graph]

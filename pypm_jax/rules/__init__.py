@@ -26,7 +26,13 @@ from .attention import (
     attention_scaled_mask,
 )
 from .attention import attention as attention_rule
-from .causal import CAUSAL_RULES, attention_causal_bias, attention_causal_mask
+from .causal import (
+    CAUSAL_RULES,
+    attention_causal_bias,
+    attention_causal_mask,
+    attention_dpa_bias_mask_causal,
+    attention_dpa_mask_causal,
+)
 from .gemm import (
     GEMM_LINEAR_RULES,
     GEMM_RULES,
@@ -57,6 +63,8 @@ __all__ = [
     "attention_dpa_bias_mask",
     "attention_causal_mask",
     "attention_causal_bias",
+    "attention_dpa_mask_causal",
+    "attention_dpa_bias_mask_causal",
     "causal",
     "gemm_epilogue",
     "gemm_epilogue_no_bias",
@@ -65,9 +73,10 @@ __all__ = [
 
 
 def attention_rules() -> list[Any]:
-    """Attention → flash attention, most specific spelling first; then the causal rules, which
-    let the kernel skip the blocks above the diagonal where its mask (or bias) provably
-    hides them."""
+    """Attention → flash attention, most specific spelling first; then the causal rules:
+    ``jax.nn.dot_product_attention(mask=..., is_causal=True)`` with the kernel's causal flag,
+    and the rules that let the kernel skip the blocks above the diagonal where its mask (or
+    bias) provably hides them."""
     return list(ATTENTION_RULES) + list(CAUSAL_RULES)
 
 

@@ -85,6 +85,7 @@ def flash_attention_impl(
         kernel_bias,
         kernel_mask,
         scale=kernel_scale,
+        causal=plan.causal,
         mask_is_causal=plan.mask_is_causal,
         layout=plan.layout,
     )

@@ -26,6 +26,7 @@ __all__ = [
     "dpa_plan",
     "attention_supported",
     "causal_plan",
+    "causal_flag_plan",
     "keeps_axes",
     "moves_last_to_row",
     "slice_keeps_origin",
@@ -289,6 +290,7 @@ class AttentionPlan(NamedTuple):
     out_shape: tuple[int, ...]
     out_dtype: str
     mask_is_causal: bool = False  # the kernel may skip blocks above the diagonal (causal_plan)
+    causal: bool = False  # the kernel masks above the diagonal itself (causal_flag_plan)
 
 
 _LAYOUT_AXES = {"BHSD": ("B", "H", "S", "D"), "BSHD": ("B", "S", "H", "D")}
@@ -693,6 +695,25 @@ def causal_plan(plan: Any, causal: Any, part: Any, bias_dtype: Any = None) -> An
     if kernel[3] != skv or kernel[2] not in (1, sq):
         return None
     return plan._replace(mask_is_causal=True)
+
+
+@guard_fn("rules.causal_flag_plan")
+def causal_flag_plan(plan: Any, triangle: Any) -> Any:
+    """The plan with the kernel's own ``causal`` flag on, for a program that also masks with
+    ``triangle`` (the shape of a value proven nonzero exactly on and below the diagonal of
+    its last two axes: ``jax.nn.dot_product_attention(mask=..., is_causal=True)``). The
+    triangle must be the kernel's whole ``[Sq, Skv]`` (top-left, as the kernel's flag), in
+    the kernel's (query, key) axes; None otherwise, or when the flag is on already."""
+    if not isinstance(plan, AttentionPlan) or plan.causal:
+        return None
+    tri = _ints(triangle)
+    if tri is None or len(tri) != 4 or tuple(plan.perm_scores[2:]) != (2, 3):
+        return None
+    seq_axis = _LAYOUT_AXES[plan.layout].index("S")
+    sq, skv = plan.kernel_shapes[0][seq_axis], plan.kernel_shapes[1][seq_axis]
+    if _perm_apply(tri, plan.perm_scores)[2:] != (sq, skv):
+        return None
+    return plan._replace(causal=True)
 
 
 # ----------------------------------------------------------------------------- GEMM

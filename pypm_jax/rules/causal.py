@@ -21,6 +21,11 @@ above the diagonal of its last two axes --
 * combined: ``and`` with anything (a padding mask), ``xor`` of two (GPT-Neo's local window),
   a ``select_n`` whose every case is causal or zero (``jnp.tril``, Mistral's sliding window).
 
+``ExactTril()`` proves more: nonzero exactly on and below the diagonal (``jnp.tril(ones)``).
+``jax.nn.dot_product_attention(mask=m, is_causal=True)`` ands such a triangle into its mask;
+``attention_dpa_mask_causal`` (and ``..._bias_mask_causal``) give the kernel m and its own
+``causal`` flag for the triangle (the kernel takes one mask).
+
 Guards (``rules._plans``) check every step keeps the last two axes in place; ``causal_plan``
 checks those are the kernel's (query, key) axes at the full key length (the kernel's diagonal
 is top-left aligned). A mask the rules cannot prove causal runs as before, every block.
@@ -34,14 +39,25 @@ from ..jax import prims as P
 from ._kernels import FlashAttention
 from ._plans import (
     attention_supported,
+    causal_flag_plan,
     causal_plan,
+    dpa_plan,
     keeps_axes,
     moves_last_to_row,
     reshape_keeps_last_two,
     slice_keeps_origin,
     tril_compare,
 )
-from .attention import Splat
+from .attention import (
+    MASK_FILL_MAX,
+    Cast,
+    DpaGrouped,
+    DpaMask,
+    GroupedMask,
+    Probs,
+    Softmax,
+    Splat,
+)
 
 __all__ = [
     "CAUSAL_RULES",
@@ -53,6 +69,9 @@ __all__ = [
     "CausalBias",
     "attention_causal_mask",
     "attention_causal_bias",
+    "attention_dpa_mask_causal",
+    "attention_dpa_bias_mask_causal",
+    "ExactTril",
     "CAUSAL_FILL_MAX",
 ]
 
@@ -302,6 +321,89 @@ def Tril():  # noqa: F811
     return P.select_n(pm.var(), Tril(), Tril())
 
 
+# ExactTril: y[..., i, j] is nonzero exactly where j <= i (jnp.tril(ones)): the kernel's own
+# causal flag may then stand for it.
+
+
+@pm.pattern
+def ExactQuery():
+    return QueryIndex()
+
+
+@pm.pattern
+def ExactQuery():  # noqa: F811
+    """``i + 0`` (``jnp.tril``'s ``_tri`` adds its k)."""
+    c = pm.var()
+    assert c.value == 0
+    return P.add(QueryIndex(), Splat(c))
+
+
+@pm.pattern
+def ExactTril():
+    y, r, c = pm.var(), pm.var(), pm.var()
+    y <= P.ge(r, c)
+    r <= ExactQuery()
+    c <= KeyIndex()
+    assert tril_compare(r.shape, c.shape, y.shape)
+    return y
+
+
+@pm.pattern
+def ExactTril():  # noqa: F811
+    y, r, c = pm.var(), pm.var(), pm.var()
+    y <= P.le(c, r)
+    r <= ExactQuery()
+    c <= KeyIndex()
+    assert tril_compare(r.shape, c.shape, y.shape)
+    return y
+
+
+@pm.pattern
+def ExactTril():  # noqa: F811
+    """``jnp.tril(ones)``: ``where(tri, 1, 0)``, so its values are 0 and 1 (or bool)."""
+    zero, one = pm.var(), pm.var()
+    assert zero.value == 0 and one.value == 1
+    return P.select_n(ExactTril(), Splat(zero), Splat(one))
+
+
+@pm.pattern
+def ExactTril():  # noqa: F811
+    y, x = pm.var(), pm.var()
+    y <= P.broadcast_in_dim(x)
+    x <= ExactTril()
+    assert keeps_axes(y.broadcast_dimensions, x.shape, y.shape, 2)
+    return y
+
+
+@pm.pattern
+def ExactTril():  # noqa: F811
+    y = P.slice(ExactTril())
+    assert slice_keeps_origin(y.start_indices, y.strides, 2)
+    return y
+
+
+@pm.pattern
+def ExactTril():  # noqa: F811
+    y, x = pm.var(), pm.var()
+    y <= P.reshape(x)
+    x <= ExactTril()
+    assert reshape_keeps_last_two(y.dimensions, x.shape, y.shape)
+    return y
+
+
+@pm.pattern
+def ExactTril():  # noqa: F811
+    """A cast of values that are 0 and 1 (or bool) keeps which are nonzero."""
+    return P.convert_element_type(ExactTril())
+
+
+@pm.pattern
+def ExactTril():  # noqa: F811
+    c = pm.var()
+    assert c.value == 0
+    return P.ne(ExactTril(), Splat(c))
+
+
 @pm.pattern
 def CausalBias(p):
     """``where(p, 0, big_negative)`` of a causal p: Hugging Face's decoders' attention bias.
@@ -353,6 +455,72 @@ def CausalBiased(f, a, b, v, bias, mask, c, p):
     return f
 
 
+@pm.pattern
+def DpaCausalMask(m, tri):
+    """``jax.nn.dot_product_attention(mask=m, is_causal=True)``: its mask (``DpaMask``) and
+    the ``[1, 1, T, S]`` triangle, broadcast over the query groups, ``and``-ed."""
+    y = pm.var()
+    y <= P.broadcast_in_dim(tri)
+    tri <= ExactTril()
+    assert y.broadcast_dimensions == (1, 2, 3, 4)
+    return P.and_(DpaMask(m), y)
+
+
+@pm.pattern
+def AttentionDpaMaskCausal(r, q, k, v, s, xt, z, o, t1, t2, c, mask, tri):
+    q5, xm, fill = pm.var(), pm.var(), pm.var()
+    r <= P.reshape(t2)
+    t2 <= P.transpose(t1)
+    t1 <= P.transpose(o)
+    o <= P.dot_general(v, Probs(Softmax(xm, z)))
+    xm <= P.select_n(DpaCausalMask(mask, tri), Splat(fill), xt)
+    xt <= P.transpose(P.mul(s, c))
+    s <= P.dot_general(q5, k)
+    q5 <= P.reshape(q)
+    assert c.rank == 0 and fill.value <= MASK_FILL_MAX
+    return r
+
+
+@pm.pattern
+def AttentionDpaBiasMaskCausal(r, q, k, v, s, xt, z, o, t1, t2, c, bias, mask, tri):
+    q5, xb, xm, fill = pm.var(), pm.var(), pm.var(), pm.var()
+    r <= P.reshape(t2)
+    t2 <= P.transpose(t1)
+    t1 <= P.transpose(o)
+    o <= P.dot_general(v, Probs(Softmax(xm, z)))
+    xm <= P.select_n(DpaCausalMask(mask, tri), Splat(fill), xb)
+    xb <= P.add(xt, DpaGrouped(Cast(GroupedMask(bias))))
+    xt <= P.transpose(P.mul(s, c))
+    s <= P.dot_general(q5, k)
+    q5 <= P.reshape(q)
+    assert c.rank == 0 and fill.value <= MASK_FILL_MAX
+    return r
+
+
+@pm.rule(AttentionDpaMaskCausal, single_use=True)
+def attention_dpa_mask_causal(r, q, k, v, s, xt, z, o, t1, t2, c, mask, tri):
+    """``mask=`` and ``is_causal=True``: the mask goes to the kernel, the triangle becomes the
+    kernel's causal flag (masked scores are replaced either way)."""
+    plan = dpa_plan((q.shape, k.shape, v.shape), (q.dtype, k.dtype, v.dtype),
+                    (s.dimension_numbers, s.shape, xt.permutation, z.axes),
+                    (o.dimension_numbers, (t1.permutation, t2.permutation), r.shape, r.dtype),
+                    (mask.shape, mask.dtype))  # fmt: skip
+    plan = causal_flag_plan(plan, tri.shape)
+    assert attention_supported(plan)
+    return FlashAttention(q, k, v, 0, mask, c, plan=plan)
+
+
+@pm.rule(AttentionDpaBiasMaskCausal, single_use=True)
+def attention_dpa_bias_mask_causal(r, q, k, v, s, xt, z, o, t1, t2, c, bias, mask, tri):
+    plan = dpa_plan((q.shape, k.shape, v.shape), (q.dtype, k.dtype, v.dtype),
+                    (s.dimension_numbers, s.shape, xt.permutation, z.axes),
+                    (o.dimension_numbers, (t1.permutation, t2.permutation), r.shape, r.dtype),
+                    (mask.shape, mask.dtype), (bias.shape, bias.dtype))  # fmt: skip
+    plan = causal_flag_plan(plan, tri.shape)
+    assert attention_supported(plan)
+    return FlashAttention(q, k, v, bias, mask, c, plan=plan)
+
+
 @pm.rule(CausalMasked)
 def attention_causal_mask(f, a, b, v, bias, mask, c):
     """The kernel's mask is False above the diagonal: the kernel may skip those blocks."""
@@ -370,4 +538,9 @@ def attention_causal_bias(f, a, b, v, bias, mask, c, p):
     return FlashAttention(a, b, v, bias, mask, c, plan=plan)
 
 
-CAUSAL_RULES = [attention_causal_mask, attention_causal_bias]
+CAUSAL_RULES = [
+    attention_dpa_bias_mask_causal,
+    attention_dpa_mask_causal,
+    attention_causal_mask,
+    attention_causal_bias,
+]

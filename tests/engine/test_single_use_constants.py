@@ -44,3 +44,46 @@ def test_shared_computed_value_still_blocks_single_use():
     g = pm.Graph([Mul(a, shared), Mul(b, shared)])
     result = pm.rewrite(g, [fold])
     assert list(result.report) == []
+
+
+@pm.op
+def Heavy(x):
+    return 1
+
+
+@pm.op
+def Iota():
+    return 1
+
+
+def test_shareable_plumbing_does_not_block_single_use():
+    """``shareable`` (pm.optimize passes its mask plumbing): a shared interior node it accepts,
+    with its ancestors in the match, no longer blocks; anything else still does."""
+    a, b, w = pm.leaf("a"), pm.leaf("b"), pm.leaf("w")
+    shared = Broadcast(w)
+    g = pm.Graph([Mul(a, shared), Mul(b, shared)])
+    result = pm.rewrite(g, [fold], shareable=lambda n: n.op is Broadcast)
+    assert [r.rule for r in result.report] == ["fold", "fold"]
+    assert [v.op for v in result.graph.outputs] == [Scaled, Scaled]
+    # the shared value is plumbing over real work inside the match: it still blocks
+    heavy = Broadcast(Heavy(w))
+
+    @pm.pattern
+    def TimesHeavy(x):
+        c = pm.var()
+        return Mul(x, Broadcast(Heavy(c)))
+
+    @pm.rule(TimesHeavy, single_use=True)
+    def fold_heavy(x):
+        return Scaled(x)
+
+    g = pm.Graph([Mul(a, heavy), Mul(b, heavy)])
+    assert list(pm.rewrite(g, [fold_heavy], shareable=lambda n: n.op is Broadcast).report) == []
+
+
+def test_an_input_free_pure_node_is_a_constant():
+    """An iota reads nothing: what is computed from it alone is shared freely."""
+    a, b = pm.leaf("a"), pm.leaf("b")
+    idx = Broadcast(Iota())
+    g = pm.Graph([Mul(a, idx), Mul(b, idx)])
+    assert [r.rule for r in pm.rewrite(g, [fold]).report] == ["fold", "fold"]

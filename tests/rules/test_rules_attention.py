@@ -335,12 +335,35 @@ def test_jax_nn_dot_product_attention_bf16_bias():
     check(attn, args, {"attention_dpa_bias": 1})
 
 
-def test_jax_nn_dot_product_attention_mask_and_causal_left_alone():
-    # two masks combined: the kernel takes one, so the rules leave it (and stay correct)
-    def attn(q, k, v, keep):
+@pytest.mark.parametrize(
+    "kv_heads, skv, with_bias", [(H, S, False), (1, SKV, False), (H, S, True), (1, SKV, True)]
+)
+def test_jax_nn_dot_product_attention_mask_and_causal(kv_heads, skv, with_bias):
+    """``mask=`` and ``is_causal=True`` together: two masks and-ed; the kernel takes the mask
+    and its own causal flag for the triangle (top-left, as jax's)."""
+
+    def attn(q, k, v, keep, *bias):
         mask = keep[:, None, None, :]
         return jax.nn.dot_product_attention(
-            q, k, v, mask=mask, is_causal=True, implementation="xla"
+            q, k, v, *bias, mask=mask, is_causal=True, implementation="xla"
         )
 
-    check(attn, (*qkv(), padding()), {})
+    keep = jnp.ones((B, skv), bool).at[1, :3].set(False)  # left padding: rows with no key
+    args = (*qkv(skv=skv, kv_heads=kv_heads), keep, *((_bias(skv=skv),) if with_bias else ()))
+    rule = "attention_dpa_bias_mask_causal" if with_bias else "attention_dpa_mask_causal"
+    fast = check(attn, args, {rule: 1}, grad=True)
+    (node,) = kernel_nodes(fast, args)
+    assert node.attrs["plan"].causal and node.attrs["plan"].kernel_shapes[4] == (B, 1, 1, skv)
+
+
+def test_jax_nn_dot_product_attention_layers_sharing_a_mask():
+    """Two layers pass the same mask: their regrouped masks are one value, read by both
+    attentions. It is mask plumbing (pm.optimize's ``shareable``), so it does not stop the
+    single-use rules: both attentions are rewritten (an NNX model's every layer)."""
+
+    def attn(q, k, v, keep):
+        mask = keep[:, None, None, :]
+        h = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+        return jax.nn.dot_product_attention(h, k, v, mask=mask, implementation="xla")
+
+    check(attn, (*qkv(), padding()), {"attention_dpa_mask": 2}, grad=True)

@@ -232,3 +232,32 @@ def test_causal_plan_checks_axes_lengths_and_dtypes():
     assert causal_plan(biased._replace(bias=-1), mask, "bias", "float32") is None
     assert causal_plan(_plan(), mask, "bias", "float32") is None  # no bias
     assert causal_plan(_plan(), mask, "other") is None
+
+
+def test_dot_product_attention_mask_and_causal_two_layers():
+    """``jax.nn.dot_product_attention(mask=..., is_causal=True)`` twice (the triangle is one
+    shared value): both get the kernel's causal flag; lengths that span several blocks."""
+
+    def attn(q, k, v, keep):
+        mask = keep[:, None, None, :]
+        h = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, implementation="xla")
+        return jax.nn.dot_product_attention(
+            h, k, v, mask=mask, is_causal=True, implementation="xla"
+        )
+
+    args = (*qkv(), jnp.ones((B, S), bool).at[1, :20].set(False))
+    fast = check(attn, args, {"attention_dpa_mask_causal": 2}, grad=True)
+    assert all(n.attrs["plan"].causal for n in kernel_nodes(fast, args))
+
+
+def test_exact_triangle_only_for_the_causal_flag():
+    """``tril(ones, -1)`` hides the diagonal too: not the kernel's triangle, so no flag (it
+    is still causal: the kernel may skip blocks)."""
+
+    def attn(q, k, v):
+        mask = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool), -1)
+        return nn.dot_product_attention(q, k, v, mask=mask[None, None])
+
+    fast = check(attn, qkv(), MASKED, grad=True)
+    (node,) = kernel_nodes(fast, qkv())
+    assert node.attrs["plan"].mask_is_causal and not node.attrs["plan"].causal
