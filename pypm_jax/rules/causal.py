@@ -321,8 +321,9 @@ def Tril():  # noqa: F811
     return P.select_n(pm.var(), Tril(), Tril())
 
 
-# ExactTril: y[..., i, j] is nonzero exactly where j <= i (jnp.tril(ones)): the kernel's own
-# causal flag may then stand for it.
+# ExactTril: y[..., i, j] is nonzero exactly where j <= i: the kernel's own causal flag may
+# then stand for it. Only the spellings of jax.nn.dot_product_attention's is_causal triangle
+# (jnp.tril(ones)[None, None]), the one place the rules use it.
 
 
 @pm.pattern
@@ -350,16 +351,6 @@ def ExactTril():
 
 @pm.pattern
 def ExactTril():  # noqa: F811
-    y, r, c = pm.var(), pm.var(), pm.var()
-    y <= P.le(c, r)
-    r <= ExactQuery()
-    c <= KeyIndex()
-    assert tril_compare(r.shape, c.shape, y.shape)
-    return y
-
-
-@pm.pattern
-def ExactTril():  # noqa: F811
     """``jnp.tril(ones)``: ``where(tri, 1, 0)``, so its values are 0 and 1 (or bool)."""
     zero, one = pm.var(), pm.var()
     assert zero.value == 0 and one.value == 1
@@ -368,17 +359,11 @@ def ExactTril():  # noqa: F811
 
 @pm.pattern
 def ExactTril():  # noqa: F811
+    """``tril[None, None]``, as a broadcast or a reshape."""
     y, x = pm.var(), pm.var()
     y <= P.broadcast_in_dim(x)
     x <= ExactTril()
     assert keeps_axes(y.broadcast_dimensions, x.shape, y.shape, 2)
-    return y
-
-
-@pm.pattern
-def ExactTril():  # noqa: F811
-    y = P.slice(ExactTril())
-    assert slice_keeps_origin(y.start_indices, y.strides, 2)
     return y
 
 
@@ -389,19 +374,6 @@ def ExactTril():  # noqa: F811
     x <= ExactTril()
     assert reshape_keeps_last_two(y.dimensions, x.shape, y.shape)
     return y
-
-
-@pm.pattern
-def ExactTril():  # noqa: F811
-    """A cast of values that are 0 and 1 (or bool) keeps which are nonzero."""
-    return P.convert_element_type(ExactTril())
-
-
-@pm.pattern
-def ExactTril():  # noqa: F811
-    c = pm.var()
-    assert c.value == 0
-    return P.ne(ExactTril(), Splat(c))
 
 
 @pm.pattern
