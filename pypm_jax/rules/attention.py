@@ -65,6 +65,8 @@ __all__ = [
     "GroupedMask",
     "DpaMask",
     "DpaGrouped",
+    "DpaOut",
+    "DpaLogits",
 ]
 
 LAYOUT = pm.opclass("layout")
@@ -480,67 +482,67 @@ def AttentionScaledBiasMask(o, a, b, v, s, z, sc, c, xb, bias, mask):
 
 
 @pm.pattern
+def DpaOut(t1, t2, o, v, x, z):
+    """``jax.nn.dot_product_attention``'s output: ``softmax(x) · v``, ``encoded`` in
+    ``[B, K, H, G, T]``, moved back (two transposes, a reshape) to ``[B, T, N, H]``."""
+    r = pm.var()
+    r <= P.reshape(t2)
+    t2 <= P.transpose(t1)
+    t1 <= P.transpose(o)
+    o <= P.dot_general(v, Probs(Softmax(x, z)))
+    return r
+
+
+@pm.pattern
+def DpaLogits(q, k, s, c):
+    """Its logits: q regrouped to ``[B, T, K, G, H]``, contracted with k, times the constant
+    scale, transposed as the ``vmap`` over G moves them."""
+    q5 = pm.var()
+    s <= P.dot_general(q5, k)
+    q5 <= P.reshape(q)
+    assert c.rank == 0
+    return P.transpose(P.mul(s, c))
+
+
+@pm.pattern
 def AttentionDpa(r, q, k, v, s, xt, z, o, t1, t2, c):
     """``jax.nn.dot_product_attention`` (XLA implementation), as ``nnx.MultiHeadAttention``
     calls it: q regrouped to ``[B, T, K, G, H]``, logits scaled by a constant, softmax
     ``vmap``-ped over G, the result moved back to ``[B, T, N, H]``."""
-    q5 = pm.var()
-    r <= P.reshape(t2)
-    t2 <= P.transpose(t1)
-    t1 <= P.transpose(o)
-    o <= P.dot_general(v, Probs(Softmax(xt, z)))
-    xt <= P.transpose(P.mul(s, c))
-    s <= P.dot_general(q5, k)
-    q5 <= P.reshape(q)
-    assert c.rank == 0
+    r <= DpaOut(t1, t2, o, v, xt, z)
+    xt <= DpaLogits(q, k, s, c)
     return r
 
 
 @pm.pattern
 def AttentionDpaMask(r, q, k, v, s, xt, z, o, t1, t2, c, mask):
-    q5, xm, fill = pm.var(), pm.var(), pm.var()
-    r <= P.reshape(t2)
-    t2 <= P.transpose(t1)
-    t1 <= P.transpose(o)
-    o <= P.dot_general(v, Probs(Softmax(xm, z)))
+    xm, fill = pm.var(), pm.var()
+    r <= DpaOut(t1, t2, o, v, xm, z)
     xm <= P.select_n(DpaMask(mask), Splat(fill), xt)
-    xt <= P.transpose(P.mul(s, c))
-    s <= P.dot_general(q5, k)
-    q5 <= P.reshape(q)
-    assert c.rank == 0 and fill.value <= MASK_FILL_MAX
+    xt <= DpaLogits(q, k, s, c)
+    assert fill.value <= MASK_FILL_MAX
     return r
 
 
 @pm.pattern
 def AttentionDpaBias(r, q, k, v, s, xt, z, o, t1, t2, c, bias):
     """``jax.nn.dot_product_attention(..., bias=bias)``: ``logits + bias`` before softmax."""
-    q5, xb = pm.var(), pm.var()
-    r <= P.reshape(t2)
-    t2 <= P.transpose(t1)
-    t1 <= P.transpose(o)
-    o <= P.dot_general(v, Probs(Softmax(xb, z)))
+    xb = pm.var()
+    r <= DpaOut(t1, t2, o, v, xb, z)
     xb <= P.add(xt, DpaGrouped(Cast(GroupedMask(bias))))
-    xt <= P.transpose(P.mul(s, c))
-    s <= P.dot_general(q5, k)
-    q5 <= P.reshape(q)
-    assert c.rank == 0
+    xt <= DpaLogits(q, k, s, c)
     return r
 
 
 @pm.pattern
 def AttentionDpaBiasMask(r, q, k, v, s, xt, z, o, t1, t2, c, bias, mask):
     """``jax.nn.dot_product_attention(..., bias=bias, mask=mask)`` (or ``is_causal``)."""
-    q5, xb, xm, fill = pm.var(), pm.var(), pm.var(), pm.var()
-    r <= P.reshape(t2)
-    t2 <= P.transpose(t1)
-    t1 <= P.transpose(o)
-    o <= P.dot_general(v, Probs(Softmax(xm, z)))
+    xb, xm, fill = pm.var(), pm.var(), pm.var()
+    r <= DpaOut(t1, t2, o, v, xm, z)
     xm <= P.select_n(DpaMask(mask), Splat(fill), xb)
     xb <= P.add(xt, DpaGrouped(Cast(GroupedMask(bias))))
-    xt <= P.transpose(P.mul(s, c))
-    s <= P.dot_general(q5, k)
-    q5 <= P.reshape(q)
-    assert c.rank == 0 and fill.value <= MASK_FILL_MAX
+    xt <= DpaLogits(q, k, s, c)
+    assert fill.value <= MASK_FILL_MAX
     return r
 
 

@@ -52,10 +52,10 @@ from .attention import (
     MASK_FILL_MAX,
     Cast,
     DpaGrouped,
+    DpaLogits,
     DpaMask,
+    DpaOut,
     GroupedMask,
-    Probs,
-    Softmax,
     Splat,
 )
 
@@ -440,32 +440,22 @@ def DpaCausalMask(m, tri):
 
 @pm.pattern
 def AttentionDpaMaskCausal(r, q, k, v, s, xt, z, o, t1, t2, c, mask, tri):
-    q5, xm, fill = pm.var(), pm.var(), pm.var()
-    r <= P.reshape(t2)
-    t2 <= P.transpose(t1)
-    t1 <= P.transpose(o)
-    o <= P.dot_general(v, Probs(Softmax(xm, z)))
+    xm, fill = pm.var(), pm.var()
+    r <= DpaOut(t1, t2, o, v, xm, z)
     xm <= P.select_n(DpaCausalMask(mask, tri), Splat(fill), xt)
-    xt <= P.transpose(P.mul(s, c))
-    s <= P.dot_general(q5, k)
-    q5 <= P.reshape(q)
-    assert c.rank == 0 and fill.value <= MASK_FILL_MAX
+    xt <= DpaLogits(q, k, s, c)
+    assert fill.value <= MASK_FILL_MAX
     return r
 
 
 @pm.pattern
 def AttentionDpaBiasMaskCausal(r, q, k, v, s, xt, z, o, t1, t2, c, bias, mask, tri):
-    q5, xb, xm, fill = pm.var(), pm.var(), pm.var(), pm.var()
-    r <= P.reshape(t2)
-    t2 <= P.transpose(t1)
-    t1 <= P.transpose(o)
-    o <= P.dot_general(v, Probs(Softmax(xm, z)))
+    xb, xm, fill = pm.var(), pm.var(), pm.var()
+    r <= DpaOut(t1, t2, o, v, xm, z)
     xm <= P.select_n(DpaCausalMask(mask, tri), Splat(fill), xb)
     xb <= P.add(xt, DpaGrouped(Cast(GroupedMask(bias))))
-    xt <= P.transpose(P.mul(s, c))
-    s <= P.dot_general(q5, k)
-    q5 <= P.reshape(q)
-    assert c.rank == 0 and fill.value <= MASK_FILL_MAX
+    xt <= DpaLogits(q, k, s, c)
+    assert fill.value <= MASK_FILL_MAX
     return r
 
 
