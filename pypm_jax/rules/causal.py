@@ -79,6 +79,8 @@ __all__ = [
 # visits the blocks it skipped): pallas_kernels' MASK_VALUE / 2 = finfo(float32).min / 2.
 CAUSAL_FILL_MAX = -1.7014117331926443e38
 
+COMPARE = pm.opclass("binary_pointwise")  # (JAX's comparisons are binary pointwise ops)
+
 # ------------------------------------------------------------------ index arrays
 #
 # KeyIndex:   y[..., j] == j along the last axis.
@@ -183,41 +185,24 @@ def KeyAtLeast():  # noqa: F811
 
 @pm.pattern
 def Tril():
-    """``row >= col``: j > i means row <= i < j <= col, so row < col and the result is False."""
-    y, r, c = pm.var(), pm.var(), pm.var()
-    y <= P.ge(r, c)
+    """``row >= col`` (or ``>``): j > i means row <= i < j <= col, so row < col: False."""
+    f, y, r, c = pm.Op(2, 1), pm.var(), pm.var(), pm.var()
+    y <= f(r, c)
     r <= QueryAtMost()
     c <= KeyAtLeast()
+    assert f.op_class == COMPARE and f.name in ("ge", "gt")
     assert tril_compare(r.shape, c.shape, y.shape)
     return y
 
 
 @pm.pattern
 def Tril():  # noqa: F811
-    y, r, c = pm.var(), pm.var(), pm.var()
-    y <= P.gt(r, c)
+    """``col <= row`` (or ``<``)."""
+    f, y, r, c = pm.Op(2, 1), pm.var(), pm.var(), pm.var()
+    y <= f(c, r)
     r <= QueryAtMost()
     c <= KeyAtLeast()
-    assert tril_compare(r.shape, c.shape, y.shape)
-    return y
-
-
-@pm.pattern
-def Tril():  # noqa: F811
-    y, r, c = pm.var(), pm.var(), pm.var()
-    y <= P.le(c, r)
-    r <= QueryAtMost()
-    c <= KeyAtLeast()
-    assert tril_compare(r.shape, c.shape, y.shape)
-    return y
-
-
-@pm.pattern
-def Tril():  # noqa: F811
-    y, r, c = pm.var(), pm.var(), pm.var()
-    y <= P.lt(c, r)
-    r <= QueryAtMost()
-    c <= KeyAtLeast()
+    assert f.op_class == COMPARE and f.name in ("le", "lt")
     assert tril_compare(r.shape, c.shape, y.shape)
     return y
 
