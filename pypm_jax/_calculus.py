@@ -271,7 +271,7 @@ def children(p: Pattern, *, into_mu: bool = True) -> tuple[Pattern, ...]:
 _BELOW_DEPTH = 64
 
 
-def binds_below(p: Pattern, var: str, _depth: int = 0) -> bool:
+def binds_below(p: Pattern, var: str) -> bool:
     """Does every match of ``p`` against a term t bind (or check) the term variable ``var`` to
     a *proper* subterm of t -- somewhere under an operator application of ``p``?
 
@@ -282,43 +282,33 @@ def binds_below(p: Pattern, var: str, _depth: int = 0) -> bool:
     False where unsure (calls, which may or may not bind their arguments; patterns nested
     deeper than it looks).
     """
-    if _depth > _BELOW_DEPTH:
-        return False
-    d = _depth + 1
-    match p:
-        case PApp(_, args, _) | PFunVar(_, args, _, _):
-            return any(_binds(a, var, d) for a in args)
-        case PAlt(left, right):
-            return binds_below(left, var, d) and binds_below(right, var, d)
-        case PGuard(pat, _):
-            return binds_below(pat, var, d)
-        case PExists(x, pat, kind):
-            return not (x == var and kind == "term") and binds_below(pat, var, d)
-        case PConstr(pat, x, c):
-            if binds_below(pat, var, d) or binds_below(c, var, d):
-                return True
-            return binds_below(pat, x, d) and _binds(c, var, d)
-    return False
+    return _binds(p, var, True, 0)
 
 
-def _binds(p: Pattern, var: str, depth: int) -> bool:
-    """Does every match of ``p`` bind (or check) ``var`` somewhere, the root included?"""
+def _binds(p: Pattern, var: str, below: bool, depth: int) -> bool:
+    """Does every match of ``p`` bind (or check) ``var`` -- strictly under an application of
+    ``p`` if ``below``, anywhere (the root included) otherwise?"""
     if depth > _BELOW_DEPTH:
         return False
     d = depth + 1
     match p:
         case PVar(x):
-            return x == var
+            return not below and x == var
         case PApp(_, args, _) | PFunVar(_, args, _, _):
-            return any(_binds(a, var, d) for a in args)
+            return any(_binds(a, var, False, d) for a in args)
         case PAlt(left, right):
-            return _binds(left, var, d) and _binds(right, var, d)
+            return _binds(left, var, below, d) and _binds(right, var, below, d)
         case PGuard(pat, _):
-            return _binds(pat, var, d)
+            return _binds(pat, var, below, d)
         case PExists(x, pat, kind):
-            return not (x == var and kind == "term") and _binds(pat, var, d)
+            return not (x == var and kind == "term") and _binds(pat, var, below, d)
         case PConstr(pat, x, c):
-            return _binds(pat, var, d) or (_binds(pat, x, d) and _binds(c, var, d))
+            # c matches x's term: what c binds below it is below too
+            return (
+                _binds(pat, var, below, d)
+                or (below and _binds(c, var, True, d))
+                or (_binds(pat, x, below, d) and _binds(c, var, False, d))
+            )
     return False
 
 

@@ -657,6 +657,18 @@ def tril_compare(row_shape: Any, col_shape: Any, out_shape: Any) -> bool:
     return r[-2] == o[-2] and c[-1] == o[-1]
 
 
+def _triangle_axes(plan: AttentionPlan, shape: Any) -> Any:
+    """((rows, cols), (Sq, Skv)): the sizes of a rank-4 score-layout value's last two axes,
+    when those are the kernel's (query, key) axes (its diagonal is top-left aligned there),
+    and the kernel's lengths; None otherwise."""
+    shape = _ints(shape)
+    if shape is None or len(shape) != 4 or tuple(plan.perm_scores[2:]) != (2, 3):
+        return None
+    seq_axis = _LAYOUT_AXES[plan.layout].index("S")
+    lengths = (plan.kernel_shapes[0][seq_axis], plan.kernel_shapes[1][seq_axis])
+    return shape[2:], lengths
+
+
 @guard_fn("rules.causal_plan")
 def causal_plan(plan: Any, causal: Any, part: Any, bias_dtype: Any = None) -> Any:
     """The plan of a flash-attention node whose mask (``part="mask"``) or bias
@@ -676,9 +688,6 @@ def causal_plan(plan: Any, causal: Any, part: Any, bias_dtype: Any = None) -> An
         c_shape, c_dtype = causal
     except (TypeError, ValueError):
         return None
-    c_shape = _ints(c_shape)
-    if c_shape is None or len(c_shape) != 4 or tuple(plan.perm_scores[2:]) != (2, 3):
-        return None
     if not str(_dtype_name(c_dtype)).startswith(("bool", "int", "uint")):
         return None
     if part == "mask":
@@ -689,10 +698,11 @@ def causal_plan(plan: Any, causal: Any, part: Any, bias_dtype: Any = None) -> An
             return None
     else:
         return None
-    seq_axis = _LAYOUT_AXES[plan.layout].index("S")
-    sq, skv = plan.kernel_shapes[0][seq_axis], plan.kernel_shapes[1][seq_axis]
-    kernel = _perm_apply(c_shape, plan.perm_scores)
-    if kernel[3] != skv or kernel[2] not in (1, sq):
+    found = _triangle_axes(plan, c_shape)
+    if found is None:
+        return None
+    (rows, cols), (sq, skv) = found
+    if cols != skv or rows not in (1, sq):
         return None
     return plan._replace(mask_is_causal=True)
 
@@ -706,12 +716,8 @@ def causal_flag_plan(plan: Any, triangle: Any) -> Any:
     the kernel's (query, key) axes; None otherwise, or when the flag is on already."""
     if not isinstance(plan, AttentionPlan) or plan.causal:
         return None
-    tri = _ints(triangle)
-    if tri is None or len(tri) != 4 or tuple(plan.perm_scores[2:]) != (2, 3):
-        return None
-    seq_axis = _LAYOUT_AXES[plan.layout].index("S")
-    sq, skv = plan.kernel_shapes[0][seq_axis], plan.kernel_shapes[1][seq_axis]
-    if _perm_apply(tri, plan.perm_scores)[2:] != (sq, skv):
+    found = _triangle_axes(plan, triangle)
+    if found is None or found[0] != found[1]:
         return None
     return plan._replace(causal=True)
 
