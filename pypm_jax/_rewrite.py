@@ -477,8 +477,7 @@ class _Driver:
         """Is ``node``, with every ancestor of it inside the match, a literal, computed from
         literals alone, or ``shareable``? Then the readers outside keep only such nodes alive:
         nothing the replacement computes again is computed twice."""
-        if self.shareable is None:
-            return False
+        shareable = self.shareable
         stack, seen = [node], set()
         while stack:
             n = stack.pop()
@@ -487,7 +486,7 @@ class _Driver:
             seen.add(n.id)
             if n.op is CONST or self.constant_only(n):
                 continue
-            if not self.shareable(n):
+            if shareable is None or not shareable(n):
                 return False
             stack.extend(v.node for v in n.inputs if v.node.id in inside)
         return True
@@ -511,7 +510,7 @@ class _Driver:
                             escapes = True
                             break
                 if escapes:
-                    if not (self.constant_only(n) or self.cheap_to_share(n, inside)):
+                    if not self.cheap_to_share(n, inside):
                         return False
                     break
         return True
