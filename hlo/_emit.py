@@ -15,7 +15,9 @@ around the region is read there directly, as the region's other ops read it), an
 private functions the lifter inlined (``closed_call``, an inner ``jax.jit``, ``jnp.where``):
 the call is inlined in the module too, at that call only, so the site's ops are values of the
 block that holds the call. Each distinct kernel (operator, plan, literal inputs, input types)
-is one private function, called from every site it replaces. A site that cannot be emitted (a
+is one private function, called from every site it replaces. A rule that rewrites a kernel an
+earlier site made (``attention_causal_bias`` refining an ``attention_bias`` kernel's plan) is
+part of that site: the kernel emitted is the last one. A site that cannot be emitted (a
 rule whose replacement is not a kernel, a kernel reading the result of such a rewrite, a
 kernel JAX cannot lower) is reported in ``skipped`` with the reason, and the module keeps it
 as it is.
@@ -100,9 +102,18 @@ def emit(
         before = {n.id: n for n in g.nodes()}
         records = pm.rewrite(g, rules, **options).report
         alive = {n.id: n for n in g.nodes()}
-        for record in records:
+        heads: dict[int, RewriteRecord] = {}  # a node a site made -> that site's first record
+        outcome: dict[int, str | None] = {}  # id(first record) -> why it was not emitted
+        for i, record in enumerate(records):
             report.append(record)
-            why = emitter.site(record, before, alive)
+            head = heads.get(record.root)
+            if head is None:  # a site of the program's own ops
+                head = record
+                outcome[id(head)] = emitter.site(_chain(records, i), before, alive)
+            heads.update(dict.fromkeys(record.created, head))
+            why = outcome[id(head)]
+            if why is not None and head is not record:
+                why = f"it rewrote the kernel of the {head.rule} site, which was not emitted: {why}"
             if why is None:
                 result.emitted.append(record)
             else:
@@ -112,6 +123,17 @@ def emit(
         editor.erase_dead(fn.name, lambda name: name in _PURE)
     result.text = editor.text()
     return result
+
+
+def _chain(records: list[RewriteRecord], i: int) -> list[RewriteRecord]:
+    """Record ``i`` and the later records that rewrote the node it made, in turn (a rule
+    that refines a kernel, like ``attention_causal_bias`` setting the plan's
+    ``mask_is_causal``): one site, whose kernel is the last one's."""
+    chain = [records[i]]
+    for later in records[i + 1 :]:
+        if later.root in chain[-1].created:
+            chain.append(later)
+    return chain
 
 
 class _Skip(Exception):
@@ -151,20 +173,24 @@ class _Emitter:
     # ------------------------------------------------------------------ sites
 
     def site(
-        self, record: RewriteRecord, before: dict[int, Any], alive: dict[int, Any]
+        self, chain: list[RewriteRecord], before: dict[int, Any], alive: dict[int, Any]
     ) -> str | None:
-        """Replace one site in the module; None if done, else why not."""
+        """Replace one site in the module (``chain``: its rewrites, see ``_chain``); None if
+        done, else why not."""
         try:
-            self._site(record, before, alive)
+            self._site(chain, before, alive)
         except _Skip as why:
             return str(why)
         return None
 
-    def _site(self, record: RewriteRecord, before: dict[int, Any], alive: dict[int, Any]) -> None:
+    def _site(
+        self, chain: list[RewriteRecord], before: dict[int, Any], alive: dict[int, Any]
+    ) -> None:
         from pypm_jax.jax.impls import impl_for
 
-        root = before.get(record.root)
-        kernels = [alive[i] for i in record.created if i in alive and impl_for(alive[i].op)]
+        root = before.get(chain[0].root)
+        made = chain[-1].created
+        kernels = [alive[i] for i in made if i in alive and impl_for(alive[i].op)]
         if root is None or len(kernels) != 1 or len(root.outputs) != 1:
             raise _Skip("not one kernel node replacing one value (only kernels are emitted)")
         (kernel,) = kernels

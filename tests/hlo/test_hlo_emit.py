@@ -67,6 +67,59 @@ def test_emitted_module_runs_and_matches(name):
     _assert_runs_like(lowered, result.text, jax.tree.leaves(args), desc)
 
 
+def test_a_rule_refining_a_kernel_is_part_of_its_site(monkeypatch):
+    """GPT-2: ``attention_causal_bias`` rewrites the kernel ``attention_bias`` made (the plan
+    learns the bias is causal). The two rewrites are one site: one kernel call, whose plan
+    has ``mask_is_causal``, both records emitted."""
+    if not corpus.has_transformers():
+        pytest.skip("transformers is not installed")
+    from pypm_jax.jax.impls import KERNEL_IMPLS
+    from pypm_jax.rules import FlashAttention
+
+    plans = []
+    impl = KERNEL_IMPLS[FlashAttention]
+
+    def recording(*args, plan, **attrs):
+        plans.append(plan)
+        return impl(*args, plan=plan, **attrs)
+
+    monkeypatch.setitem(KERNEL_IMPLS, FlashAttention, recording)
+    fn, args, desc = corpus.hf_gpt2(SIZE)
+    lowered = jax.jit(fn, keep_unused=True).lower(*args)
+    result = hlo.emit(lowered)
+    counts = {"attention_bias": 2, "attention_causal_bias": 2, "gemm_epilogue": 2}
+    assert result.report.counts() == counts, desc
+    assert len(result.emitted) == 6 and not result.skipped, str(result)
+    families = sorted(f for f, _ in _kernel_calls(result.text))
+    assert families == ["FlashAttention"] * 2 + ["GemmEpilogue"] * 2
+    assert plans and all(p.mask_is_causal for p in plans), plans
+    assert "stablehlo.exponential" not in [op.name for op in _main(result.text)]
+    _assert_runs_like(lowered, result.text, jax.tree.leaves(args), desc)
+
+
+def test_a_refinement_of_a_site_not_emitted_is_skipped_with_the_reason(monkeypatch):
+    """When the first rewrite of a chain cannot be emitted, the refinement says so."""
+    if not corpus.has_transformers():
+        pytest.skip("transformers is not installed")
+    from pypm_jax.jax.impls import KERNEL_IMPLS
+    from pypm_jax.rules import FlashAttention
+
+    def broken(*args, **attrs):
+        raise RuntimeError("no lowering today")
+
+    monkeypatch.setitem(KERNEL_IMPLS, FlashAttention, broken)
+    fn, args, _ = corpus.hf_gpt2(SIZE)
+    result = hlo.emit(jax.jit(fn, keep_unused=True).lower(*args))
+    skipped = {r.rule: why for r, why in result.skipped}
+    assert sorted(r.rule for r in result.emitted) == ["gemm_epilogue"] * 2
+    assert "no lowering today" in skipped["attention_bias"]
+    why = skipped["attention_causal_bias"]
+    assert (
+        why.startswith("it rewrote the kernel of the attention_bias site") and "no lowering" in why
+    )
+    assert [f for f, _ in _kernel_calls(result.text)] == ["GemmEpilogue"] * 2
+
+
 def test_emitted_calls_have_the_sites_locations():
     fn, args, _ = corpus.linen_mha(True, SIZE)
     result = hlo.emit(jax.jit(fn, keep_unused=True).lower(*args))

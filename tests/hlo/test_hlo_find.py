@@ -51,6 +51,10 @@ MODELS = {
     "mlp": (mlp, {"gemm_epilogue": 4}),
     "bert": (lambda: corpus.hf_bert(SIZE), {"attention_bias": 2, "gemm_epilogue": 3}),
     "linen_scan": (lambda: corpus.linen_scan(False, SIZE), {"attention": 1, "gemm_epilogue": 1}),
+    "gpt2": (
+        lambda: corpus.hf_gpt2(SIZE),
+        {"attention_bias": 2, "attention_causal_bias": 2, "gemm_epilogue": 2},
+    ),
 }
 
 
@@ -61,7 +65,7 @@ def _sites(report):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_same_sites_on_stablehlo_as_on_the_jaxpr(name):
     build, counts = MODELS[name]
-    if name == "bert" and not corpus.has_transformers():
+    if name in ("bert", "gpt2") and not corpus.has_transformers():
         pytest.skip("transformers is not installed")
     fn, args, desc = build()
     on_jaxpr = rewrite_nested(lift(jax.make_jaxpr(fn)(*args)), default_rules()).report
