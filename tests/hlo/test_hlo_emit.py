@@ -120,6 +120,28 @@ def test_a_refinement_of_a_site_not_emitted_is_skipped_with_the_reason(monkeypat
     assert [f for f, _ in _kernel_calls(result.text)] == ["GemmEpilogue"] * 2
 
 
+WIDER = ["llama", "bart", *corpus.MORE_HF_MODELS]
+
+
+@pytest.mark.parametrize("name", WIDER)
+def test_every_site_of_the_wider_corpus_is_emitted(name):
+    """Every site the rules find in the other Hugging Face models (causal decoders, GQA,
+    ALiBi, encoder-decoders, vision) is emitted, and the module computes what it did."""
+    if not corpus.has_transformers():
+        pytest.skip("transformers is not installed")
+    fn, args, desc = {**corpus.HF_MODELS, **corpus.MORE_HF_MODELS}[name](SIZE)
+    lowered = jax.jit(fn, keep_unused=True).lower(*args)
+    result = hlo.emit(lowered)
+    assert result.report and len(result.emitted) == len(result.report), str(result)
+    assert not result.skipped, str(result)
+    # one kernel call per site; the causal rules refine the kernel of an attention site
+    refined = ("attention_causal_mask", "attention_causal_bias")
+    sites = [r.rule for r in result.report if r.rule not in refined]
+    want = sorted("FlashAttention" if r.startswith("attention") else "GemmEpilogue" for r in sites)
+    assert sorted(f for f, _ in _kernel_calls(result.text)) == want, desc
+    _assert_runs_like(lowered, result.text, jax.tree.leaves(args), desc)
+
+
 def test_emitted_calls_have_the_sites_locations():
     fn, args, _ = corpus.linen_mha(True, SIZE)
     result = hlo.emit(jax.jit(fn, keep_unused=True).lower(*args))
