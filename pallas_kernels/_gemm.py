@@ -34,7 +34,19 @@ pl = dsp.LazyModule("jax.experimental.pallas")  # imported when a kernel is buil
 GEMM_BACKEND_ENV = "PYPM_GEMM_BACKEND"
 GEMM_BACKENDS: tuple[str, ...] = ("triton", "mosaic")
 
-ACTIVATIONS: tuple[str, ...] = ("none", "relu", "gelu_tanh", "gelu", "silu", "sigmoid", "tanh")
+ACTIVATIONS: tuple[str, ...] = (
+    "none",
+    "relu",
+    "gelu_tanh",
+    "gelu",
+    "silu",
+    "sigmoid",
+    "tanh",
+    "quick_gelu",
+)
+
+# quick GELU (CLIP's ``quick_gelu``, in transformers and OpenCLIP): ``x * sigmoid(1.702 x)``.
+QUICK_GELU_SCALE = 1.702
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -70,6 +82,7 @@ _KERNEL_ACTS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "silu": lambda a: a * _sigmoid(a),
     "sigmoid": _sigmoid,
     "tanh": jnp.tanh,
+    "quick_gelu": lambda a: a * _sigmoid(QUICK_GELU_SCALE * a),
 }
 
 # Reference activations: the library functions the original program uses.
@@ -81,6 +94,7 @@ _REF_ACTS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "silu": jax.nn.silu,
     "sigmoid": jax.nn.sigmoid,
     "tanh": jnp.tanh,
+    "quick_gelu": lambda a: a * jax.nn.sigmoid(QUICK_GELU_SCALE * a),
 }
 
 
@@ -526,7 +540,7 @@ def gemm_epilogue(
     """``act(x @ w + bias)``: f32 accumulation, f32 epilogue, result in x's dtype.
 
     ``activation`` is one of :data:`ACTIVATIONS` ("gelu" is the exact erf form,
-    "gelu_tanh" the tanh approximation).  Built on :func:`gemm_fused`; the "xla"
+    "gelu_tanh" the tanh approximation, "quick_gelu" ``x * sigmoid(1.702 x)``).  Built on :func:`gemm_fused`; the "xla"
     implementation is :func:`gemm_epilogue_reference` (library activations).
     """
     _check_activation(activation)

@@ -781,7 +781,7 @@ def gemm_plan(
         bias_vector(bias_shape, n) and len(_ints(bias_shape) or ()) <= len(o_shape)
     ):
         return None
-    if activation not in ("none", "relu", "gelu_tanh", "gelu", "silu", "sigmoid", "tanh"):
+    if activation not in _ACTIVATION_NAMES:
         return None
     return GemmPlan(
         activation=str(activation),
@@ -832,7 +832,10 @@ _ACTIVATIONS = {
     ("div", "exp"): "silu",
     ("logistic", "logistic"): "sigmoid",
     ("tanh", "tanh"): "tanh",
+    ("mul", "mul"): "quick_gelu",
 }
+# pallas_kernels.ACTIVATIONS (not imported here: the rules load without the kernels)
+_ACTIVATION_NAMES = frozenset({"none", *_ACTIVATIONS.values()})
 
 
 @guard_fn("rules.activation_of")

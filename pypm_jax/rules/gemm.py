@@ -35,6 +35,7 @@ __all__ = [
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 INV_SQRT2 = 1.0 / math.sqrt(2.0)
 SQRT2 = math.sqrt(2.0)
+QUICK_GELU_SCALE = 1.702  # pallas_kernels.QUICK_GELU_SCALE (not imported: see _plans)
 
 # ------------------------------------------------------------------ arithmetic spellings
 
@@ -152,6 +153,15 @@ def Activation(h, sig):  # noqa: F811
     """SiLU written out: ``h / (1 + exp(-h))``."""
     sig <= P.exp(P.neg(h))
     return P.div(h, Add2(sig, 1.0))
+
+
+@pm.pattern
+def Activation(h, sig):  # noqa: F811
+    """quick GELU (CLIP's ``quick_gelu`` in transformers, OpenCLIP): ``h * sigmoid(1.702 h)``.
+    ``sig`` is the scaling ``mul``: the root and it are both ``mul``s, which no other
+    activation's pair is (SiLU's is ``mul``, ``logistic``)."""
+    sig <= Mul2(h, QUICK_GELU_SCALE)
+    return Mul2(h, P.logistic(sig))
 
 
 @pm.pattern

@@ -23,7 +23,16 @@ def test_public_api() -> None:
         "supports_gemm",
         "ACTIVATIONS",
     }
-    assert pk.ACTIVATIONS == ("none", "relu", "gelu_tanh", "gelu", "silu", "sigmoid", "tanh")
+    assert pk.ACTIVATIONS == (
+        "none",
+        "relu",
+        "gelu_tanh",
+        "gelu",
+        "silu",
+        "sigmoid",
+        "tanh",
+        "quick_gelu",
+    )
 
 
 @pytest.mark.parametrize(

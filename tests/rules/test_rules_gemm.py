@@ -34,6 +34,10 @@ def _gelu_bloom(y):  # transformers' bloom_gelu_forward: sqrt(2/pi) rounded, x*x
     return y * 0.5 * (1.0 + jnp.tanh(0.79788456 * y * (1 + 0.044715 * y * y)))
 
 
+def _quick_gelu_hf(y):  # transformers.modeling_flax_utils.quick_gelu (CLIP's hidden_act)
+    return pytest.importorskip("transformers.modeling_flax_utils").quick_gelu(y)
+
+
 def _gelu_bloom_far(y):  # the same shape with a constant that is not sqrt(2/pi)
     return y * 0.5 * (1.0 + jnp.tanh(0.7978 * y * (1 + 0.044715 * y * y)))
 
@@ -51,6 +55,8 @@ ACTIVATIONS = {
     "y / (1 + exp(-y))": (lambda y: y / (1.0 + jnp.exp(-y)), "silu"),
     "jax.nn.sigmoid": (jax.nn.sigmoid, "sigmoid"),
     "jnp.tanh": (jnp.tanh, "tanh"),
+    "transformers' quick_gelu": (_quick_gelu_hf, "quick_gelu"),
+    "quick gelu, scale on the right": (lambda y: jax.nn.sigmoid(y * 1.702) * y, "quick_gelu"),
 }
 
 
@@ -73,6 +79,16 @@ def test_bloom_gelu_needs_sqrt_2_over_pi_to_seven_digits():
         return _gelu_bloom_far(x @ w + b)
 
     check(dense, operands(), {}, what="tanh GELU with 0.7978 for sqrt(2/pi)")
+
+
+def test_quick_gelu_needs_its_scale():
+    """``y * sigmoid(1.7 y)`` is neither quick GELU nor SiLU: left alone."""
+
+    def dense(x, w, b):
+        y = x @ w + b
+        return y * jax.nn.sigmoid(1.7 * y)
+
+    check(dense, operands(), {}, what="y * sigmoid(1.7 y)")
 
 
 def test_flax_dense_gelu_gradients():

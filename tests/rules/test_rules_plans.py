@@ -88,6 +88,7 @@ def test_scale_kind_bias_sign_activation_of():
     assert G.activation_of(P.mul, P.logistic) == "silu" == G.activation_of(P.div, P.exp)
     assert G.activation_of(P.logistic, P.logistic) == "sigmoid"
     assert G.activation_of(P.tanh, P.tanh) == "tanh"
+    assert G.activation_of(P.mul, P.mul) == "quick_gelu"
     assert G.activation_of(P.mul, P.exp) is None
 
 
