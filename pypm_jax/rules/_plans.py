@@ -646,6 +646,14 @@ def reshape_keeps_last_two(dimensions: Any, in_shape: Any, out_shape: Any) -> bo
     return inp[-2:] == out[-2:]
 
 
+@guard_fn("rules.has_rows")
+def has_rows(shape: Any) -> bool:
+    """More than one row: a second-last axis longer than 1 (a mask that can be causal in a
+    way worth promising; a padding mask broadcast over the queries has one row)."""
+    s = _ints(shape)
+    return s is not None and len(s) >= 2 and s[-2] > 1
+
+
 @guard_fn("rules.tril_compare")
 def tril_compare(row_shape: Any, col_shape: Any, out_shape: Any) -> bool:
     """``row >= col`` (or ``>``) of a query index and a key index: the query index must span

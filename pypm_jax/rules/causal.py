@@ -42,6 +42,7 @@ from ._plans import (
     causal_flag_plan,
     causal_plan,
     dpa_plan,
+    has_rows,
     keeps_axes,
     moves_last_to_row,
     reshape_keeps_last_two,
@@ -362,6 +363,17 @@ def ExactTril():  # noqa: F811
 
 
 @pm.pattern
+def Rows(p):
+    """``p``, if it has more than one row (second-last axis). Encoders hand the attention a
+    padding mask broadcast over the queries: one row, never worth proving causal (a causal
+    one-row mask would show each query key 0 alone). Checked here, the guard turns such a
+    mask away before ``Tril()`` explores it: a match constraint (``p <= Tril()``) is tried
+    after the pattern it constrains, a sub-pattern's guard as soon as its body matched."""
+    assert has_rows(p.shape)
+    return p
+
+
+@pm.pattern
 def CausalBias(p):
     """``where(p, 0, big_negative)`` of a causal p: Hugging Face's decoders' attention bias.
     big_negative must be at most the kernel's ``MASK_VALUE / 2`` (``finfo.min``, of float32
@@ -369,7 +381,7 @@ def CausalBias(p):
     fill, zero = pm.var(), pm.var()
     p <= Tril()
     assert fill.value <= CAUSAL_FILL_MAX and zero.value == 0
-    return P.select_n(p, Splat(fill), Splat(zero))
+    return P.select_n(Rows(p), Splat(fill), Splat(zero))
 
 
 @pm.pattern
@@ -400,7 +412,7 @@ def CausalBias(p):  # noqa: F811
 
 @pm.pattern
 def CausalMasked(f, a, b, v, bias, mask, c):
-    f <= FlashAttention(a, b, v, bias, mask, c)
+    f <= FlashAttention(a, b, v, bias, Rows(mask), c)
     mask <= Tril()
     return f
 

@@ -18,7 +18,7 @@ from jax import lax
 from rules_helpers import check, kernel_nodes
 
 from pallas_kernels._attention import _FULLY_MASKED_THRESHOLD
-from pypm_jax.rules._plans import AttentionPlan, causal_plan
+from pypm_jax.rules._plans import AttentionPlan, causal_plan, has_rows
 from pypm_jax.rules.causal import CAUSAL_FILL_MAX
 
 B, S, H, D = 2, 40, 2, 32
@@ -200,6 +200,28 @@ def test_mask_argument_is_not_assumed_causal():
     args = (*qkv(), nn.make_causal_mask(jnp.ones((B, S))))
     fast = check(attn, args, {"attention_mask": 1})
     assert not causal_of(fast, args)
+
+
+def test_a_one_row_mask_is_not_proven_causal():
+    """A mask of one row (what encoders pass: padding, broadcast over the queries) is turned
+    away by ``Rows`` before ``Tril()`` explores it, even one ``Tril()`` would prove (key 0
+    alone): no promise."""
+    assert has_rows((1, 1, S, SKV)) and has_rows((S, 2))
+    assert not has_rows((1, 1, 1, SKV)) and not has_rows((SKV,)) and not has_rows(None)
+
+    def attn(q, k, v):
+        key0 = jnp.tril(jnp.ones((1, k.shape[1]), bool))[None, None]
+        return nn.dot_product_attention(q, k, v, mask=key0)
+
+    fast = check(attn, qkv(), {"attention_mask": 1})
+    assert not causal_of(fast, qkv())
+
+    def biased(q, k, v):
+        pad = jnp.arange(k.shape[1])[None, None, None, :] < 30
+        return nn.dot_product_attention(q, k, v, bias=_hf_bias(pad, -3e38))
+
+    fast = check(biased, qkv(), {"attention_bias": 1})
+    assert not causal_of(fast, qkv())
 
 
 def _plan(perm_scores=(0, 1, 2, 3), **kw):
