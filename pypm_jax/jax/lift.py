@@ -256,6 +256,9 @@ class _Lifter:
             env[var] = self._constant(prog, value, var.aval)
         self._eqns(prog, jaxpr.eqns, env, prefix, [], loc)
         g.set_outputs([self._read(prog, env, v) for v in jaxpr.outvars])
+        # what no output reads (and has no effect) is not the program: JAX's lowering drops
+        # it too. Rewriting it would be wasted, and reported sites that never run.
+        g.dce()
         g.compact()  # matching then reads the graph's memory in order
         return prog
 

@@ -253,6 +253,27 @@ def test_effects_are_kept_and_never_merged(capfd):
     np.testing.assert_allclose(out, f(x), rtol=1e-6)
 
 
+def test_dead_code_is_not_lifted_but_effects_are(capfd):
+    """What no output reads is not the program (Hugging Face's ``init_cache`` traces a whole
+    model call whose outputs it drops): not lifted, so never rewritten or reported. An
+    effect nothing reads is kept."""
+
+    def f(x, w):
+        unused = jnp.tanh(x @ w)  # noqa: F841
+        jax.debug.print("kept {}", x[0])
+        return x + 1.0
+
+    x, w = jnp.ones(3), jnp.ones((3, 3))
+    prog, _, run = _run(f, x, w)
+    names = [n.op.name for n in prog.graph.nodes()]
+    assert "tanh" not in names and "dot_general" not in names, names
+    assert names.count("debug_print") == 1
+    assert len(prog.inputs) == 2  # the inputs stay, read or not
+    np.testing.assert_allclose(run(x, w)[0], f(x, w))
+    jax.effects_barrier()
+    assert "kept 1.0" in capfd.readouterr().out
+
+
 def test_effects_inside_jitted_calls_do_not_hide_the_rest_of_the_body(capfd):
     @jax.jit
     def inner(a):

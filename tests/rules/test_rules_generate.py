@@ -89,3 +89,30 @@ def test_greedy_decoding_with_a_kv_cache(name):
         if step <= 1:  # the prefill's program and the decode step's
             assert_kernels_run_as(fast, args, "interpret")
         ids, start = tokens[:, None], start + ids.shape[1]
+
+
+def test_hugging_face_generate_under_optimize():
+    """``model.generate`` (greedy; its steps in a ``lax.while_loop``) as one optimized
+    function: the attention and MLP sites of the prompt's call and of the loop's body are
+    rewritten, and the tokens are ``jax.jit``'s."""
+    if not corpus.has_transformers():
+        pytest.skip("transformers is not installed")
+    model, params = _gpt2()
+    prompt = jax.random.randint(jax.random.PRNGKey(1), (B, PROMPT), 0, 100)
+
+    def generate(params, ids):
+        out = model.generate(ids, params=params, max_length=PROMPT + 6, pad_token_id=0)
+        return out.sequences
+
+    fast = optimize(generate)
+    args = (params, prompt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OptimizationFallbackWarning)
+        got = fast(*args)
+    report = fast.report(*args)
+    assert report.fallback is None, report.fallback
+    # two model calls (the prompt, the loop's body), two layers each; init_cache traces the
+    # model too, but nothing reads that call's outputs: it is not lifted (dead code)
+    assert report.counts() == {"attention_bias": 4, "gemm_epilogue": 4}, str(report)
+    np.testing.assert_array_equal(got, jax.jit(generate)(*args))
+    assert_kernels_run_as(fast, args, "interpret")
