@@ -35,6 +35,8 @@ __all__ = [
 
 import heapq
 import itertools
+import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +79,14 @@ from ._guards import Undefined, eval_expr, guard_holds
 from ._match import Match
 from ._subst import FreshNames, unfold
 from ._terms import CONST, LEAF, Term
+
+log = logging.getLogger("pypm_jax.rewrite")
+
+# A run still going after PROGRESS_SECONDS logs its progress (INFO, logger
+# "pypm_jax.rewrite"), and again every PROGRESS_SECONDS. The clock is read every
+# _PROGRESS_STRIDE visits only.
+PROGRESS_SECONDS = 5.0
+_PROGRESS_STRIDE = 1024
 
 # ----------------------------------------------------------------------------- the report
 
@@ -296,6 +306,8 @@ class _Driver:
         fast, is_output, try_rule = self.fast, g.is_output, self.try_rule
         rank_of = self.rank_of
         visits = pos = 0
+        next_check = _PROGRESS_STRIDE
+        started = last = time.monotonic()
         while True:
             # (the sweep's nodes are original ones: their major is their id or rank_of's)
             if heap and (
@@ -315,6 +327,16 @@ class _Driver:
             if not cands:
                 continue
             visits += 1
+            if visits >= next_check:
+                next_check += _PROGRESS_STRIDE
+                now = time.monotonic()
+                if now - last >= PROGRESS_SECONDS:
+                    last = now
+                    log.info(
+                        "rewriting: %d of %d nodes swept, %d revisits queued, %d rewrites, "
+                        "%.0f s",
+                        pos, n_order, len(heap), len(self.report), now - started,
+                    )  # fmt: skip
             if not fast or len(node.outputs) > 1:
                 self.visit(node, cands, pos)
                 continue

@@ -18,8 +18,10 @@ import functools
 import gc
 import importlib
 import importlib.util
+import logging
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +40,8 @@ from .report import (
     VerificationError,
     compare,
 )
+
+log = logging.getLogger("pypm_jax.optimize")
 
 # ------------------------------------------------------------------------------ rewriting
 
@@ -162,6 +166,32 @@ def _user_stacklevel() -> int:
     return 1
 
 
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+def _signature(flat: Sequence[Any]) -> str:
+    """``(f32[2,8,64], i32[2,8])``: the first few flattened arguments' types."""
+    shown = []
+    for x in flat[:4]:
+        try:
+            shown.append(jax.typeof(x).str_short(short_dtypes=True))
+        except Exception:  # noqa: BLE001 - only a log line: never fail on it
+            shown.append(type(x).__name__)
+    more = f", ... ({len(flat)} arrays)" if len(flat) > 4 else ""
+    return f"({', '.join(shown)}{more})"
+
+
+def _rewrites(records: Sequence[RewriteRecord]) -> str:
+    """``24 rewrites (attention_bias x12, gemm_epilogue x12)``."""
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.rule] = counts.get(r.rule, 0) + 1
+    what = ", ".join(f"{rule} x{n}" for rule, n in counts.items())
+    n = len(records)
+    return f"{n} rewrite{'' if n == 1 else 's'} ({what})" if records else "no rewrites"
+
+
 def _has_tracers(values: Sequence[Any]) -> bool:
     return _compat.has_tracers(values)
 
@@ -260,13 +290,17 @@ class Optimized:
             return out_flat
 
         self.traces += 1
+        t0 = time.perf_counter()
         closed = jax.make_jaxpr(flat_fn)(*flat)  # the user's errors propagate, as with jit
         entry = _Entry(closed=closed, out_tree=out_store[-1])
         try:
             with _gc_paused():
+                t1 = time.perf_counter()
                 prog = lift(closed, in_names=_input_names(in_tree, flat))
+                t2 = time.perf_counter()
                 result = rewrite_nested(prog, self.rules, **self.rewrite_options)
                 entry.records = list(result.report)
+                t3 = time.perf_counter()
                 run = lower(prog)
 
                 # trace the rewritten program on its own first: a failure (a kernel raising,
@@ -280,6 +314,14 @@ class Optimized:
                 # the caller's trace calls it: jit reuses this trace (one call equation of
                 # the checked program), so the rewritten program is traced once, not twice
                 entry.run = program
+            if log.isEnabledFor(logging.INFO):
+                ms = [(t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3]
+                log.info(
+                    "pm.optimize(%s) for %s: traced in %.0f ms, lifted %d nodes in %.0f ms, "
+                    "%s in %.0f ms, lowered and traced again in %.0f ms",
+                    _name(self.fn), _signature(flat), ms[0], len(prog.graph), ms[1],
+                    _rewrites(entry.records), ms[2], (time.perf_counter() - t3) * 1e3,
+                )  # fmt: skip
         except Exception as exc:  # any failure: the original program, and say why
             self._fall_back(entry, f"rewriting failed: {_describe(exc)}")
         return entry
@@ -288,9 +330,8 @@ class Optimized:
         """Run the original program for this signature from now on, and warn once."""
         entry.fallback = why
         entry.run = None
-        name = getattr(self.fn, "__qualname__", repr(self.fn))
         warnings.warn(
-            f"pm.optimize({name}): {why}; running the original program",
+            f"pm.optimize({_name(self.fn)}): {why}; running the original program",
             OptimizationFallbackWarning,
             stacklevel=_user_stacklevel(),
         )

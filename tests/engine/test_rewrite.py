@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from engine_helpers import F1, F2, F32, G2, H2, SPLIT, A, B, dags, guards, pattern_defs, same_type
 from hypothesis import given
@@ -411,3 +413,33 @@ def test_a_root_read_by_its_own_result_is_revisited_when_it_gains_a_reader(engin
     with pytest.raises(RewriteLimitError) as info:
         rewrite(g, [unwrap, wrap], max_iterations=40, engine=engine)
     assert "wrap" in str(info.value) and "unwrap" in str(info.value)
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_a_long_run_logs_its_progress(engine, monkeypatch, caplog):
+    """A run still going after ``PROGRESS_SECONDS`` says how far it got (logger
+    ``pypm_jax.rewrite``, INFO); here every 2 visits, the clock never waited for."""
+    import logging
+
+    from pypm_jax import _rewrite
+
+    monkeypatch.setattr(_rewrite, "PROGRESS_SECONDS", 0.0)
+    monkeypatch.setattr(_rewrite, "_PROGRESS_STRIDE", 2)
+    g = Graph([G2(F1(F1(A)), F1(B)), F1(F2(A)), F1(F2(B)), F1(F1(F1(B)))])
+    with caplog.at_level(logging.INFO, logger="pypm_jax.rewrite"):
+        report = rewrite(g, [F1_TO_F2], engine=engine).report
+    lines = [r.getMessage() for r in caplog.records if r.name == "pypm_jax.rewrite"]
+    form = re.compile(
+        r"rewriting: (\d+) of (\d+) nodes swept, \d+ revisits queued, (\d+) rewrites, \d+ s"
+    )
+    found = [form.fullmatch(m) for m in lines]
+    assert len(lines) >= 2 and all(found), lines  # every 2nd visit logs
+    swept = [int(m[1]) for m in found]
+    done = [int(m[3]) for m in found]
+    assert swept == sorted(swept) and done == sorted(done) and done[-1] < len(report)
+    assert {int(m[2]) for m in found} == {7}  # the F1 nodes: those the rule can start at
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pypm_jax.rewrite"):
+        monkeypatch.setattr(_rewrite, "PROGRESS_SECONDS", 3600.0)
+        rewrite(Graph([F1(F1(A))]), [F1_TO_F2], engine=engine)
+    assert not [r for r in caplog.records if r.name == "pypm_jax.rewrite"]  # a short run: quiet

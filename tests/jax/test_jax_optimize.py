@@ -164,6 +164,27 @@ def test_cache_traces_once_per_signature():
     assert len(traces) == 3
 
 
+def test_each_signature_logs_what_it_did(caplog):
+    """Logger ``pypm_jax.optimize`` (INFO): one line per signature rewritten, naming the
+    function, its argument types, the nodes lifted and the rewrites, with the phases' times."""
+    import logging
+
+    def g(x, y):
+        return jnp.exp(x) * y
+
+    fast = optimize(g, rules=[exp_kernel])
+    with caplog.at_level(logging.INFO, logger="pypm_jax.optimize"):
+        fast(X, Y)
+        fast(X + 1, Y)  # the same signature: nothing new
+        fast(jnp.ones(4), jnp.ones(4))
+    lines = [r.getMessage() for r in caplog.records if r.name == "pypm_jax.optimize"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("pm.optimize(test_each_signature_logs_what_it_did.<locals>.g)")
+    assert "for (f32[2,3], f32[2,3])" in lines[0] and "for (f32[4], f32[4])" in lines[1]
+    for line in lines:
+        assert "1 rewrite (exp_kernel x1)" in line and " nodes in " in line, line
+
+
 def test_pytrees_in_and_out_and_kwargs():
     def g(params, batch, *, scale):
         h = jnp.exp(batch["x"] @ params["w"]) * scale
