@@ -261,6 +261,7 @@ _ACT_PLAIN = {
     "gelu_tanh": lambda y: jax.nn.gelu(y, approximate=True),
     "gelu": lambda y: jax.nn.gelu(y, approximate=False),
     "silu": jax.nn.silu,
+    "quick_gelu": lambda y: y * jax.nn.sigmoid(1.702 * y),  # transformers' (CLIP's) spelling
 }
 
 
@@ -542,7 +543,14 @@ def main() -> None:
                 samples,
                 out,
             )
-            gemm_table([(2048, 1024, 4096)], ["gelu", "silu"], jnp.float16, "pallas", samples, out)
+            gemm_table(
+                [(2048, 1024, 4096)],
+                ["gelu", "silu", "quick_gelu"],
+                jnp.float16,
+                "pallas",
+                samples,
+                out,
+            )
         print(
             "\ndefault tiles: attention d64",
             default_blocks(2048, 2048, 64, jnp.bfloat16, False),
