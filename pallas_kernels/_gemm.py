@@ -540,8 +540,9 @@ def gemm_epilogue(
     """``act(x @ w + bias)``: f32 accumulation, f32 epilogue, result in x's dtype.
 
     ``activation`` is one of :data:`ACTIVATIONS` ("gelu" is the exact erf form,
-    "gelu_tanh" the tanh approximation, "quick_gelu" ``x * sigmoid(1.702 x)``).  Built on :func:`gemm_fused`; the "xla"
-    implementation is :func:`gemm_epilogue_reference` (library activations).
+    "gelu_tanh" the tanh approximation, "quick_gelu" ``x * sigmoid(1.702 x)``).  Built on
+    :func:`gemm_fused`; the "xla" implementation is :func:`gemm_epilogue_reference` (library
+    activations).
     """
     _check_activation(activation)
     cols = () if bias is None else (bias,)

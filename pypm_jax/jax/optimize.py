@@ -182,14 +182,11 @@ def _signature(flat: Sequence[Any]) -> str:
     return f"({', '.join(shown)}{more})"
 
 
-def _rewrites(records: Sequence[RewriteRecord]) -> str:
+def _rewrites(report: OptimizeReport) -> str:
     """``24 rewrites (attention_bias x12, gemm_epilogue x12)``."""
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r.rule] = counts.get(r.rule, 0) + 1
-    what = ", ".join(f"{rule} x{n}" for rule, n in counts.items())
-    n = len(records)
-    return f"{n} rewrite{'' if n == 1 else 's'} ({what})" if records else "no rewrites"
+    what = ", ".join(f"{rule} x{n}" for rule, n in report.counts().items())
+    n = len(report)
+    return f"{n} rewrite{'' if n == 1 else 's'} ({what})" if n else "no rewrites"
 
 
 def _has_tracers(values: Sequence[Any]) -> bool:
@@ -315,12 +312,12 @@ class Optimized:
                 # the checked program), so the rewritten program is traced once, not twice
                 entry.run = program
             if log.isEnabledFor(logging.INFO):
-                ms = [(t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3]
+                t4 = time.perf_counter()
                 log.info(
                     "pm.optimize(%s) for %s: traced in %.0f ms, lifted %d nodes in %.0f ms, "
                     "%s in %.0f ms, lowered and traced again in %.0f ms",
-                    _name(self.fn), _signature(flat), ms[0], len(prog.graph), ms[1],
-                    _rewrites(entry.records), ms[2], (time.perf_counter() - t3) * 1e3,
+                    _name(self.fn), _signature(flat), (t1 - t0) * 1e3, len(prog.graph),
+                    (t2 - t1) * 1e3, _rewrites(entry.report()), (t3 - t2) * 1e3, (t4 - t3) * 1e3,
                 )  # fmt: skip
         except Exception as exc:  # any failure: the original program, and say why
             self._fall_back(entry, f"rewriting failed: {_describe(exc)}")
