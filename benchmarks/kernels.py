@@ -430,7 +430,8 @@ def tune(samples: int, what: list[str]) -> None:
 
 def tune_mosaic(samples: int) -> None:
     """Tiles of the Hopper kernel against XLA's fused ``relu(x @ w + b)`` (the epilogue
-    furthest from the target in session 4), each timed side by side with XLA."""
+    furthest from the target in the H100 timings of the Triton kernel), each timed side by side
+    with XLA."""
     print("\n## Mosaic GEMM sweep, bf16 relu: kernel ms / XLA ms\n", flush=True)
     orig = jax.jit(lambda x, w, b: jax.nn.relu(x @ w + b))
     for m, kdim, n in [(8192, 1024, 4096), (4096, 4096, 4096), (8192, 4096, 1024)]:

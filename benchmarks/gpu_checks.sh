@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The GPU checks, one stage per call of the device machine (each call: 10 minutes at most).
 #
-#   bash benchmarks/gpu_session.sh tests     # pytest -m gpu tests/  (kernels + corpus)
-#   bash benchmarks/gpu_session.sh kernels   # benchmarks/kernels.py --tune gemm
-#   bash benchmarks/gpu_session.sh attention # the attention tables alone, with the decoder
-#                                            # causal bias as data vs mask_is_causal
-#   bash benchmarks/gpu_session.sh gemm      # the GEMM part alone: Triton and Mosaic sweeps,
-#                                            # the GEMM tables (Mosaic column on a Hopper)
-#   bash benchmarks/gpu_session.sh e2e       # benchmarks/e2e.py --size gpu, whole corpus
-#   bash benchmarks/gpu_session.sh e2e-mosaic  # the same, PYPM_GEMM_BACKEND=prefer-mosaic
+#   bash benchmarks/gpu_checks.sh tests     # pytest -m gpu tests/  (kernels + corpus)
+#   bash benchmarks/gpu_checks.sh kernels   # benchmarks/kernels.py --tune gemm
+#   bash benchmarks/gpu_checks.sh attention # the attention tables alone, with the decoder
+#                                           # causal bias as data vs mask_is_causal
+#   bash benchmarks/gpu_checks.sh gemm      # the GEMM part alone: Triton and Mosaic sweeps,
+#                                           # the GEMM tables (Mosaic column on a Hopper)
+#   bash benchmarks/gpu_checks.sh e2e       # benchmarks/e2e.py --size gpu, whole corpus
+#   bash benchmarks/gpu_checks.sh e2e-mosaic  # the same, PYPM_GEMM_BACKEND=prefer-mosaic
 #
-# Run from the repository root on the device (docs/STATUS.md, "On a GPU"). Its image has
+# Run from the repository root on the device (docs/STATUS.md, "Next steps"). Its image has
 # JAX, Flax, pytest and Hypothesis, but transformers 5 (no Flax models) and a
 # huggingface_hub 1.x that transformers 4.57.6 refuses: carry the wheels in `.whl/`
 # (git-ignored), made here with
@@ -22,7 +22,7 @@
 # and name `.whl` in the call's carry. Output goes to $OUT (the device tool brings it back)
 # and to the terminal; the first lines name the GPU and the versions.
 set -uo pipefail
-stage=${1:?usage: gpu_session.sh tests|kernels|attention|gemm|e2e|e2e-mosaic}
+stage=${1:?usage: gpu_checks.sh tests|kernels|attention|gemm|e2e|e2e-mosaic}
 OUT=${OUT:-/tmp/pypm-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
