@@ -211,12 +211,15 @@ def _load(rules: Sequence[Rule], path: str) -> tuple[list[Any], list[Any]] | Non
         log.debug("prebuilt rules: %s holds other rules; building them", path)
         return None
     ops = header.get("ops")
-    unknown = [q for q in ops if _registry.OPS.get(q) is None] if type(ops) is list else [ops]
+    if type(ops) is not list:
+        ops = [ops]
+    unknown = [q for q in ops if type(q) is not str or _registry.OPS.get(q) is None]
     if unknown:
         log.debug("prebuilt rules: operators %s are not registered; building the rules", unknown)
         return None
     where = _code_dir(rules)
     if where is None:
+        log.debug("prebuilt rules: the rules have no source file; building them")
         return None
     blob = blob.replace(b'"file":"' + _MARK.encode(), _file_prefix(where))
     try:
