@@ -68,6 +68,15 @@ def test_the_shipped_data_is_current():
     )
 
 
+def test_the_command_line_checks_the_shipped_data(capsys):
+    from pypm_jax.rules import __main__ as cli
+
+    assert cli.main(["--check"]) == 0
+    assert "current" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main([])  # --regenerate or --check is required
+
+
 def test_the_shipped_data_is_package_data():
     import tomllib
 
