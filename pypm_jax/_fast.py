@@ -1376,9 +1376,9 @@ _compiled = _ByIdentity(CompiledPattern)
 # ------------------------------------------------------- summaries of compiled patterns
 #
 # What compiling a pattern for the machine decides (no generated code; its root operators;
-# its pre-check) is data: a summary in JSON values, operators by qualified name. A cache of
-# summaries (the standard rules keep one on disk, pypm_jax.rules._cache) lets a new process
-# skip deciding again; it holds no code, and a summary that does not fit its pattern is
+# its pre-check) is data: a summary in JSON values, operators by qualified name. Summaries
+# shipped with the package (the standard rules', pypm_jax.rules._prebuilt) let a new process
+# skip deciding again; they hold no code, and a summary that does not fit its pattern is
 # refused, so the pattern is compiled as usual.
 
 

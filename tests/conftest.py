@@ -52,10 +52,3 @@ def _engines() -> list[str]:
 def engine(request) -> str:
     """Every matcher test runs against the paper's machine and against the fast engine."""
     return request.param
-
-
-# The default rules' definition cache (pypm_jax.rules._cache) goes to a directory of this
-# run, not the user's ~/.cache.
-import tempfile  # noqa: E402
-
-os.environ.setdefault("PYPM_CACHE_DIR", tempfile.mkdtemp(prefix="pypm-test-cache-"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _cache, attention, causal, gemm
+from . import _prebuilt, attention, causal, gemm
 from ._kernels import FlashAttention, GemmEpilogue
 from .attention import (
     ATTENTION_RULES,
@@ -88,9 +88,10 @@ def gemm_rules(*, linear: bool = False) -> list[Any]:
 def default_rules() -> list[Any]:
     """The rules ``pm.optimize`` applies by default: attention rules, then epilogue rules.
 
-    Their core definitions come from an on-disk cache when it holds them for this exact code
-    (:mod:`pypm_jax.rules._cache`), instead of running the frontend in every process.
+    Their core definitions and compile summaries come from the data shipped in the package
+    when it was built from these exact sources (:mod:`pypm_jax.rules._prebuilt`), instead of
+    running the frontend in every process.
     """
     rules = attention_rules() + gemm_rules()
-    _cache.prime(rules)
+    _prebuilt.prime(rules)
     return rules

@@ -1,0 +1,32 @@
+"""``python -m pypm_jax.rules --regenerate``: rebuild the standard rules' shipped data
+(``pypm_jax/rules/_prebuilt.pypm``) from their sources; ``--check`` only says whether it is
+current (exit status 1 when not)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import _prebuilt, attention_rules, gemm_rules
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pypm_jax.rules", description=__doc__)
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--regenerate", action="store_true", help="rewrite the shipped data")
+    what.add_argument("--check", action="store_true", help="exit 1 if it is not current")
+    args = ap.parse_args(argv)
+    rules = attention_rules() + gemm_rules()
+    if args.check:
+        current = _prebuilt.read_data() == _prebuilt.render(rules)
+        print(
+            f"{_prebuilt.DATA_PATH}: {'current' if current else 'stale; run ' + _prebuilt.REGENERATE}"
+        )
+        return 0 if current else 1
+    changed = _prebuilt.regenerate(rules)
+    print(f"{_prebuilt.DATA_PATH}: {'rewritten' if changed else 'already current'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
