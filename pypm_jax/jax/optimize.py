@@ -2,9 +2,11 @@
 
 ``optimize(fn)`` behaves like ``jax.jit(fn)``: pytrees in and out, static arguments, one
 trace per signature (treedef, avals, static values). Rewriting never makes a program fail or
-compute something else silently: any failure while rewriting or lowering, or while tracing or
-compiling the rewritten program, falls back to the original program with an
-:class:`~pypm_jax.jax.report.OptimizationFallbackWarning` naming the cause; ``verify=True``
+compute something else silently: any failure before the rewritten program runs (rewriting,
+lowering, tracing or compiling it) falls back to the original program with an
+:class:`~pypm_jax.jax.report.OptimizationFallbackWarning` naming the cause. An error raised
+while the program runs (a callback, a runtime check) propagates unchanged, as under
+``jax.jit``: the program is never run a second time, so its effects happen once. ``verify=True``
 additionally compares both programs on the first concrete inputs of each signature and raises
 a :class:`~pypm_jax.jax.report.VerificationError` naming the rewrite that changed the result.
 """
@@ -140,6 +142,7 @@ class _Entry:
     records: list[RewriteRecord] = field(default_factory=list)
     fallback: str | None = None
     verified: bool = False
+    compiles: bool = False  # the rewritten program is known to compile (see _recover)
 
     def report(self) -> OptimizeReport:
         return OptimizeReport.of(self.records, self.fallback)
@@ -357,7 +360,10 @@ class Optimized:
         return out
 
     def _recover(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: Exception) -> bool:
-        """After a failed call: was it the rewritten program? Then fall back and retry."""
+        """After a failed call: did the rewritten program fail to compile? Then fall back
+        and retry. An error raised while it ran is the program's own (an ``io_callback``,
+        a runtime check): it propagates as under ``jax.jit``, and running again would
+        repeat the program's effects."""
         try:
             key, _, _ = self._key(args, kwargs)
         except Exception:
@@ -365,8 +371,10 @@ class Optimized:
         entry = self._cache.get(key)
         if entry is None or entry.run is None or key in self._failed:
             return False  # the original program failed: the caller's error
+        if entry.compiles or not _fails_to_compile(entry):
+            return False  # it compiled, so it ran: the error is the program's own
         self._failed.add(key)
-        self._fall_back(entry, f"the rewritten program failed: {_describe(exc)}")
+        self._fall_back(entry, f"the rewritten program failed to compile: {_describe(exc)}")
         for jitted in self._jitted.values():
             jitted.clear_cache()  # the next call re-traces, now with the original program
         return True
@@ -426,6 +434,22 @@ class Optimized:
             if _first_difference(expected, got) is not None:
                 return records
         return list(entry.records)
+
+
+def _fails_to_compile(entry: _Entry) -> bool:
+    """Does lowering or compiling the rewritten program alone fail (a kernel the backend
+    cannot lower)? Asked only after a call failed, so a call that works pays nothing; it
+    runs nothing."""
+    specs = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=bool(getattr(a, "weak_type", False)))
+        for a in entry.closed.in_avals
+    ]
+    try:
+        entry.run.lower(*specs).compile()
+    except Exception:  # noqa: BLE001 - any failure here is one of compiling
+        return True
+    entry.compiles = True
+    return False
 
 
 @contextlib.contextmanager
