@@ -80,3 +80,120 @@ def test_an_error_while_the_program_runs_propagates_and_its_effects_happen_once(
     assert len(log) == 2
     assert fast.report(X).fallback is None
     assert fast.traces == 1
+
+
+# ------------------------------------------------------------- rewrites preserve types
+
+
+@pm.pattern
+def Tanh(x):
+    return prims.tanh(x)
+
+
+@pm.op(op_class="kernel")
+def TanhKernel(x):
+    return 1
+
+
+register_impl(TanhKernel, lambda x: jnp.tanh(x))
+
+
+@pm.rule(Tanh)
+def tanh_kernel(x):
+    return TanhKernel(x)
+
+
+@pm.rule(Exp)
+def exp_transposed(x):  # wrong: (2, 3) becomes (3, 2)
+    return prims.transpose(prims.exp(x), permutation=(1, 0))
+
+
+def _sliced(x):
+    return jnp.exp(x)[:2, :2] + jnp.tanh(x)[:2, :2]  # the slice reads (2, 3) and (3, 2) alike
+
+
+def test_a_rule_changing_a_shape_is_left_out_and_the_others_still_apply():
+    fast = pm.optimize(_sliced, rules=[exp_transposed, tanh_kernel])
+    with pytest.warns(pm.jax.RuleDisabledWarning, match="exp_transposed") as record:
+        out = fast(X)
+    np.testing.assert_allclose(out, _sliced(X), rtol=1e-6)
+    (w,) = [w for w in record if issubclass(w.category, pm.jax.RuleDisabledWarning)]
+    assert f"{__file__}:{exp_transposed.definition.loc.line}" in str(w.message)
+    assert "shape" in str(w.message) and "f32[3,2]" in str(w.message)
+    report = fast.report(X)
+    assert report.fallback is None
+    assert [r.rule for r in report] == ["tanh_kernel"]  # the other rule still fired
+    assert len(report.disabled) == 1 and "exp_transposed" in report.disabled[0]
+
+
+@pm.rule(Exp)
+def exp_in_half(x):  # wrong: f32 becomes f16
+    return prims.convert_element_type(prims.exp(x), new_dtype=pm.f16)
+
+
+def test_a_rule_changing_a_dtype_is_left_out():
+    def g(x):
+        return jnp.exp(x) * 2
+
+    fast = pm.optimize(g, rules=[exp_in_half])
+    with pytest.warns(pm.jax.RuleDisabledWarning, match="exp_in_half.*dtype"):
+        out = fast(X)
+    np.testing.assert_array_equal(out, jax.jit(g)(X))
+    assert len(fast.report(X)) == 0 and fast.report(X).fallback is None
+
+
+# ------------------------------------------------------------ a broken rule alone is off
+
+
+@pm.rule(Exp)
+def wrong_arity(x):
+    return prims.add(x)  # add takes two inputs
+
+
+@pm.pattern
+def Binary(x, y, f: pm.Op):
+    return f(x, y)
+
+
+@pm.rule(Binary)
+def returns_operator(x, y, f):
+    return f
+
+
+def _exp_tanh(x):
+    return jnp.exp(x) + jnp.tanh(x)
+
+
+@pytest.mark.parametrize("broken", [wrong_arity, returns_operator], ids=lambda r: r.name)
+def test_a_rule_that_cannot_be_compiled_is_left_out_alone(broken):
+    fast = pm.optimize(_exp_tanh, rules=[broken, tanh_kernel, exp_kernel])
+    with pytest.warns(pm.jax.RuleDisabledWarning, match=broken.name) as record:
+        out = fast(X)
+    np.testing.assert_allclose(out, _exp_tanh(X), rtol=1e-6)
+    (w,) = [w for w in record if issubclass(w.category, pm.jax.RuleDisabledWarning)]
+    assert f"{__file__}:{broken.fn.__code__.co_firstlineno + 1}" in str(w.message)  # its def
+    assert w.filename == __file__  # the warning points at the caller
+    report = fast.report(X)
+    assert report.fallback is None
+    assert sorted(r.rule for r in report) == ["exp_kernel", "tanh_kernel"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fast(X + 1)  # another signature: no second warning for the same rule
+
+
+def test_a_broken_rule_does_not_switch_the_default_rules_off():
+    def attention(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / 8.0
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
+
+    q = jnp.ones((1, 16, 2, 64), jnp.float32)
+    fast = pm.optimize(attention, rules=[wrong_arity, *pm.jax.default_rules()])
+    with pytest.warns(pm.jax.RuleDisabledWarning, match="wrong_arity"):
+        fast(q, q, q)
+    report = fast.report(q, q, q)
+    assert report.fallback is None and len(report) >= 1
+
+
+def test_a_pattern_given_as_a_rule_is_a_type_error_at_optimize_time():
+    with pytest.raises(TypeError, match=r"rules\[1\] is the pattern Exp .*test_jax_reliability"):
+        pm.optimize(_exp_tanh, rules=[tanh_kernel, Exp])
