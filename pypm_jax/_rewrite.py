@@ -843,8 +843,10 @@ def _warn_guard_failures(rules: Sequence[RuleDef], failures: list[tuple[str, Exc
             ", ".join(f"{r.name} ({r.loc})" if r.loc is not None else r.name for r in users) or "?"
         )
         warnings.warn(
-            f"guard function {name} raised {type(exc).__name__}: {exc}; the guard calling it "
-            f"does not hold, in rule(s) {named}",
+            printable(
+                f"guard function {name} raised {type(exc).__name__}: {exc}; the guard calling "
+                f"it does not hold, in rule(s) {named}"
+            ),
             GuardFunctionWarning,
             stacklevel=3,
         )

@@ -337,7 +337,7 @@ class Optimized:
 
     def _disable(self, why: str) -> None:
         warnings.warn(
-            f"pm.optimize({_name(self.fn)}): {why}; rewriting without it",
+            printable(f"pm.optimize({_name(self.fn)}): {why}; rewriting without it"),
             RuleDisabledWarning,
             stacklevel=_user_stacklevel(),
         )
@@ -448,7 +448,7 @@ class Optimized:
         entry.fallback = why
         entry.run = None
         warnings.warn(
-            f"pm.optimize({_name(self.fn)}): {why}; running the original program",
+            printable(f"pm.optimize({_name(self.fn)}): {why}; running the original program"),
             OptimizationFallbackWarning,
             stacklevel=_user_stacklevel(),
         )

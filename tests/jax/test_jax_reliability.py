@@ -197,3 +197,33 @@ def test_a_broken_rule_does_not_switch_the_default_rules_off():
 def test_a_pattern_given_as_a_rule_is_a_type_error_at_optimize_time():
     with pytest.raises(TypeError, match=r"rules\[1\] is the pattern Exp .*test_jax_reliability"):
         pm.optimize(_exp_tanh, rules=[tanh_kernel, Exp])
+
+
+# -------------------------------------------------------------------- names are data
+
+
+@pm.rule(Exp, name="exp\nkernel")
+def oddly_named(x):
+    return ExpKernel(x)
+
+
+@pm.rule(Exp, name="evil\n#  rule\u2028\ud800")
+def evil_transposed(x):
+    return prims.transpose(prims.exp(x), permutation=(1, 0))
+
+
+def test_printed_reports_and_warnings_keep_one_line_per_item_whatever_the_names():
+    fast = pm.optimize(_exp_tanh, rules=[oddly_named])
+    fast(X)
+    text = str(fast.report(X))
+    assert len(text.splitlines()) == 2 and "exp\\nkernel" in text
+
+    fast = pm.optimize(_sliced, rules=[evil_transposed])
+    with pytest.warns(pm.jax.RuleDisabledWarning) as record:
+        fast(X)
+    message = str(record[0].message)
+    assert "\n" not in message and "\u2028" not in message and "evil\\n#  rule" in message
+    text = str(fast.report(X))
+    assert text.splitlines() == [text.splitlines()[0], "no rewrites"]
+    assert text.startswith("rule left out: rule evil\\n#  rule\\u2028\\ud800 (")
+    text.encode("utf-8")  # no lone surrogate left
