@@ -227,3 +227,24 @@ def test_printed_reports_and_warnings_keep_one_line_per_item_whatever_the_names(
     assert text.splitlines() == [text.splitlines()[0], "no rewrites"]
     assert text.startswith("rule left out: rule evil\\n#  rule\\u2028\\ud800 (")
     text.encode("utf-8")  # no lone surrogate left
+
+
+@pm.pattern
+def Convert(x):
+    return prims.convert_element_type(x)
+
+
+@pm.rule(Convert)
+def drop_convert(x):  # wrong for f32 -> f32 from a weak value: the result becomes weak
+    return x
+
+
+def test_a_rule_changing_a_weak_type_is_left_out():
+    def g(x, w):
+        return (x.sum() + w) * x  # w, a Python float, is made strong by a convert
+
+    fast = pm.optimize(g, rules=[drop_convert])
+    with pytest.warns(pm.jax.RuleDisabledWarning, match=r"drop_convert.*weak type"):
+        out = fast(X, 2.0)
+    np.testing.assert_allclose(out, g(X, 2.0), rtol=1e-6)
+    assert len(fast.report(X, 2.0)) == 0
