@@ -11,7 +11,15 @@ from typing import Any
 
 from ._calculus import RuleDef
 from ._dtypes import DTYPES, DType, as_dtype
-from ._errors import FormatError, PatternDefinitionError, PyPMError, RewriteLimitError, SourceLoc
+from ._errors import (
+    FormatError,
+    GuardFunctionWarning,
+    PatternDefinitionError,
+    PyPMError,
+    RewriteLimitError,
+    RuleError,
+    SourceLoc,
+)
 from ._frontend import Op, PatternFunction, Rule, op, opclass, pattern, rule, var
 from ._frontend import as_pattern_def as _as_pattern_def
 from ._frontend import as_rule_def as _as_rule_def
@@ -51,6 +59,8 @@ __all__ = [
     "PatternDefinitionError",
     "FormatError",
     "RewriteLimitError",
+    "RuleError",
+    "GuardFunctionWarning",
     "SourceLoc",
     # dtypes
     "f32",

@@ -7,6 +7,8 @@ __all__ = [
     "PatternDefinitionError",
     "FormatError",
     "RewriteLimitError",
+    "RuleError",
+    "GuardFunctionWarning",
     "SourceLoc",
 ]
 
@@ -50,3 +52,19 @@ class RewriteLimitError(PyPMError):
     def __init__(self, message: str, rules: tuple[str, ...] = ()):
         self.rules = rules
         super().__init__(message)
+
+
+class RuleError(PyPMError):
+    """A rule failed while rewriting: building its result raised, the result's type differs
+    from the value it replaces, or a guard function raised. ``rule`` is the failing
+    :class:`~pypm_jax._calculus.RuleDef`; the message names it and its source line."""
+
+    def __init__(self, message: str, rule: object = None):
+        self.rule = rule
+        super().__init__(message)
+
+
+class GuardFunctionWarning(UserWarning):
+    """A function registered with ``@pm.guard_fn`` raised: the guard calling it does not
+    hold (the paper's undefined guard), and the warning names the function, the exception
+    and the rules whose guards call it."""

@@ -436,7 +436,7 @@ class _Tracer:
 
             return builtin
         for g in GUARD_FNS.values():
-            if g.fn is fn:
+            if g.fn is fn or getattr(g.fn, "__wrapped__", None) is fn:
                 gfn = g
                 return lambda *a: (
                     SymExpr(ECall(gfn, tuple(to_expr(x) for x in a)))

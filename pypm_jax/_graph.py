@@ -221,6 +221,7 @@ class Graph:
         self._next_id = 0
         self._topo_ok = True
         self._id_ordered = True  # node ids increase along the topological order
+        self._journal: _Journal | None = None  # while a change may be undone (_begin)
         if outputs is not None:
             self.set_outputs(self._from_terms(list(outputs)))
             self.compact()
@@ -251,6 +252,11 @@ class Graph:
         node.id = self._next_id
         self._next_id += 1
         node._graph, node._key, node._alive = self, key, True
+        journal = self._journal
+        if journal is not None:
+            journal.new.append(node)
+            for v in inputs:
+                journal.users(v)
         outs = []
         for i, (shape, dtype) in enumerate(types):
             v = object.__new__(Value)
@@ -512,6 +518,11 @@ class Graph:
     def _set_inputs(
         self, node: Node, new_inputs: list[Value], pending: list[tuple[Value, Value]]
     ) -> None:
+        journal = self._journal
+        if journal is not None:
+            journal.node(node)
+            for v in (*node.inputs, *new_inputs):
+                journal.users(v)
         for v in node.inputs:
             _unuse(v, node)
         if node._key is not None and self._cse.get(node._key) is node:
@@ -576,6 +587,11 @@ class Graph:
         return [n for n in touched if n._alive]
 
     def _remove(self, node: Node) -> None:
+        journal = self._journal
+        if journal is not None:
+            journal.node(node)
+            for v in node.inputs:
+                journal.users(v)
         node._alive = False
         self._nodes.pop(node.id, None)
         key = node._key
@@ -629,6 +645,12 @@ class Graph:
             live.add(node.id)
             stack.extend(v.node for v in node.inputs)
         dead = [n for n in self._nodes.values() if n.id not in live]
+        journal = self._journal
+        if journal is not None:
+            for node in dead:
+                journal.node(node)
+                for v in node.inputs:
+                    journal.users(v)
         for node in dead:
             node._alive = False
         for node in dead:
@@ -638,6 +660,25 @@ class Graph:
             for v in node.inputs:
                 _unuse(v, node)
         return len(dead)
+
+    # ------------------------------------------------------------------- undoing
+
+    def _begin(self) -> None:
+        """Record what changes from now on, so that :meth:`_rollback` can undo it (a rewrite
+        that fails halfway leaves the graph as it was). Costs a copy of two dicts now and,
+        per change, a copy of the changed node's inputs and readers."""
+        self._journal = _Journal(self)
+
+    def _commit(self) -> None:
+        self._journal = None
+
+    def _rollback(self) -> None:
+        """Restore the graph as it was at :meth:`_begin`: the nodes made since are dead (no
+        longer read by anything), the nodes changed or removed read what they read then."""
+        journal, self._journal = self._journal, None
+        if journal is None:
+            raise PyPMError("nothing to roll back: no change was being recorded")
+        journal.restore(self)
 
     # ------------------------------------------------------------------- conversion
 
@@ -676,3 +717,56 @@ class Graph:
 
     def __repr__(self) -> str:
         return f"<Graph: {len(self._inputs)} inputs, {len(self._nodes)} nodes>"
+
+
+class _Journal:
+    """What a graph was before a run of changes (see :meth:`Graph._begin`)."""
+
+    __slots__ = ("state", "nodes", "readers", "new")
+
+    def __init__(self, g: Graph):
+        self.state = (
+            list(g._inputs),
+            dict(g._input_names),
+            list(g._outputs),
+            dict(g._nodes),
+            dict(g._cse),
+            g._next_id,
+            g._topo_ok,
+            g._id_ordered,
+        )
+        self.nodes: dict[int, tuple[Node, list[Value], Any, bool, tuple[Value, ...]]] = {}
+        self.readers: dict[int, tuple[Value, Any]] = {}
+        self.new: list[Node] = []
+
+    def node(self, node: Node) -> None:
+        """Remember ``node``'s inputs, key and liveness, unless already remembered."""
+        if node.id not in self.nodes:
+            vins = node.outputs[0].inputs if node.outputs else ()
+            self.nodes[node.id] = (node, list(node.inputs), node._key, node._alive, vins)
+
+    def users(self, v: Value) -> None:
+        """Remember who reads ``v``, unless already remembered."""
+        if id(v) not in self.readers:
+            users = v._users
+            self.readers[id(v)] = (v, list(users) if type(users) is list else dict(users))
+
+    def restore(self, g: Graph) -> None:
+        for node, inputs, key, alive, vins in self.nodes.values():
+            node.inputs, node._key, node._alive = inputs, key, alive
+            for v in node.outputs:
+                v.inputs = vins
+        for v, users in self.readers.values():
+            v._users = users
+        for node in self.new:
+            node._alive = False
+        (
+            g._inputs,
+            g._input_names,
+            g._outputs,
+            g._nodes,
+            g._cse,
+            g._next_id,
+            g._topo_ok,
+            g._id_ordered,
+        ) = self.state

@@ -7,13 +7,25 @@ resolves names here and never executes code from the blob.
 
 from __future__ import annotations
 
-__all__ = ["OPS", "GUARD_FNS", "register_op", "register_guard_fn", "guard_fn"]
+__all__ = [
+    "OPS",
+    "GUARD_FNS",
+    "register_op",
+    "register_guard_fn",
+    "guard_fn",
+    "collect_guard_failures",
+]
 
+import contextlib
+import functools
 import math
-from collections.abc import Callable
+import threading
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._calculus import GuardFn
+from ._errors import GuardFunctionWarning
 from ._terms import CONST, LEAF, Operator
 
 OPS: dict[str, Operator] = {}
@@ -39,10 +51,53 @@ def guard_fn(name: str | None = None) -> Callable[[Callable[..., Any]], Callable
     """Decorator: ``@pm.guard_fn()`` makes a pure predicate callable inside guards."""
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        register_guard_fn(name or f"{fn.__module__}.{fn.__qualname__}", fn)
+        full = name or f"{fn.__module__}.{fn.__qualname__}"
+        register_guard_fn(full, _reporting(full, fn))
         return fn
 
     return deco
+
+
+# Where the guard functions that raise on this thread are reported: a list while a rewrite
+# collects them (to name the rules in one warning), else None (warn at once).
+_failures = threading.local()
+_MAX_FAILURES = 64
+
+
+def _reporting(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, reporting an exception it raises before raising it on: the guard calling it
+    does not hold (undefined, as the paper says), but not without a word."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            sink = getattr(_failures, "sink", None)
+            if sink is None:
+                warnings.warn(
+                    f"guard function {name} raised {type(exc).__name__}: {exc}; the guard "
+                    "calling it does not hold",
+                    GuardFunctionWarning,
+                    stacklevel=2,
+                )
+            elif len(sink) < _MAX_FAILURES:
+                sink.append((name, exc))
+            raise
+
+    functools.update_wrapper(call, fn)  # (``__wrapped__`` is ``fn``: the frontend's look-up)
+    return call
+
+
+@contextlib.contextmanager
+def collect_guard_failures() -> Iterator[list[tuple[str, Exception]]]:
+    """Collect (guard function name, exception) for each guard function raising inside."""
+    previous = getattr(_failures, "sink", None)
+    sink: list[tuple[str, Exception]] = []
+    _failures.sink = sink
+    try:
+        yield sink
+    finally:
+        _failures.sink = previous
 
 
 register_op(LEAF)

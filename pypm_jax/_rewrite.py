@@ -20,6 +20,11 @@ over, so a graph where a few rewrites fire costs about one pass of matching.
 
 A rule set that never settles (``A → B`` and ``B → A``) stops after ``max_iterations``
 rewrites with a :class:`~pypm_jax._errors.RewriteLimitError` naming the rules of the cycle.
+
+A result that cannot be built is a :class:`~pypm_jax._errors.RuleError` naming the rule and
+its source line; with ``check_types`` (the JAX layer's setting) so is a replacement whose
+shape, dtype or weak type (where the caller can tell) differs from the value it replaces,
+where both are known. A run that raises leaves the graph exactly as it was.
 """
 
 from __future__ import annotations
@@ -29,19 +34,23 @@ __all__ = [
     "RewriteReport",
     "RewriteResult",
     "guarded_pattern",
+    "printable",
     "rewrite",
     "rewrite_terms",
 ]
 
+import dataclasses
 import heapq
 import itertools
 import logging
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ._calculus import (
+    ECall,
     EConst,
     PAlt,
     PApp,
@@ -65,7 +74,7 @@ from ._calculus import (
 )
 from ._engine import ENGINES, default_engine
 from ._engine import match_all as _engine_match_all
-from ._errors import PyPMError, RewriteLimitError, SourceLoc
+from ._errors import GuardFunctionWarning, PyPMError, RewriteLimitError, RuleError, SourceLoc
 from ._fast import (
     CompiledPattern,
     Matcher,
@@ -74,9 +83,10 @@ from ._fast import (
     _has_call,
     compile_guard,
 )
-from ._graph import _NO_ATTRS, Graph, Node, Value
+from ._graph import _NO_ATTRS, Graph, Node, Value, _show_type
 from ._guards import Undefined, eval_expr, guard_holds
 from ._match import Match
+from ._registry import collect_guard_failures
 from ._subst import FreshNames, unfold
 from ._terms import CONST, LEAF, Term
 
@@ -89,6 +99,15 @@ PROGRESS_SECONDS = 5.0
 _PROGRESS_STRIDE = 1024
 
 # ----------------------------------------------------------------------------- the report
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters, line and paragraph separators, lone surrogates and
+    other unprintable characters escaped as Python writes them (``\\n``, ``\\ud800``): names
+    are data, and a rule or operator name must not start a line of a printed report."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +126,9 @@ class RewriteRecord:
     def __str__(self) -> str:
         where = f" at {self.source}" if self.source is not None else ""
         module = f" [{self.module_path}]" if self.module_path else ""
-        return f"{self.rule} ({self.pattern}) replaced %{self.root} {self.op}{where}{module}"
+        return printable(
+            f"{self.rule} ({self.pattern}) replaced %{self.root} {self.op}{where}{module}"
+        )
 
 
 class RewriteReport(list[RewriteRecord]):
@@ -125,14 +146,17 @@ class RewriteReport(list[RewriteRecord]):
             return "no rewrites"
         header = ("#", "rule", "pattern", "root", "replaced", "source", "module")
         rows = [
-            (
-                str(i),
-                r.rule,
-                r.pattern,
-                f"%{r.root} {r.op}",
-                " ".join(f"%{n}" for n in r.replaced),
-                str(r.source) if r.source is not None else "-",
-                r.module_path or "-",
+            tuple(
+                printable(cell)
+                for cell in (
+                    str(i),
+                    r.rule,
+                    r.pattern,
+                    f"%{r.root} {r.op}",
+                    " ".join(f"%{n}" for n in r.replaced),
+                    str(r.source) if r.source is not None else "-",
+                    r.module_path or "-",
+                )
             )
             for i, r in enumerate(self)
         ]
@@ -249,9 +273,13 @@ class _Driver:
         engine: str,
         limit: int,
         shareable: Callable[[Node], bool] | None = None,
+        check_types: bool = False,
+        weak_type: Callable[[Value], bool | None] | None = None,
     ):
         self.g = graph
         self.shareable = shareable
+        self.check_types_on = check_types
+        self.weak_type = weak_type
         self.rules = rules
         self.fast = engine == "fast"
         self.engine = engine
@@ -548,7 +576,15 @@ class _Driver:
         if len(self.report) >= self.limit:
             raise self.limit_error(rule, rnode)
         inst = _Instantiate(g, rule, m, root)
-        pairs = inst.pairs(branch.result)
+        try:
+            pairs = inst.pairs(branch.result)
+        except Exception as exc:
+            raise rule_error(
+                rule, f"its result for %{rnode.id} {rnode.op.name} cannot be built: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc  # fmt: skip
+        if self.check_types_on:
+            self.check_types(rule, pairs)
         self.changed = False
         if all(old is new for old, new in pairs):
             return True  # the result is the root itself: nothing to do
@@ -603,6 +639,30 @@ class _Driver:
                 self.push(n, pos)
         return True
 
+    def check_types(self, rule: RuleDef, pairs: list[tuple[Value, Value]]) -> None:
+        """Each replacement has the type of the value it replaces, where both are known."""
+        weak_type = self.weak_type
+        for old, new in pairs:
+            if old is new:
+                continue
+            why = None
+            if old.shape is not None and new.shape is not None:
+                if tuple(old.shape) != tuple(new.shape):
+                    why = "shape"
+            if why is None and old.dtype is not None and new.dtype is not None:
+                if old.dtype is not new.dtype:
+                    why = "dtype"
+            if why is None and weak_type is not None:
+                a, b = weak_type(old), weak_type(new)
+                if a is not None and b is not None and a != b:
+                    why = f"weak type ({'weak' if b else 'strong'} for {'weak' if a else 'strong'})"
+            if why is not None:
+                op = old.node.op.name
+                raise rule_error(
+                    rule, f"its result {_show_type(new.shape, new.dtype)} replaces {old.name} "
+                    f"{op} : {_show_type(old.shape, old.dtype)}, of another {why}"
+                )  # fmt: skip
+
     def wake(self, created: Iterable[Node], pairs: list[tuple[Value, Value]], pos: int) -> None:
         """Revisit the idle roots (rewritten ``x → f(x)``, so that only ``f(x)`` reads ``x``)
         that this rewrite gave a new reader: rewriting them again changes the graph now."""
@@ -650,6 +710,12 @@ class _Driver:
             f"{rnode.op.name}); the rules that keep firing: {', '.join(ordered)}",
             ordered,
         )
+
+
+def rule_error(rule: RuleDef, what: str) -> RuleError:
+    """``rule name (file:line): what`` as the error that disables the rule."""
+    where = f" ({rule.loc})" if rule.loc is not None else ""
+    return RuleError(f"rule {rule.name}{where}: {what}", rule)
 
 
 class _Instantiate:
@@ -724,6 +790,8 @@ def rewrite(
     max_iterations: int | None = None,
     engine: str | None = None,
     shareable: Callable[[Node], bool] | None = None,
+    check_types: bool = False,
+    weak_type: Callable[[Value], bool | None] | None = None,
 ) -> RewriteResult:
     """Rewrite ``graph`` in place, greedily, to a fixpoint; see the module docstring.
 
@@ -732,6 +800,10 @@ def rewrite(
     ``shareable(node)`` says an interior node of a match that something outside also reads
     costs nothing to keep (with its ancestors in the match), so it does not stop a
     ``single_use`` rule (default: only literals and what is computed from them).
+    ``check_types`` makes a replacement of another shape or dtype than the value it replaces
+    (both known) a :class:`~pypm_jax._errors.RuleError`; ``weak_type(value)`` tells a value's
+    weak type (None: unknown) for that check. When rewriting raises (:class:`~pypm_jax._errors.RuleError`,
+    :class:`~pypm_jax._errors.RewriteLimitError`, ...) the graph is left as it was.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"rewrite() takes a Graph, got {type(graph).__name__}")
@@ -743,9 +815,63 @@ def rewrite(
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: expected one of {ENGINES}")
     limit = 4 * len(graph) + 1000 if max_iterations is None else max_iterations
-    driver = _Driver(graph, rules, engine, limit, shareable)
-    driver.run()
+    driver = _Driver(graph, rules, engine, limit, shareable, check_types, weak_type)
+    with collect_guard_failures() as failures:
+        if graph._journal is not None:  # (inside a caller's undoable change: theirs to undo)
+            driver.run()
+        else:
+            graph._begin()
+            try:
+                driver.run()
+            except BaseException:
+                graph._rollback()
+                raise
+            graph._commit()
+    if failures:
+        _warn_guard_failures(rules, failures)
     return RewriteResult(graph, driver.report, driver.visits)
+
+
+def _warn_guard_failures(rules: Sequence[RuleDef], failures: list[tuple[str, Exception]]) -> None:
+    """One warning per guard function that raised, naming the rules whose guards call it."""
+    first: dict[str, Exception] = {}
+    for name, exc in failures:
+        first.setdefault(name, exc)
+    for name, exc in first.items():
+        users = [r for r in rules if name in _guard_fns_of(r)]
+        named = (
+            ", ".join(f"{r.name} ({r.loc})" if r.loc is not None else r.name for r in users) or "?"
+        )
+        warnings.warn(
+            printable(
+                f"guard function {name} raised {type(exc).__name__}: {exc}; the guard calling "
+                f"it does not hold, in rule(s) {named}"
+            ),
+            GuardFunctionWarning,
+            stacklevel=3,
+        )
+
+
+def _guard_fns_of_rule(rule: RuleDef) -> frozenset[str]:
+    """The names of the guard functions ``rule``'s pattern and guards call."""
+    names: set[str] = set()
+    stack: list[Any] = [rule.pattern.body, *(b.guard for b in rule.branches)]
+    seen: set[int] = set()
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, ECall):
+            names.add(x.fn.name)
+        if isinstance(x, tuple):
+            stack.extend(x)
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            stack.extend(getattr(x, f.name) for f in dataclasses.fields(x))
+    return frozenset(names)
+
+
+_guard_fns_of = _ByIdentity(_guard_fns_of_rule)
 
 
 def rewrite_terms(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = ["Sym", "SymExpr", "SymPattern", "SymOp", "to_expr", "definition_error"]
 
+import difflib
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -28,7 +29,7 @@ from ._calculus import (
 from ._dtypes import DType
 from ._errors import PatternDefinitionError
 from ._registry import GUARD_FNS
-from ._terms import OpClass, Operator, Term
+from ._terms import DECLARED_ATTRS, OpClass, Operator, Term
 
 # Set by the tracer: returns the SourceLoc of the user's line being executed.
 current_loc: Callable[[], Any] = lambda: None  # noqa: E731
@@ -36,6 +37,31 @@ current_loc: Callable[[], Any] = lambda: None  # noqa: E731
 
 def definition_error(message: str) -> NoReturn:
     raise PatternDefinitionError(message, current_loc())
+
+
+# What every term has (see ``_terms.term_attr``) and what an operator variable has (see
+# ``_guards.op_attr``: a parameter used as both is known only once the body is traced); any
+# other attribute is one an operator declares (``Operator.attrs``: a JAX primitive's
+# params, a ``@pm.op``'s attributes).
+TERM_ATTRS = frozenset({"shape", "rank", "dtype", "eltType", "op", "op_class", "index"})
+OP_ATTRS = frozenset({"op_class", "name", "n_in", "arity", "n_out"})
+
+
+def _check_attr(attr: str) -> None:
+    """A guard reading an attribute no term and no operator has could never
+    hold (a misspelt ``x.dtpye``): say so where it is written, not by never firing."""
+    if attr in TERM_ATTRS or attr in OP_ATTRS:
+        return
+    if attr in DECLARED_ATTRS:
+        return
+    known = TERM_ATTRS | OP_ATTRS | DECLARED_ATTRS
+    close = difflib.get_close_matches(attr, sorted(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    definition_error(
+        f"no term or operator has an attribute {attr!r}{hint} (terms have "
+        f"{', '.join(sorted(TERM_ATTRS - {'eltType'}))}, operators "
+        f"{', '.join(sorted(OP_ATTRS))}; any other attribute is one an operator declares)"
+    )
 
 
 class Sym:
@@ -164,6 +190,7 @@ class SymPattern(Sym):
             raise AttributeError(attr)
         if attr == "eltType":
             attr = "dtype"
+        _check_attr(attr)
         return SymExpr(EAttr(self.tracer.name_of(self), attr))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -63,6 +63,11 @@ class OpClass:
 _symbolic_apply: Callable[..., Any] | None = None
 
 
+# Every attribute name some operator declares: a guard reading any other attribute of a term
+# that is not one every term has can never hold (see ``_symbolic``).
+DECLARED_ATTRS: set[str] = set()
+
+
 class Operator:
     """A function symbol of the calculus: name, arity, output count, declared attributes.
 
@@ -102,6 +107,7 @@ class Operator:
         self.n_in = n_in
         self.n_out = n_out
         self.attrs = tuple(attrs)
+        DECLARED_ATTRS.update(self.attrs)
         self.op_class = OpClass(op_class) if isinstance(op_class, str) else op_class
         self.namespace = namespace
         self.pure = pure

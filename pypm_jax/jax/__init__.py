@@ -21,6 +21,7 @@ from .primitives import OPS
 from .report import (
     OptimizationFallbackWarning,
     OptimizeReport,
+    RuleDisabledWarning,
     VerificationError,
 )
 
@@ -41,6 +42,7 @@ __all__ = [
     "OptimizeReport",
     "VerificationError",
     "OptimizationFallbackWarning",
+    "RuleDisabledWarning",
     "optimize_module",
     "nnx_optimize",
 ]

@@ -2,9 +2,11 @@
 
 ``optimize(fn)`` behaves like ``jax.jit(fn)``: pytrees in and out, static arguments, one
 trace per signature (treedef, avals, static values). Rewriting never makes a program fail or
-compute something else silently: any failure while rewriting or lowering, or while tracing or
-compiling the rewritten program, falls back to the original program with an
-:class:`~pypm_jax.jax.report.OptimizationFallbackWarning` naming the cause; ``verify=True``
+compute something else silently: any failure before the rewritten program runs (rewriting,
+lowering, tracing or compiling it) falls back to the original program with an
+:class:`~pypm_jax.jax.report.OptimizationFallbackWarning` naming the cause. An error raised
+while the program runs (a callback, a runtime check) propagates unchanged, as under
+``jax.jit``: the program is never run a second time, so its effects happen once. ``verify=True``
 additionally compares both programs on the first concrete inputs of each signature and raises
 a :class:`~pypm_jax.jax.report.VerificationError` naming the rewrite that changed the result.
 """
@@ -18,25 +20,31 @@ import functools
 import gc
 import importlib
 import importlib.util
+import inspect
 import logging
 import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 
-from .._frontend import as_rule_def
-from .._rewrite import RewriteRecord, RewriteResult, rewrite
+from .._calculus import PatternDef, RuleDef
+from .._errors import RuleError
+from .._frontend import PatternFunction, Rule, as_rule_def
+from .._graph import Value
+from .._rewrite import RewriteRecord, RewriteResult, printable, rewrite
+from .._terms import LEAF
 from . import _compat
-from .lift import LiftedProgram, lift
+from .lift import LiftedProgram, eqn_info, lift
 from .lower import lower
 from .report import (
     OptimizationFallbackWarning,
     OptimizeReport,
+    RuleDisabledWarning,
     VerificationError,
     compare,
 )
@@ -88,24 +96,95 @@ def rewrite_nested(target: Any, rules: Sequence[Any], **options: Any) -> Rewrite
 
     The report lists the outer program's rewrites first, then each body's (depth first, in
     node order). ``options`` go to :func:`pypm_jax._rewrite.rewrite` (``max_iterations``,
-    ``engine``, ``shareable``: by default :func:`mask_plumbing`).
+    ``engine``, ``shareable``: by default :func:`mask_plumbing`; ``check_types``: by default
+    on, a rule replacing a value by one of another type raises
+    :class:`~pypm_jax._errors.RuleError`; ``weak_type``: by default the lifted avals').
     """
     defs = [as_rule_def(r) for r in rules]
     options.setdefault("shareable", mask_plumbing)
+    options.setdefault("check_types", True)
     graph = target.graph if isinstance(target, LiftedProgram) else target
     report = OptimizeReport()
-    stack = [graph]
+    stack = [target]
     while stack:
-        g = stack.pop()
-        result = rewrite(g, defs, **options)
+        t = stack.pop()
+        g, opts = t, options
+        if isinstance(t, LiftedProgram):
+            g = t.graph
+            if "weak_type" not in options:
+                opts = {**options, "weak_type": weak_types(t)}
+        result = rewrite(g, defs, **opts)
         report.extend(result.report)
         bodies = []
         for node in result.graph.nodes():
             for value in node.attrs.values():
                 items = value if isinstance(value, tuple) else (value,)
-                bodies.extend(b.graph for b in items if isinstance(b, LiftedProgram))
+                bodies.extend(b for b in items if isinstance(b, LiftedProgram))
         stack.extend(reversed(bodies))
     return RewriteResult(graph, report)
+
+
+def weak_types(prog: LiftedProgram) -> Callable[[Value], bool | None]:
+    """The JAX weak type of a value of ``prog``'s graph: known for its inputs and the values
+    lifted from equations, unknown (None) for what a rule built."""
+    inputs = {
+        id(v): getattr(a, "weak_type", None)
+        for v, a in zip(prog.inputs, prog.in_avals, strict=False)
+    }
+
+    def weak_type(v: Value) -> bool | None:
+        node = v.node
+        if node.op is LEAF and not node.inputs:
+            return inputs.get(id(v))
+        info = eqn_info(node)
+        if info is None or v.index >= len(info.avals):
+            return None
+        return getattr(info.avals[v.index], "weak_type", None)
+
+    return weak_type
+
+
+def _rule_name(r: Any) -> str:
+    """``name (file:line)`` of a rule as ``@pm.rule`` made it (the line of its ``def``,
+    where the rule's own location points)."""
+    fn = getattr(r, "fn", None)
+    code = getattr(fn, "__code__", None)
+    where = ""
+    if code is not None:
+        line = code.co_firstlineno
+        try:
+            lines, start = inspect.getsourcelines(fn)
+        except (OSError, TypeError):
+            pass
+        else:
+            line = next(
+                (start + i for i, t in enumerate(lines) if t.lstrip().startswith("def ")), line
+            )
+        where = f" ({code.co_filename}:{line})"
+    return f"{getattr(r, 'name', None) or r!r}{where}"
+
+
+def _check_rules(rules: Any) -> list[Any]:
+    """The rules as a list; anything in it that is not a rule (a pattern) is a TypeError
+    naming it."""
+    if isinstance(rules, str) or not isinstance(rules, Iterable):
+        raise TypeError(f"pm.optimize: rules must be a list of rules, got {rules!r}")
+    rules = list(rules)
+    for i, r in enumerate(rules):
+        if isinstance(r, Rule | RuleDef):
+            continue
+        what = repr(r)
+        if isinstance(r, PatternFunction | PatternDef):
+            try:
+                loc = r.loc if isinstance(r, PatternDef) else r.definition.loc
+            except Exception:  # noqa: BLE001 - a pattern that does not compile: no line
+                loc = None
+            what = f"the pattern {r.name}" + (f" ({loc})" if loc is not None else "")
+        raise TypeError(
+            f"pm.optimize: rules[{i}] is {what}, not a rule; a rule is made with "
+            "@pm.rule(Pattern) (or loaded with pm.deserialize)"
+        )
+    return rules
 
 
 # ------------------------------------------------------------------------------ signatures
@@ -139,10 +218,12 @@ class _Entry:
     run: Callable[..., list[Any]] | None = None  # the rewritten program (its checked jaxpr)
     records: list[RewriteRecord] = field(default_factory=list)
     fallback: str | None = None
+    disabled: list[str] = field(default_factory=list)  # why each rule was left out
     verified: bool = False
+    compiles: bool = False  # the rewritten program is known to compile (see _recover)
 
     def report(self) -> OptimizeReport:
-        return OptimizeReport.of(self.records, self.fallback)
+        return OptimizeReport.of(self.records, self.fallback, self.disabled)
 
     def original(self, *flat: Any) -> list[Any]:
         return _compat.jaxpr_as_fun(self.closed)(*flat)
@@ -184,7 +265,7 @@ def _signature(flat: Sequence[Any]) -> str:
 
 def _rewrites(report: OptimizeReport) -> str:
     """``24 rewrites (attention_bias x12, gemm_epilogue x12)``."""
-    what = ", ".join(f"{rule} x{n}" for rule, n in report.counts().items())
+    what = printable(", ".join(f"{rule} x{n}" for rule, n in report.counts().items()))
     n = len(report)
     return f"{n} rewrite{'' if n == 1 else 's'} ({what})" if n else "no rewrites"
 
@@ -221,7 +302,8 @@ class Optimized:
         if not callable(fn):
             raise TypeError(f"pm.optimize needs a callable, got {fn!r}")
         self.fn = fn
-        self._rules = None if rules is None else list(rules)
+        self._rules = None if rules is None else _check_rules(rules)
+        self._defs: list[RuleDef] | None = None  # the rules that compile, as RuleDefs
         self.static_argnums = static_argnums
         self.verify = verify
         self.rewrite_options = rewrite_options
@@ -239,6 +321,26 @@ class Optimized:
         if self._rules is None:
             self._rules = default_rules()
         return self._rules
+
+    def _rule_defs(self) -> list[RuleDef]:
+        """The rules as RuleDefs, once; a rule whose body cannot be compiled is left out with
+        a warning naming it and its line, and the others still apply."""
+        if self._defs is None:
+            defs = []
+            for r in self.rules:
+                try:
+                    defs.append(as_rule_def(r))
+                except Exception as exc:  # a broken rule: it alone is left out
+                    self._disable(f"rule {_rule_name(r)} cannot be compiled: {_describe(exc)}")
+            self._defs = defs
+        return self._defs
+
+    def _disable(self, why: str) -> None:
+        warnings.warn(
+            printable(f"pm.optimize({_name(self.fn)}): {why}; rewriting without it"),
+            RuleDisabledWarning,
+            stacklevel=_user_stacklevel(),
+        )
 
     # -- signatures
 
@@ -293,9 +395,7 @@ class Optimized:
         try:
             with _gc_paused():
                 t1 = time.perf_counter()
-                prog = lift(closed, in_names=_input_names(in_tree, flat))
-                t2 = time.perf_counter()
-                result = rewrite_nested(prog, self.rules, **self.rewrite_options)
+                prog, result, t2 = self._rewrite(closed, _input_names(in_tree, flat), entry)
                 entry.records = list(result.report)
                 t3 = time.perf_counter()
                 run = lower(prog)
@@ -323,12 +423,32 @@ class Optimized:
             self._fall_back(entry, f"rewriting failed: {_describe(exc)}")
         return entry
 
+    def _rewrite(
+        self, closed: Any, in_names: list[str], entry: _Entry
+    ) -> tuple[LiftedProgram, RewriteResult, float]:
+        """Lift and rewrite; a rule that fails (its result cannot be built, or has another
+        type than what it replaces) is left out for this signature, with a warning naming
+        it, and the program is rewritten again from the start without it. Returns the
+        rewritten program, the result and when the last lifting ended."""
+        defs = self._rule_defs()
+        while True:
+            prog = lift(closed, in_names=in_names)
+            lifted = time.perf_counter()
+            try:
+                return prog, rewrite_nested(prog, defs, **self.rewrite_options), lifted
+            except RuleError as exc:
+                if not any(d is exc.rule for d in defs):
+                    raise
+                defs = [d for d in defs if d is not exc.rule]
+                entry.disabled.append(str(exc))
+                self._disable(str(exc))
+
     def _fall_back(self, entry: _Entry, why: str) -> None:
         """Run the original program for this signature from now on, and warn once."""
         entry.fallback = why
         entry.run = None
         warnings.warn(
-            f"pm.optimize({_name(self.fn)}): {why}; running the original program",
+            printable(f"pm.optimize({_name(self.fn)}): {why}; running the original program"),
             OptimizationFallbackWarning,
             stacklevel=_user_stacklevel(),
         )
@@ -357,7 +477,10 @@ class Optimized:
         return out
 
     def _recover(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: Exception) -> bool:
-        """After a failed call: was it the rewritten program? Then fall back and retry."""
+        """After a failed call: did the rewritten program fail to compile? Then fall back
+        and retry. An error raised while it ran is the program's own (an ``io_callback``,
+        a runtime check): it propagates as under ``jax.jit``, and running again would
+        repeat the program's effects."""
         try:
             key, _, _ = self._key(args, kwargs)
         except Exception:
@@ -365,8 +488,10 @@ class Optimized:
         entry = self._cache.get(key)
         if entry is None or entry.run is None or key in self._failed:
             return False  # the original program failed: the caller's error
+        if entry.compiles or not _fails_to_compile(entry):
+            return False  # it compiled, so it ran: the error is the program's own
         self._failed.add(key)
-        self._fall_back(entry, f"the rewritten program failed: {_describe(exc)}")
+        self._fall_back(entry, f"the rewritten program failed to compile: {_describe(exc)}")
         for jitted in self._jitted.values():
             jitted.clear_cache()  # the next call re-traces, now with the original program
         return True
@@ -379,8 +504,7 @@ class Optimized:
     def lifted(self, *args: Any, **kwargs: Any) -> LiftedProgram:
         """The lifted program for this signature, rewritten with this function's rules."""
         entry, key, flat = self._entry(args, kwargs)
-        prog = lift(entry.closed, in_names=_input_names(key[0], flat))
-        rewrite_nested(prog, self.rules, **self.rewrite_options)
+        prog, _, _ = self._rewrite(entry.closed, _input_names(key[0], flat), _Entry(None, None))
         return prog
 
     # -- verification
@@ -415,7 +539,7 @@ class Optimized:
         by_rule: dict[str, list[RewriteRecord]] = {}
         for r in entry.records:
             by_rule.setdefault(r.rule, []).append(r)
-        defs = {as_rule_def(r).name: r for r in self.rules}
+        defs = {d.name: d for d in self._rule_defs()}
         for name, records in by_rule.items():
             rule = defs.get(name)
             if rule is None:
@@ -426,6 +550,22 @@ class Optimized:
             if _first_difference(expected, got) is not None:
                 return records
         return list(entry.records)
+
+
+def _fails_to_compile(entry: _Entry) -> bool:
+    """Does lowering or compiling the rewritten program alone fail (a kernel the backend
+    cannot lower)? Asked only after a call failed, so a call that works pays nothing; it
+    runs nothing."""
+    specs = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=bool(getattr(a, "weak_type", False)))
+        for a in entry.closed.in_avals
+    ]
+    try:
+        entry.run.lower(*specs).compile()
+    except Exception:  # noqa: BLE001 - any failure here is one of compiling
+        return True
+    entry.compiles = True
+    return False
 
 
 @contextlib.contextmanager

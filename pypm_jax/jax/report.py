@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["OptimizeReport", "VerificationError", "OptimizationFallbackWarning", "tolerance"]
+__all__ = [
+    "OptimizeReport",
+    "VerificationError",
+    "OptimizationFallbackWarning",
+    "RuleDisabledWarning",
+    "tolerance",
+]
 
 from collections.abc import Iterable
 from typing import Any
@@ -10,11 +16,17 @@ from typing import Any
 import numpy as np
 
 from .._errors import PyPMError
-from .._rewrite import RewriteRecord, RewriteReport
+from .._rewrite import RewriteRecord, RewriteReport, printable
 
 
 class OptimizationFallbackWarning(UserWarning):
     """Rewriting failed somewhere; the original program runs instead (the message says why)."""
+
+
+class RuleDisabledWarning(UserWarning):
+    """A rule failed (its body cannot be compiled, its result cannot be built or has another
+    type than what it replaces): it is left out, named with its source line, and the other
+    rules still apply."""
 
 
 class VerificationError(PyPMError):
@@ -32,23 +44,32 @@ class VerificationError(PyPMError):
 class OptimizeReport(RewriteReport):
     """The rewrites in firing order (outer program first, then scan/while/cond bodies).
 
-    ``fallback`` is the reason the original program runs instead, or None. ``str()`` is a
-    table: rule, pattern, root, replaced nodes, the user's source line, the Flax module path.
+    ``fallback`` is the reason the original program runs instead, or None; ``disabled`` why
+    each rule left out for this signature was. ``str()`` is a table: rule, pattern, root,
+    replaced nodes, the user's source line, the Flax module path (names escaped: one line
+    per row whatever they hold).
     """
 
     fallback: str | None = None
+    disabled: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, records: Iterable[RewriteRecord], fallback: str | None = None) -> OptimizeReport:
+    def of(
+        cls,
+        records: Iterable[RewriteRecord],
+        fallback: str | None = None,
+        disabled: Iterable[str] = (),
+    ) -> OptimizeReport:
         out = cls(records)
         out.fallback = fallback
+        out.disabled = tuple(disabled)
         return out
 
     def __str__(self) -> str:
-        table = super().__str__()
+        lines = [f"rule left out: {printable(why)}" for why in self.disabled]
         if self.fallback:
-            return f"fell back to the original program: {self.fallback}\n{table}"
-        return table
+            lines.append(f"fell back to the original program: {printable(self.fallback)}")
+        return "\n".join([*lines, super().__str__()])
 
 
 def tolerance(dtype: Any) -> tuple[float, float] | None:
