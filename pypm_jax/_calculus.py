@@ -270,8 +270,12 @@ def children(p: Pattern, *, into_mu: bool = True) -> tuple[Pattern, ...]:
 # How far binds_below looks before it gives up (and answers False, the safe answer).
 _BELOW_DEPTH = 64
 
+# One question binds_below asks: does every match of a pattern bind (or check) a variable,
+# strictly under an application or anywhere, looking from a depth? Keyed by the pattern's id.
+_Question = tuple[Pattern, str, bool, int]
 
-def binds_below(p: Pattern, var: str) -> bool:
+
+def binds_below(p: Pattern, var: str, memo: dict[Any, bool] | None = None) -> bool:
     """Does every match of ``p`` against a term t bind (or check) the term variable ``var`` to
     a *proper* subterm of t -- somewhere under an operator application of ``p``?
 
@@ -281,34 +285,69 @@ def binds_below(p: Pattern, var: str) -> bool:
     application of ``p`` counts: the check demands it equal that subterm. Conservative:
     False where unsure (calls, which may or may not bind their arguments; patterns nested
     deeper than it looks).
+
+    Each sub-question is answered once (a chain of constraints asks the same ones again and
+    again), with an explicit stack: the cost is linear in the sub-patterns within the depth
+    limit. Calls on sub-patterns of one pattern, alive meanwhile, may share ``memo``.
     """
-    return _binds(p, var, True, 0)
+    memo = {} if memo is None else memo
+    root: _Question = (p, var, True, 0)
+    stack = [root]
+    while stack:
+        q = stack[-1]
+        key = (id(q[0]), *q[1:])
+        if key in memo:
+            stack.pop()
+            continue
+        answer = _binds(q, memo)
+        if isinstance(answer, bool):
+            memo[key] = answer
+            stack.pop()
+        else:
+            stack.append(answer)
+    return memo[(id(p), var, True, 0)]
 
 
-def _binds(p: Pattern, var: str, below: bool, depth: int) -> bool:
-    """Does every match of ``p`` bind (or check) ``var`` -- strictly under an application of
-    ``p`` if ``below``, anywhere (the root included) otherwise?"""
+def _binds(q: _Question, memo: dict[Any, bool]) -> bool | _Question:
+    """Does every match of the pattern bind (or check) the variable -- strictly under an
+    application of the pattern if ``below``, anywhere (the root included) otherwise? The
+    answer, or the first sub-question it needs that ``memo`` does not answer yet."""
+    p, var, below, depth = q
     if depth > _BELOW_DEPTH:
         return False
     d = depth + 1
+
+    def ask(sub: Pattern, v: str, b: bool) -> bool | _Question:
+        known = memo.get((id(sub), v, b, d))
+        return (sub, v, b, d) if known is None else known
+
     match p:
         case PVar(x):
             return not below and x == var
         case PApp(_, args, _) | PFunVar(_, args, _, _):
-            return any(_binds(a, var, False, d) for a in args)
+            for a in args:
+                answer = ask(a, var, False)
+                if answer is not False:
+                    return answer
+            return False
         case PAlt(left, right):
-            return _binds(left, var, below, d) and _binds(right, var, below, d)
+            answer = ask(left, var, below)
+            return answer if answer is not True else ask(right, var, below)
         case PGuard(pat, _):
-            return _binds(pat, var, below, d)
+            return ask(pat, var, below)
         case PExists(x, pat, kind):
-            return not (x == var and kind == "term") and _binds(pat, var, below, d)
+            return not (x == var and kind == "term") and ask(pat, var, below)
         case PConstr(pat, x, c):
             # c matches x's term: what c binds below it is below too
-            return (
-                _binds(pat, var, below, d)
-                or (below and _binds(c, var, True, d))
-                or (_binds(pat, x, below, d) and _binds(c, var, False, d))
-            )
+            answer = ask(pat, var, below)
+            if answer is not False:
+                return answer
+            if below:
+                answer = ask(c, var, True)
+                if answer is not False:
+                    return answer
+            answer = ask(pat, x, below)
+            return answer if answer is not True else ask(c, var, False)
     return False
 
 

@@ -642,8 +642,8 @@ class _Budget:
     def __init__(self, n: int) -> None:
         self.left = n
 
-    def spend(self, owner: str) -> None:
-        self.left -= 1
+    def spend(self, owner: str, n: int = 1) -> None:
+        self.left -= n
         if self.left < 0:
             raise FormatError(
                 f"{owner}: the definitions expand to more than {MAX_EXPANDED} nodes "
@@ -1101,6 +1101,7 @@ def _check_pattern_def(d: PatternDef, owner: str, budget: _Budget) -> None:
     frames: list[dict[tuple[str, str], int]] = [{(p.kind, p.name): 1 for p in d.params}]
     mus: dict[str, list[tuple[tuple[Param, ...], int]]] = {}
     apps = 0
+    below: dict[Any, bool] = {}  # binds_below's answers, shared by the constraints of d
 
     def need(kind: str, name: str, what: str) -> None:
         if (kind, name) not in frames[-1]:
@@ -1158,7 +1159,10 @@ def _check_pattern_def(d: PatternDef, owner: str, budget: _Budget) -> None:
                 stack += [("unbind", key), body]
             case PConstr(pat, var, constraint):
                 need("term", var, "term variable")
-                if binds_below(pat, var):  # the constraint matches a proper subterm
+                known = len(below)
+                consumes = binds_below(pat, var, below)
+                budget.spend(owner, len(below) - known)
+                if consumes:  # the constraint matches a proper subterm
                     stack += [("app",), constraint, ("enter",), pat]
                 else:
                     stack += [constraint, pat]
