@@ -666,6 +666,11 @@ class _Reader:
     def fail(self, message: str) -> FormatError:
         return FormatError(f"{self.where}: {message}")
 
+    def release(self) -> None:
+        """Drop everything read so far, even while a traceback keeps this reader alive."""
+        for table in self.t.values():
+            table.clear()
+
     # --- top level ---
 
     def read(self, blob: Any) -> list[Item]:
@@ -1287,9 +1292,12 @@ def deserialize(
     from the blob; raises :class:`FormatError` — and only that — for anything wrong with it.
     """
     reader: _Reader | None = None
+    loaded = False
     try:
         reader = _Reader(ops)
-        return reader.read(blob)
+        items = reader.read(blob)
+        loaded = True
+        return items
     except FormatError:
         raise
     except RecursionError:
@@ -1301,3 +1309,6 @@ def deserialize(
         raise FormatError(
             f"malformed pypm blob at {where}: {type(exc).__name__}: {_short(str(exc), 200)}"
         ) from exc
+    finally:
+        if not loaded and reader is not None:
+            reader.release()  # what a refused blob made (op classes, ...) goes now
