@@ -31,6 +31,11 @@ __all__ = [
     "MAX_ENTRIES",
     "MAX_EXPANDED",
     "MAX_VALUE_DEPTH",
+    "MAX_OPERANDS",
+    "MAX_INT_BITS",
+    "MAX_STRING",
+    "MAX_LITERAL_ITEMS",
+    "MAX_EXPONENT",
 ]
 
 import json
@@ -77,6 +82,7 @@ from ._calculus import (
 )
 from ._dtypes import DTYPES, DType
 from ._errors import FormatError, SourceLoc
+from ._guards import MAX_EXPONENT, power_problem
 from ._terms import OpClass, Operator
 
 FORMAT = "pypm"
@@ -89,6 +95,12 @@ MAX_BLOB_BYTES = 64 * 1024 * 1024
 MAX_ENTRIES = 1_000_000  # per table, and per list inside an entry
 MAX_EXPANDED = 4_000_000  # pattern/expression/replacement nodes, shared ones counted per use
 MAX_VALUE_DEPTH = 64  # nesting of tuple literals (CPython hashes nested tuples recursively, in C)
+# What one loaded item may ask of the process that matches it: graph nodes are allocated per
+# output, guards compute with literals, so none of these may be unbounded.
+MAX_OPERANDS = 65_536  # n_in and n_out of an operator, n_out and index of an operator variable
+MAX_INT_BITS = 1024  # every integer in a blob (literals included), in bits
+MAX_STRING = 65_536  # every string in a blob (names, literals, source lines), in characters
+MAX_LITERAL_ITEMS = 65_536  # elements of a tuple literal, shared entries counted at each use
 
 Item = Operator | PatternDef | RuleDef
 
@@ -534,6 +546,8 @@ def _op_signature_problem(op: Operator) -> str | None:
         return "n_in must be null or an integer >= 0"
     if type(op.n_out) is not int or op.n_out < 1:
         return "n_out must be an integer >= 1"
+    if max(op.n_in or 0, op.n_out) > MAX_OPERANDS:
+        return f"n_in and n_out are limited to {MAX_OPERANDS} (MAX_OPERANDS)"
     if type(op.attrs) is not tuple or not all(type(a) is str for a in op.attrs):
         return "attrs must be a tuple of strings"
     if op.op_class is not None and type(op.op_class) is not OpClass:
@@ -627,11 +641,40 @@ def _parse(blob: Any) -> Any:
     except UnicodeDecodeError as exc:
         raise FormatError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
-        return json.loads(text, object_pairs_hook=_object_hook, parse_constant=_reject_constant)
+        doc = json.loads(text, object_pairs_hook=_object_hook, parse_constant=_reject_constant)
     except RecursionError:
         raise FormatError("not a pypm blob: JSON nested too deeply (the format is flat)") from None
     except ValueError as exc:  # JSONDecodeError, or an integer with too many digits
         raise FormatError(f"not valid JSON (truncated or corrupt?): {exc}") from None
+    if type(doc) is dict:
+        for key, value in doc.items():
+            _check_scalars(key, value)
+    return doc
+
+
+def _check_scalars(key: str, value: Any) -> None:
+    """Every string and integer under the top-level ``key`` (object keys included) is within
+    :data:`MAX_STRING` characters and :data:`MAX_INT_BITS` bits."""
+    todo = [key, value]
+    while todo:
+        x = todo.pop()
+        t = type(x)
+        if t is list:
+            todo.extend(x)
+        elif t is dict:
+            todo.extend(x)
+            todo.extend(x.values())
+        elif t is str:
+            if len(x) > MAX_STRING:
+                raise FormatError(
+                    f"{_short(key)}: a string of {len(x)} characters exceeds the limit of "
+                    f"{MAX_STRING} (MAX_STRING)"
+                )
+        elif t is int and x.bit_length() > MAX_INT_BITS:
+            raise FormatError(
+                f"{_short(key)}: an integer of {x.bit_length()} bits exceeds the limit of "
+                f"{MAX_INT_BITS} (MAX_INT_BITS)"
+            )
 
 
 class _Budget:
@@ -823,6 +866,11 @@ class _Reader:
                 raise self.fail("n_in: expected null or an integer >= 0")
             if type(n_out) is not int or n_out < 1:
                 raise self.fail("n_out: expected an integer >= 1")
+            if max(n_in or 0, n_out) > MAX_OPERANDS:
+                raise self.fail(
+                    f"n_in and n_out are limited to {MAX_OPERANDS} (MAX_OPERANDS), got "
+                    f"n_in={n_in}, n_out={n_out}"
+                )
             attrs = self._bounded_list(attrs, "attrs")
             if not all(type(a) is str for a in attrs):
                 raise self.fail("attrs: expected an array of strings")
@@ -911,8 +959,11 @@ class _Reader:
                 size = 1 + sum(self.value_size[x] for x in items)
                 if depth > MAX_VALUE_DEPTH:
                     raise self.fail(f"a tuple literal nested deeper than {MAX_VALUE_DEPTH}")
-                if size > MAX_ENTRIES:
-                    raise self.fail(f"a tuple literal expands to more than {MAX_ENTRIES} elements")
+                if size > MAX_LITERAL_ITEMS:
+                    raise self.fail(
+                        f"a tuple literal expands to more than {MAX_LITERAL_ITEMS} elements "
+                        "(MAX_LITERAL_ITEMS)"
+                    )
                 self.value_depth.append(depth)
                 self.value_size.append(size)
                 continue
@@ -1075,8 +1126,20 @@ class _Reader:
                     unknown = [n for n in names if n not in op.attrs]
                     if unknown:
                         raise self.fail(f"{op.name} has no attribute {_short(unknown[0])}")
-            case PFunVar(_, _, index, n_out) if n_out is not None and index >= n_out:
-                raise self.fail(f"output {index} of an operator variable with {n_out} output(s)")
+            case PFunVar(_, _, index, n_out):
+                if max(index + 1, n_out or 0) > MAX_OPERANDS:
+                    raise self.fail(
+                        f"an operator variable's outputs are limited to {MAX_OPERANDS} "
+                        "(MAX_OPERANDS)"
+                    )
+                if n_out is not None and index >= n_out:
+                    raise self.fail(
+                        f"output {index} of an operator variable with {n_out} output(s)"
+                    )
+            case EBin("**", _, right):
+                problem = power_problem(right)
+                if problem:
+                    raise self.fail(problem)
             case PMu(name, params, args, _):
                 if len(args) != len(params):
                     raise self.fail(

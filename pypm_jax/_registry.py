@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._calculus import GuardFn
+from ._guards import MAX_RESULT_BITS
 from ._terms import CONST, LEAF, Operator
 
 OPS: dict[str, Operator] = {}
@@ -45,6 +46,16 @@ def guard_fn(name: str | None = None) -> Callable[[Callable[..., Any]], Callable
     return deco
 
 
+def _prod(values: Any, *, start: Any = 1) -> Any:
+    """``math.prod`` that refuses an integer result beyond the guards' limit (a loaded guard
+    could multiply many large literals) instead of computing it."""
+    values = tuple(values)
+    bits = sum(v.bit_length() for v in (start, *values) if isinstance(v, int))
+    if bits > MAX_RESULT_BITS:
+        raise OverflowError(f"a product of {bits} bits exceeds {MAX_RESULT_BITS}")
+    return math.prod(values, start=start)
+
+
 register_op(LEAF)
 register_op(CONST)
 for _name, _fn in {
@@ -52,7 +63,7 @@ for _name, _fn in {
     "min": min,
     "max": max,
     "abs": abs,
-    "prod": math.prod,
+    "prod": _prod,
     "int": int,
     "float": float,
     "tuple": tuple,
