@@ -375,12 +375,9 @@ def children(p: Pattern, *, into_mu: bool = True) -> tuple[Pattern, ...]:
     return ()
 
 
-# How far binds_below looks before it gives up (and answers False, the safe answer).
-_BELOW_DEPTH = 64
-
 # One question binds_below asks: does every match of a pattern bind (or check) a variable,
-# strictly under an application or anywhere, looking from a depth? Keyed by the pattern's id.
-_Question = tuple[Pattern, str, bool, int]
+# strictly under an application or anywhere? Answers are keyed by the pattern's id.
+_Question = tuple[Pattern, str, bool]
 
 
 def binds_below(p: Pattern, var: str, memo: dict[Any, bool] | None = None) -> bool:
@@ -391,19 +388,18 @@ def binds_below(p: Pattern, var: str, memo: dict[Any, bool] | None = None) -> bo
     recursive reference in q consumes structure just as one under an application does
     (``y <= f(x); x <= P()``). A variable bound outside ``p`` and checked under an
     application of ``p`` counts: the check demands it equal that subterm. Conservative:
-    False where unsure (calls, which may or may not bind their arguments; patterns nested
-    deeper than it looks).
+    False where unsure (calls, which may or may not bind their arguments).
 
-    Each sub-question is answered once (a chain of constraints asks the same ones again and
-    again), with an explicit stack: the cost is linear in the sub-patterns within the depth
-    limit. Calls on sub-patterns of one pattern, alive meanwhile, may share ``memo``.
+    Each question (sub-pattern, variable, below) is answered once, with an explicit stack,
+    so the cost is linear in the sub-patterns times the variables asked about, whatever the
+    depth (the plain recursive definition is exponential in chained constraints). Calls on
+    sub-patterns of one pattern, alive meanwhile, may share ``memo``.
     """
     memo = {} if memo is None else memo
-    root: _Question = (p, var, True, 0)
-    stack = [root]
+    stack: list[_Question] = [(p, var, True)]
     while stack:
         q = stack[-1]
-        key = (id(q[0]), *q[1:])
+        key = (id(q[0]), q[1], q[2])
         if key in memo:
             stack.pop()
             continue
@@ -413,21 +409,18 @@ def binds_below(p: Pattern, var: str, memo: dict[Any, bool] | None = None) -> bo
             stack.pop()
         else:
             stack.append(answer)
-    return memo[(id(p), var, True, 0)]
+    return memo[(id(p), var, True)]
 
 
 def _binds(q: _Question, memo: dict[Any, bool]) -> bool | _Question:
     """Does every match of the pattern bind (or check) the variable -- strictly under an
     application of the pattern if ``below``, anywhere (the root included) otherwise? The
     answer, or the first sub-question it needs that ``memo`` does not answer yet."""
-    p, var, below, depth = q
-    if depth > _BELOW_DEPTH:
-        return False
-    d = depth + 1
+    p, var, below = q
 
     def ask(sub: Pattern, v: str, b: bool) -> bool | _Question:
-        known = memo.get((id(sub), v, b, d))
-        return (sub, v, b, d) if known is None else known
+        known = memo.get((id(sub), v, b))
+        return (sub, v, b) if known is None else known
 
     match p:
         case PVar(x):
@@ -446,16 +439,18 @@ def _binds(q: _Question, memo: dict[Any, bool]) -> bool | _Question:
         case PExists(x, pat, kind):
             return not (x == var and kind == "term") and ask(pat, var, below)
         case PConstr(pat, x, c):
-            # c matches x's term: what c binds below it is below too
-            answer = ask(pat, var, below)
-            if answer is not False:
-                return answer
+            # c matches x's term: what c binds below it is below too. The (small) constraint
+            # is asked first: only if c binds var does x's place in pat matter.
             if below:
                 answer = ask(c, var, True)
                 if answer is not False:
                     return answer
-            answer = ask(pat, x, below)
-            return answer if answer is not True else ask(c, var, False)
+            answer = ask(c, var, False)
+            if answer is True:
+                answer = ask(pat, x, below)
+            if answer is not False:
+                return answer
+            return ask(pat, var, below)
     return False
 
 
