@@ -648,33 +648,33 @@ def _parse(blob: Any) -> Any:
         raise FormatError(f"not valid JSON (truncated or corrupt?): {exc}") from None
     if type(doc) is dict:
         for key, value in doc.items():
-            _check_scalars(key, value)
+            _check_scalars(key, [value])
     return doc
 
 
 def _check_scalars(key: str, value: Any) -> None:
-    """Every string and integer under the top-level ``key`` (object keys included) is within
-    :data:`MAX_STRING` characters and :data:`MAX_INT_BITS` bits."""
-    todo = [key, value]
+    """Every string and integer under the top-level ``key`` is within :data:`MAX_STRING`
+    characters and :data:`MAX_INT_BITS` bits. (Object keys are never kept: every object
+    must have exactly the keys of its kind.)"""
+    todo = [value]
     while todo:
         x = todo.pop()
-        t = type(x)
-        if t is list:
-            todo.extend(x)
-        elif t is dict:
-            todo.extend(x)
-            todo.extend(x.values())
-        elif t is str:
-            if len(x) > MAX_STRING:
-                raise FormatError(
-                    f"{_short(key)}: a string of {len(x)} characters exceeds the limit of "
-                    f"{MAX_STRING} (MAX_STRING)"
-                )
-        elif t is int and x.bit_length() > MAX_INT_BITS:
-            raise FormatError(
-                f"{_short(key)}: an integer of {x.bit_length()} bits exceeds the limit of "
-                f"{MAX_INT_BITS} (MAX_INT_BITS)"
-            )
+        for v in x.values() if type(x) is dict else x:
+            t = type(v)
+            if t is str:
+                if len(v) > MAX_STRING:
+                    raise FormatError(
+                        f"{_short(key)}: a string of {len(v)} characters exceeds the limit of "
+                        f"{MAX_STRING} (MAX_STRING)"
+                    )
+            elif t is int:
+                if v.bit_length() > MAX_INT_BITS:
+                    raise FormatError(
+                        f"{_short(key)}: an integer of {v.bit_length()} bits exceeds the limit "
+                        f"of {MAX_INT_BITS} (MAX_INT_BITS)"
+                    )
+            elif t is list or t is dict:
+                todo.append(v)
 
 
 class _Budget:
