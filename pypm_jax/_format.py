@@ -35,6 +35,7 @@ __all__ = [
     "MAX_INT_BITS",
     "MAX_STRING",
     "MAX_LITERAL_ITEMS",
+    "MAX_EXPR_DEPTH",
     "MAX_EXPONENT",
 ]
 
@@ -101,6 +102,7 @@ MAX_OPERANDS = 65_536  # n_in and n_out of an operator, n_out and index of an op
 MAX_INT_BITS = 1024  # every integer in a blob (literals included), in bits
 MAX_STRING = 65_536  # every string in a blob (names, literals, source lines), in characters
 MAX_LITERAL_ITEMS = 65_536  # elements of a tuple literal, shared entries counted at each use
+MAX_EXPR_DEPTH = 100  # nesting of a guard expression (patterns may nest without limit)
 
 Item = Operator | PatternDef | RuleDef
 
@@ -704,6 +706,7 @@ class _Reader:
         self.branch_index: list[tuple[int, int]] = []  # guard and result of each rule branch
         self.value_depth: list[int] = []  # nesting depth of each literal
         self.value_size: list[int] = []  # expanded size of each literal
+        self.expr_depth: list[int] = []  # nesting depth of each expression
         self.where = "the blob"
 
     def fail(self, message: str) -> FormatError:
@@ -1034,12 +1037,30 @@ class _Reader:
             self._check_local(obj)
             out.append(obj)
             # the indices are valid now: account for the expanded size
+            if table == "exprs":
+                self._check_expr_depth(fields, e)
             if table in self.size:
                 self.size[table].append(min(self._expanded(fields, e), MAX_EXPANDED + 1))
             elif table == "defs":
                 self.body_index.append(e["body"])
             else:
                 self.branch_index.extend((b["guard"], b["result"]) for b in e["branches"])
+
+    def _check_expr_depth(self, fields: Fields, e: dict[str, Any]) -> None:
+        """Guards are evaluated by recursion on the expression (and compiled to nested Python
+        expressions): their depth is bounded, unlike a pattern's."""
+        depth = self.expr_depth
+        below = 0
+        for name, ftype in fields:
+            if ftype == EXPR:
+                below = max(below, depth[e[name]])
+            elif ftype == EXPRS:
+                below = max(below, max((depth[x] for x in e[name]), default=0))
+        if below + 1 > MAX_EXPR_DEPTH:
+            raise self.fail(
+                f"a guard expression nested deeper than {MAX_EXPR_DEPTH} (MAX_EXPR_DEPTH)"
+            )
+        depth.append(below + 1)
 
     def _expanded(self, fields: Fields, e: dict[str, Any]) -> int:
         """1 + the expanded sizes of the expression/pattern/result entries ``e`` refers to."""

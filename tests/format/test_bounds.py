@@ -33,6 +33,7 @@ from pypm_jax._calculus import (
 )
 from pypm_jax._format import (
     MAX_EXPONENT,
+    MAX_EXPR_DEPTH,
     MAX_INT_BITS,
     MAX_LITERAL_ITEMS,
     MAX_OPERANDS,
@@ -283,3 +284,16 @@ def test_the_dsl_refuses_a_constant_power_at_definition():
     with pytest.raises(pm.PatternDefinitionError, match="MAX_EXPONENT") as info:
         _ = HugePower.definition
     assert "test_bounds.py" in str(info.value)
+
+
+def test_guard_expressions_have_a_depth_limit():
+    """Guards are evaluated recursively at match time: a loaded one cannot be 10,000 deep."""
+    values = [{"k": "int", "v": 1}]
+    exprs = [{"k": "const", "value": 0}]
+    for i in range(MAX_EXPR_DEPTH - 1):
+        exprs.append({"k": "unary", "op": "-", "operand": i})
+    patterns = [{"k": "var", "name": "x"}, {"k": "guard", "pat": 0, "guard": 0, "loc": None}]
+    deserialize(doc(values=values, exprs=exprs, patterns=patterns))
+    exprs.append({"k": "not", "operand": len(exprs) - 1})
+    with pytest.raises(pm.FormatError, match="MAX_EXPR_DEPTH"):
+        deserialize(doc(values=values, exprs=exprs, patterns=patterns))
