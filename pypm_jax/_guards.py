@@ -119,7 +119,7 @@ def binary(op: str, a: Any, b: Any) -> Any:
     bits_a, bits_b = _int_bits(a), _int_bits(b)
     if op == "**" and bits_a is not None and bits_b is not None and b > 0 and bits_a > 1:
         if b > MAX_RESULT_BITS or (bits_a - 1) * b > MAX_RESULT_BITS:
-            raise TooLarge(f"{a} ** {b} exceeds {MAX_RESULT_BITS} bits")
+            raise TooLarge(f"a power of a {bits_a}-bit integer exceeds {MAX_RESULT_BITS} bits")
     elif op == "*" and bits_a is not None and bits_b is not None:
         if bits_a + bits_b > MAX_RESULT_BITS:
             raise TooLarge(f"a product of {bits_a} and {bits_b} bits exceeds {MAX_RESULT_BITS}")
