@@ -62,79 +62,187 @@ __all__ = [
     "alts",
 ]
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from ._errors import SourceLoc
 from ._terms import Operator
 
+# ------------------------------------------------------------------ equality and hashing
+
+
+class _Node:
+    """Structural equality and hashing for expressions, patterns and results, as the
+    dataclass methods define them (fields with ``compare=False`` ignored), but computed with
+    an explicit work list: a 10,000-deep pattern compares and hashes like a shallow one, and
+    a hash is computed once per node and cached."""
+
+    __slots__ = ("_hash",)
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not type(self):
+            return NotImplemented
+        return _equal(self, other)
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash
+        except AttributeError:
+            return _hash_node(self)
+
+
+_COMPARED: dict[type, tuple[str, ...]] = {}
+
+
+def _compared(cls: type) -> tuple[str, ...]:
+    names = _COMPARED.get(cls)
+    if names is None:
+        names = _COMPARED[cls] = tuple(f.name for f in fields(cls) if f.compare)
+    return names
+
+
+def _equal(a: _Node, b: _Node) -> bool:
+    todo: list[tuple[Any, Any]] = [(a, b)]
+    seen: set[tuple[int, int]] = set()  # node pairs already compared (shared sub-patterns)
+    while todo:
+        x, y = todo.pop()
+        if x is y:
+            continue
+        if isinstance(x, _Node) or isinstance(y, _Node):
+            if type(x) is not type(y):
+                return False
+            hx, hy = getattr(x, "_hash", None), getattr(y, "_hash", None)
+            if hx is not None and hy is not None and hx != hy:
+                return False
+            if (id(x), id(y)) in seen:
+                continue
+            seen.add((id(x), id(y)))
+            todo.extend((getattr(x, f), getattr(y, f)) for f in reversed(_compared(type(x))))
+        elif type(x) is tuple and type(y) is tuple:
+            if len(x) != len(y):
+                return False
+            todo.extend(zip(reversed(x), reversed(y), strict=True))
+        elif not x == y:
+            return False
+    return True
+
+
+def _sub_nodes(value: Any) -> list[_Node]:
+    """The nodes a field value holds: itself, or those in a (nested) tuple."""
+    if isinstance(value, _Node):
+        return [value]
+    if type(value) is not tuple:
+        return []
+    out: list[_Node] = []
+    todo = [value]
+    while todo:
+        for v in todo.pop():
+            if isinstance(v, _Node):
+                out.append(v)
+            elif type(v) is tuple:
+                todo.append(v)
+    return out
+
+
+def _hash_key(value: Any) -> Any:
+    """A field value with every node in it replaced by its (already computed) hash."""
+    if isinstance(value, _Node):
+        return value._hash
+    if type(value) is tuple:
+        return tuple(_hash_key(v) for v in value)  # nests only as deep as a literal
+    return value
+
+
+def _hash_node(root: _Node) -> int:
+    """Hash ``root`` and every node under it that has no hash yet, children first."""
+    stack: list[_Node] = [root]
+    while stack:
+        node = stack[-1]
+        if hasattr(node, "_hash"):
+            stack.pop()
+            continue
+        names = _compared(type(node))
+        pending = [
+            c for f in names for c in _sub_nodes(getattr(node, f)) if not hasattr(c, "_hash")
+        ]
+        if pending:
+            stack.extend(pending)
+            continue
+        stack.pop()
+        h = hash((type(node), *(_hash_key(getattr(node, f)) for f in names)))
+        object.__setattr__(node, "_hash", h)
+    return root._hash
+
+
 # --------------------------------------------------------------------------- expressions
 
 
-@dataclass(frozen=True, slots=True)
-class EConst:
+@dataclass(frozen=True, slots=True, eq=False)
+class EConst(_Node):
     value: Any  # int, float, bool, str, DType, OpClass, Operator, tuple, None
 
 
-@dataclass(frozen=True, slots=True)
-class EAttr:
+@dataclass(frozen=True, slots=True, eq=False)
+class EAttr(_Node):
     """``x.α``: attribute α of the term bound to variable x."""
 
     var: str
     attr: str
 
 
-@dataclass(frozen=True, slots=True)
-class EOpAttr:
+@dataclass(frozen=True, slots=True, eq=False)
+class EOpAttr(_Node):
     """``F.α``: attribute of the operator bound to operator variable F (``op_class``, ``name``)."""
 
     var: str
     attr: str
 
 
-@dataclass(frozen=True, slots=True)
-class EIndex:
+@dataclass(frozen=True, slots=True, eq=False)
+class EIndex(_Node):
     base: Expr
     index: Expr
 
 
-@dataclass(frozen=True, slots=True)
-class EBin:
+@dataclass(frozen=True, slots=True, eq=False)
+class EBin(_Node):
     op: Literal["+", "-", "*", "/", "//", "%", "**"]
     left: Expr
     right: Expr
 
 
-@dataclass(frozen=True, slots=True)
-class EUnary:
+@dataclass(frozen=True, slots=True, eq=False)
+class EUnary(_Node):
     op: Literal["-", "+"]
     operand: Expr
 
 
-@dataclass(frozen=True, slots=True)
-class ECmp:
+@dataclass(frozen=True, slots=True, eq=False)
+class ECmp(_Node):
     op: Literal["==", "!=", "<", "<=", ">", ">=", "in", "not in"]
     left: Expr
     right: Expr
 
 
-@dataclass(frozen=True, slots=True)
-class EAnd:
+@dataclass(frozen=True, slots=True, eq=False)
+class EAnd(_Node):
     items: tuple[Expr, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class EOr:
+@dataclass(frozen=True, slots=True, eq=False)
+class EOr(_Node):
     items: tuple[Expr, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class ENot:
+@dataclass(frozen=True, slots=True, eq=False)
+class ENot(_Node):
     operand: Expr
 
 
-@dataclass(frozen=True, slots=True)
-class ETuple:
+@dataclass(frozen=True, slots=True, eq=False)
+class ETuple(_Node):
     items: tuple[Expr, ...]
 
 
@@ -150,8 +258,8 @@ class GuardFn:
     fn: Any = field(compare=False, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
-class ECall:
+@dataclass(frozen=True, slots=True, eq=False)
+class ECall(_Node):
     fn: GuardFn
     args: tuple[Expr, ...]
 
@@ -161,45 +269,45 @@ Expr = EConst | EAttr | EOpAttr | EIndex | EBin | EUnary | ECmp | EAnd | EOr | E
 # ------------------------------------------------------------------------------ patterns
 
 
-@dataclass(frozen=True, slots=True)
-class PVar:
+@dataclass(frozen=True, slots=True, eq=False)
+class PVar(_Node):
     name: str
 
 
-@dataclass(frozen=True, slots=True)
-class PApp:
+@dataclass(frozen=True, slots=True, eq=False)
+class PApp(_Node):
     op: Operator
     args: tuple[Pattern, ...]
     index: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class PConst:
+@dataclass(frozen=True, slots=True, eq=False)
+class PConst(_Node):
     value: Any
 
 
-@dataclass(frozen=True, slots=True)
-class PAlt:
+@dataclass(frozen=True, slots=True, eq=False)
+class PAlt(_Node):
     left: Pattern
     right: Pattern
 
 
-@dataclass(frozen=True, slots=True)
-class PGuard:
+@dataclass(frozen=True, slots=True, eq=False)
+class PGuard(_Node):
     pat: Pattern
     guard: Expr
     loc: SourceLoc | None = field(default=None, compare=False)
 
 
-@dataclass(frozen=True, slots=True)
-class PExists:
+@dataclass(frozen=True, slots=True, eq=False)
+class PExists(_Node):
     var: str
     body: Pattern
     kind: Literal["term", "op"] = "term"
 
 
-@dataclass(frozen=True, slots=True)
-class PConstr:
+@dataclass(frozen=True, slots=True, eq=False)
+class PConstr(_Node):
     """``p ; (x ≈ p')``: after p matched, the term bound to x must match p'."""
 
     pat: Pattern
@@ -208,8 +316,8 @@ class PConstr:
     loc: SourceLoc | None = field(default=None, compare=False)
 
 
-@dataclass(frozen=True, slots=True)
-class PFunVar:
+@dataclass(frozen=True, slots=True, eq=False)
+class PFunVar(_Node):
     """``F(p1..pn)``: any operator with n inputs (and ``n_out`` outputs, if given)."""
 
     var: str
@@ -229,8 +337,8 @@ class Param:
     kind: Literal["term", "op"] = "term"
 
 
-@dataclass(frozen=True, slots=True)
-class PMu:
+@dataclass(frozen=True, slots=True, eq=False)
+class PMu(_Node):
     """``μP(x1..xn)[y1..yn]. body`` — the definition P instantiated at y1..yn."""
 
     name: str
@@ -239,8 +347,8 @@ class PMu:
     body: Pattern
 
 
-@dataclass(frozen=True, slots=True)
-class PCall:
+@dataclass(frozen=True, slots=True, eq=False)
+class PCall(_Node):
     """``P(y1..yn)``: a reference to the enclosing μ-bound pattern P."""
 
     name: str
@@ -267,11 +375,12 @@ def children(p: Pattern, *, into_mu: bool = True) -> tuple[Pattern, ...]:
     return ()
 
 
-# How far binds_below looks before it gives up (and answers False, the safe answer).
-_BELOW_DEPTH = 64
+# One question binds_below asks: does every match of a pattern bind (or check) a variable,
+# strictly under an application or anywhere? Answers are keyed by the pattern's id.
+_Question = tuple[Pattern, str, bool]
 
 
-def binds_below(p: Pattern, var: str) -> bool:
+def binds_below(p: Pattern, var: str, memo: dict[Any, bool] | None = None) -> bool:
     """Does every match of ``p`` against a term t bind (or check) the term variable ``var`` to
     a *proper* subterm of t -- somewhere under an operator application of ``p``?
 
@@ -279,36 +388,69 @@ def binds_below(p: Pattern, var: str) -> bool:
     recursive reference in q consumes structure just as one under an application does
     (``y <= f(x); x <= P()``). A variable bound outside ``p`` and checked under an
     application of ``p`` counts: the check demands it equal that subterm. Conservative:
-    False where unsure (calls, which may or may not bind their arguments; patterns nested
-    deeper than it looks).
+    False where unsure (calls, which may or may not bind their arguments).
+
+    Each question (sub-pattern, variable, below) is answered once, with an explicit stack,
+    so the cost is linear in the sub-patterns times the variables asked about, whatever the
+    depth (the plain recursive definition is exponential in chained constraints). Calls on
+    sub-patterns of one pattern, alive meanwhile, may share ``memo``.
     """
-    return _binds(p, var, True, 0)
+    memo = {} if memo is None else memo
+    stack: list[_Question] = [(p, var, True)]
+    while stack:
+        q = stack[-1]
+        key = (id(q[0]), q[1], q[2])
+        if key in memo:
+            stack.pop()
+            continue
+        answer = _binds(q, memo)
+        if isinstance(answer, bool):
+            memo[key] = answer
+            stack.pop()
+        else:
+            stack.append(answer)
+    return memo[(id(p), var, True)]
 
 
-def _binds(p: Pattern, var: str, below: bool, depth: int) -> bool:
-    """Does every match of ``p`` bind (or check) ``var`` -- strictly under an application of
-    ``p`` if ``below``, anywhere (the root included) otherwise?"""
-    if depth > _BELOW_DEPTH:
-        return False
-    d = depth + 1
+def _binds(q: _Question, memo: dict[Any, bool]) -> bool | _Question:
+    """Does every match of the pattern bind (or check) the variable -- strictly under an
+    application of the pattern if ``below``, anywhere (the root included) otherwise? The
+    answer, or the first sub-question it needs that ``memo`` does not answer yet."""
+    p, var, below = q
+
+    def ask(sub: Pattern, v: str, b: bool) -> bool | _Question:
+        known = memo.get((id(sub), v, b))
+        return (sub, v, b) if known is None else known
+
     match p:
         case PVar(x):
             return not below and x == var
         case PApp(_, args, _) | PFunVar(_, args, _, _):
-            return any(_binds(a, var, False, d) for a in args)
+            for a in args:
+                answer = ask(a, var, False)
+                if answer is not False:
+                    return answer
+            return False
         case PAlt(left, right):
-            return _binds(left, var, below, d) and _binds(right, var, below, d)
+            answer = ask(left, var, below)
+            return answer if answer is not True else ask(right, var, below)
         case PGuard(pat, _):
-            return _binds(pat, var, below, d)
+            return ask(pat, var, below)
         case PExists(x, pat, kind):
-            return not (x == var and kind == "term") and _binds(pat, var, below, d)
+            return not (x == var and kind == "term") and ask(pat, var, below)
         case PConstr(pat, x, c):
-            # c matches x's term: what c binds below it is below too
-            return (
-                _binds(pat, var, below, d)
-                or (below and _binds(c, var, True, d))
-                or (_binds(pat, x, below, d) and _binds(c, var, False, d))
-            )
+            # c matches x's term: what c binds below it is below too. The (small) constraint
+            # is asked first: only if c binds var does x's place in pat matter.
+            if below:
+                answer = ask(c, var, True)
+                if answer is not False:
+                    return answer
+            answer = ask(c, var, False)
+            if answer is True:
+                answer = ask(pat, x, below)
+            if answer is not False:
+                return answer
+            return ask(pat, var, below)
     return False
 
 
@@ -340,18 +482,18 @@ class PatternDef:
     alt_locs: tuple[SourceLoc | None, ...] = field(default=(), compare=False)
 
 
-@dataclass(frozen=True, slots=True)
-class RVar:
+@dataclass(frozen=True, slots=True, eq=False)
+class RVar(_Node):
     name: str
 
 
-@dataclass(frozen=True, slots=True)
-class RConst:
+@dataclass(frozen=True, slots=True, eq=False)
+class RConst(_Node):
     value: Any
 
 
-@dataclass(frozen=True, slots=True)
-class RApp:
+@dataclass(frozen=True, slots=True, eq=False)
+class RApp(_Node):
     """A replacement node: ``op(args...)`` with attribute values given as expressions."""
 
     op: Operator
@@ -360,8 +502,8 @@ class RApp:
     index: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class RTuple:
+@dataclass(frozen=True, slots=True, eq=False)
+class RTuple(_Node):
     items: tuple[Rhs, ...]
 
 

@@ -31,6 +31,12 @@ __all__ = [
     "MAX_ENTRIES",
     "MAX_EXPANDED",
     "MAX_VALUE_DEPTH",
+    "MAX_OPERANDS",
+    "MAX_INT_BITS",
+    "MAX_STRING",
+    "MAX_LITERAL_ITEMS",
+    "MAX_EXPR_DEPTH",
+    "MAX_EXPONENT",
 ]
 
 import json
@@ -77,6 +83,7 @@ from ._calculus import (
 )
 from ._dtypes import DTYPES, DType
 from ._errors import FormatError, SourceLoc
+from ._guards import MAX_EXPONENT, power_problem
 from ._terms import OpClass, Operator
 
 FORMAT = "pypm"
@@ -89,6 +96,13 @@ MAX_BLOB_BYTES = 64 * 1024 * 1024
 MAX_ENTRIES = 1_000_000  # per table, and per list inside an entry
 MAX_EXPANDED = 4_000_000  # pattern/expression/replacement nodes, shared ones counted per use
 MAX_VALUE_DEPTH = 64  # nesting of tuple literals (CPython hashes nested tuples recursively, in C)
+# What one loaded item may ask of the process that matches it: graph nodes are allocated per
+# output, guards compute with literals, so none of these may be unbounded.
+MAX_OPERANDS = 65_536  # n_in and n_out of an operator, n_out and index of an operator variable
+MAX_INT_BITS = 1024  # every integer in a blob (literals included), in bits
+MAX_STRING = 65_536  # every string in a blob (names, literals, source lines), in characters
+MAX_LITERAL_ITEMS = 65_536  # elements of a tuple literal, shared entries counted at each use
+MAX_EXPR_DEPTH = 100  # nesting of a guard expression (patterns may nest without limit)
 
 Item = Operator | PatternDef | RuleDef
 
@@ -534,6 +548,8 @@ def _op_signature_problem(op: Operator) -> str | None:
         return "n_in must be null or an integer >= 0"
     if type(op.n_out) is not int or op.n_out < 1:
         return "n_out must be an integer >= 1"
+    if max(op.n_in or 0, op.n_out) > MAX_OPERANDS:
+        return f"n_in and n_out are limited to {MAX_OPERANDS} (MAX_OPERANDS)"
     if type(op.attrs) is not tuple or not all(type(a) is str for a in op.attrs):
         return "attrs must be a tuple of strings"
     if op.op_class is not None and type(op.op_class) is not OpClass:
@@ -627,11 +643,40 @@ def _parse(blob: Any) -> Any:
     except UnicodeDecodeError as exc:
         raise FormatError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
-        return json.loads(text, object_pairs_hook=_object_hook, parse_constant=_reject_constant)
+        doc = json.loads(text, object_pairs_hook=_object_hook, parse_constant=_reject_constant)
     except RecursionError:
         raise FormatError("not a pypm blob: JSON nested too deeply (the format is flat)") from None
     except ValueError as exc:  # JSONDecodeError, or an integer with too many digits
         raise FormatError(f"not valid JSON (truncated or corrupt?): {exc}") from None
+    if type(doc) is dict:
+        for key, value in doc.items():
+            _check_scalars(key, [value])
+    return doc
+
+
+def _check_scalars(key: str, value: Any) -> None:
+    """Every string and integer under the top-level ``key`` is within :data:`MAX_STRING`
+    characters and :data:`MAX_INT_BITS` bits. (Object keys are never kept: every object
+    must have exactly the keys of its kind.)"""
+    todo = [value]
+    while todo:
+        x = todo.pop()
+        for v in x.values() if type(x) is dict else x:
+            t = type(v)
+            if t is str:
+                if len(v) > MAX_STRING:
+                    raise FormatError(
+                        f"{_short(key)}: a string of {len(v)} characters exceeds the limit of "
+                        f"{MAX_STRING} (MAX_STRING)"
+                    )
+            elif t is int:
+                if v.bit_length() > MAX_INT_BITS:
+                    raise FormatError(
+                        f"{_short(key)}: an integer of {v.bit_length()} bits exceeds the limit "
+                        f"of {MAX_INT_BITS} (MAX_INT_BITS)"
+                    )
+            elif t is list or t is dict:
+                todo.append(v)
 
 
 class _Budget:
@@ -642,8 +687,8 @@ class _Budget:
     def __init__(self, n: int) -> None:
         self.left = n
 
-    def spend(self, owner: str) -> None:
-        self.left -= 1
+    def spend(self, owner: str, n: int = 1) -> None:
+        self.left -= n
         if self.left < 0:
             raise FormatError(
                 f"{owner}: the definitions expand to more than {MAX_EXPANDED} nodes "
@@ -661,10 +706,16 @@ class _Reader:
         self.branch_index: list[tuple[int, int]] = []  # guard and result of each rule branch
         self.value_depth: list[int] = []  # nesting depth of each literal
         self.value_size: list[int] = []  # expanded size of each literal
+        self.expr_depth: list[int] = []  # nesting depth of each expression
         self.where = "the blob"
 
     def fail(self, message: str) -> FormatError:
         return FormatError(f"{self.where}: {message}")
+
+    def release(self) -> None:
+        """Drop everything read so far, even while a traceback keeps this reader alive."""
+        for table in self.t.values():
+            table.clear()
 
     # --- top level ---
 
@@ -818,6 +869,11 @@ class _Reader:
                 raise self.fail("n_in: expected null or an integer >= 0")
             if type(n_out) is not int or n_out < 1:
                 raise self.fail("n_out: expected an integer >= 1")
+            if max(n_in or 0, n_out) > MAX_OPERANDS:
+                raise self.fail(
+                    f"n_in and n_out are limited to {MAX_OPERANDS} (MAX_OPERANDS), got "
+                    f"n_in={n_in}, n_out={n_out}"
+                )
             attrs = self._bounded_list(attrs, "attrs")
             if not all(type(a) is str for a in attrs):
                 raise self.fail("attrs: expected an array of strings")
@@ -906,8 +962,11 @@ class _Reader:
                 size = 1 + sum(self.value_size[x] for x in items)
                 if depth > MAX_VALUE_DEPTH:
                     raise self.fail(f"a tuple literal nested deeper than {MAX_VALUE_DEPTH}")
-                if size > MAX_ENTRIES:
-                    raise self.fail(f"a tuple literal expands to more than {MAX_ENTRIES} elements")
+                if size > MAX_LITERAL_ITEMS:
+                    raise self.fail(
+                        f"a tuple literal expands to more than {MAX_LITERAL_ITEMS} elements "
+                        "(MAX_LITERAL_ITEMS)"
+                    )
                 self.value_depth.append(depth)
                 self.value_size.append(size)
                 continue
@@ -978,12 +1037,30 @@ class _Reader:
             self._check_local(obj)
             out.append(obj)
             # the indices are valid now: account for the expanded size
+            if table == "exprs":
+                self._check_expr_depth(fields, e)
             if table in self.size:
                 self.size[table].append(min(self._expanded(fields, e), MAX_EXPANDED + 1))
             elif table == "defs":
                 self.body_index.append(e["body"])
             else:
                 self.branch_index.extend((b["guard"], b["result"]) for b in e["branches"])
+
+    def _check_expr_depth(self, fields: Fields, e: dict[str, Any]) -> None:
+        """Guards are evaluated by recursion on the expression (and compiled to nested Python
+        expressions): their depth is bounded, unlike a pattern's."""
+        depth = self.expr_depth
+        below = 0
+        for name, ftype in fields:
+            if ftype == EXPR:
+                below = max(below, depth[e[name]])
+            elif ftype == EXPRS:
+                below = max(below, max((depth[x] for x in e[name]), default=0))
+        if below + 1 > MAX_EXPR_DEPTH:
+            raise self.fail(
+                f"a guard expression nested deeper than {MAX_EXPR_DEPTH} (MAX_EXPR_DEPTH)"
+            )
+        depth.append(below + 1)
 
     def _expanded(self, fields: Fields, e: dict[str, Any]) -> int:
         """1 + the expanded sizes of the expression/pattern/result entries ``e`` refers to."""
@@ -1070,8 +1147,20 @@ class _Reader:
                     unknown = [n for n in names if n not in op.attrs]
                     if unknown:
                         raise self.fail(f"{op.name} has no attribute {_short(unknown[0])}")
-            case PFunVar(_, _, index, n_out) if n_out is not None and index >= n_out:
-                raise self.fail(f"output {index} of an operator variable with {n_out} output(s)")
+            case PFunVar(_, _, index, n_out):
+                if max(index + 1, n_out or 0) > MAX_OPERANDS:
+                    raise self.fail(
+                        f"an operator variable's outputs are limited to {MAX_OPERANDS} "
+                        "(MAX_OPERANDS)"
+                    )
+                if n_out is not None and index >= n_out:
+                    raise self.fail(
+                        f"output {index} of an operator variable with {n_out} output(s)"
+                    )
+            case EBin("**", _, right):
+                problem = power_problem(right)
+                if problem:
+                    raise self.fail(problem)
             case PMu(name, params, args, _):
                 if len(args) != len(params):
                     raise self.fail(
@@ -1101,6 +1190,7 @@ def _check_pattern_def(d: PatternDef, owner: str, budget: _Budget) -> None:
     frames: list[dict[tuple[str, str], int]] = [{(p.kind, p.name): 1 for p in d.params}]
     mus: dict[str, list[tuple[tuple[Param, ...], int]]] = {}
     apps = 0
+    below: dict[Any, bool] = {}  # binds_below's answers, shared by the constraints of d
 
     def need(kind: str, name: str, what: str) -> None:
         if (kind, name) not in frames[-1]:
@@ -1158,7 +1248,10 @@ def _check_pattern_def(d: PatternDef, owner: str, budget: _Budget) -> None:
                 stack += [("unbind", key), body]
             case PConstr(pat, var, constraint):
                 need("term", var, "term variable")
-                if binds_below(pat, var):  # the constraint matches a proper subterm
+                known = len(below)
+                consumes = binds_below(pat, var, below)
+                budget.spend(owner, len(below) - known)
+                if consumes:  # the constraint matches a proper subterm
                     stack += [("app",), constraint, ("enter",), pat]
                 else:
                     stack += [constraint, pat]
@@ -1283,9 +1376,12 @@ def deserialize(
     from the blob; raises :class:`FormatError` — and only that — for anything wrong with it.
     """
     reader: _Reader | None = None
+    loaded = False
     try:
         reader = _Reader(ops)
-        return reader.read(blob)
+        items = reader.read(blob)
+        loaded = True
+        return items
     except FormatError:
         raise
     except RecursionError:
@@ -1297,3 +1393,6 @@ def deserialize(
         raise FormatError(
             f"malformed pypm blob at {where}: {type(exc).__name__}: {_short(str(exc), 200)}"
         ) from exc
+    finally:
+        if not loaded and reader is not None:
+            reader.release()  # what a refused blob made (op classes, ...) goes now

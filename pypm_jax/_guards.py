@@ -3,11 +3,27 @@
 A guard holds only when it evaluates to true. Reading an attribute a term lacks, a variable
 that is not bound, or an ill-typed operation (``None + 1``) makes the guard undefined, and an
 undefined guard does not hold — the declarative rule P-Guard demands ⟦g[θ]⟧ = True.
+
+Guards may come from a loaded file, so arithmetic is bounded: an operation whose result would
+exceed :data:`MAX_RESULT_BITS` (integers) or :data:`MAX_RESULT_ITEMS` (strings and tuples) is
+not computed and is undefined (:class:`TooLarge`): ``7 ** 30000000 > 0`` does not hold, at
+once, rather than computing a 10-million-digit number.
 """
 
 from __future__ import annotations
 
-__all__ = ["Undefined", "eval_expr", "guard_holds", "op_attr"]
+__all__ = [
+    "Undefined",
+    "TooLarge",
+    "MAX_RESULT_BITS",
+    "MAX_RESULT_ITEMS",
+    "MAX_EXPONENT",
+    "binary",
+    "power_problem",
+    "eval_expr",
+    "guard_holds",
+    "op_attr",
+]
 
 import operator as _operator
 from collections.abc import Mapping
@@ -37,6 +53,15 @@ class Undefined(Exception):
     """Raised inside evaluation when ⟦g[θ]⟧ has no value."""
 
 
+class TooLarge(Undefined):
+    """An operation of a guard whose result would exceed the evaluation limits."""
+
+
+MAX_RESULT_BITS = 4096  # an integer a guard computes
+MAX_RESULT_ITEMS = 65_536  # a string or tuple a guard builds
+MAX_EXPONENT = 1024  # a constant integer exponent of ``**``, refused beyond (definition, load)
+
+
 _BIN = {
     "+": _operator.add,
     "-": _operator.sub,
@@ -56,6 +81,59 @@ _CMP = {
     "in": lambda a, b: a in b,
     "not in": lambda a, b: a not in b,
 }
+
+
+def _int_bits(x: Any) -> int | None:
+    """The size of a Python integer (numpy's wrap around and stay small), or None."""
+    return x.bit_length() if isinstance(x, int) else None
+
+
+def _seq_len(x: Any) -> int | None:
+    return len(x) if isinstance(x, str | tuple | list | bytes) else None
+
+
+def power_problem(exponent: Expr) -> str | None:
+    """Why a guard may not raise to ``exponent`` -- a constant integer (``c``, ``-c``) beyond
+    :data:`MAX_EXPONENT` -- or None. Checked where guards are defined and loaded, so such a
+    guard is an error there rather than undefined at every match. (A float power costs the
+    same whatever its exponent.)"""
+    sign = 1
+    for _ in range(4):
+        if not isinstance(exponent, EUnary):
+            break
+        sign = -sign if exponent.op == "-" else sign
+        exponent = exponent.operand
+    if isinstance(exponent, EConst) and type(exponent.value) is int:
+        value = sign * exponent.value
+        if abs(value) > MAX_EXPONENT:
+            shown = str(value) if value.bit_length() < 64 else f"of {value.bit_length()} bits"
+            return (
+                f"a guard raises to the constant power {shown}: exponents are limited to "
+                f"{MAX_EXPONENT} (MAX_EXPONENT)"
+            )
+    return None
+
+
+def binary(op: str, a: Any, b: Any) -> Any:
+    """``a op b``, refusing (:class:`TooLarge`) a result beyond the limits before computing it."""
+    bits_a, bits_b = _int_bits(a), _int_bits(b)
+    if op == "**" and bits_a is not None and bits_b is not None and b > 0 and bits_a > 1:
+        if b > MAX_RESULT_BITS or (bits_a - 1) * b > MAX_RESULT_BITS:
+            raise TooLarge(f"a power of a {bits_a}-bit integer exceeds {MAX_RESULT_BITS} bits")
+    elif op == "*" and bits_a is not None and bits_b is not None:
+        if bits_a + bits_b > MAX_RESULT_BITS:
+            raise TooLarge(f"a product of {bits_a} and {bits_b} bits exceeds {MAX_RESULT_BITS}")
+    elif op == "*":
+        n, k = (_seq_len(a), b) if bits_b is not None else (_seq_len(b), a)
+        if n is not None and _int_bits(k) is not None and n * k > MAX_RESULT_ITEMS:
+            raise TooLarge(f"a repetition of {n} items {k} times exceeds {MAX_RESULT_ITEMS}")
+    elif op == "+":
+        n, m = _seq_len(a), _seq_len(b)
+        if n is not None and m is not None and n + m > MAX_RESULT_ITEMS:
+            raise TooLarge(f"a concatenation of {n + m} items exceeds {MAX_RESULT_ITEMS}")
+    elif op == "%" and isinstance(a, str | bytes):
+        raise Undefined("guards do not format strings")  # "%099999999d" % 1
+    return _BIN[op](a, b)
 
 
 def op_attr(op: Operator, attr: str) -> Any:
@@ -118,7 +196,7 @@ def eval_expr(e: Expr, theta: Mapping[str, Any], phi: Mapping[str, Operator]) ->
             try:
                 match e:
                     case EBin(op, left, right):
-                        return _BIN[op](eval_expr(left, theta, phi), eval_expr(right, theta, phi))
+                        return binary(op, eval_expr(left, theta, phi), eval_expr(right, theta, phi))
                     case EUnary(op, operand):
                         v = eval_expr(operand, theta, phi)
                         return -v if op == "-" else +v

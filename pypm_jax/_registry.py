@@ -26,6 +26,7 @@ from typing import Any
 
 from ._calculus import GuardFn
 from ._errors import GuardFunctionWarning
+from ._guards import MAX_RESULT_BITS
 from ._terms import CONST, LEAF, Operator
 
 OPS: dict[str, Operator] = {}
@@ -100,6 +101,16 @@ def collect_guard_failures() -> Iterator[list[tuple[str, Exception]]]:
         _failures.sink = previous
 
 
+def _prod(values: Any, *, start: Any = 1) -> Any:
+    """``math.prod`` that refuses an integer result beyond the guards' limit (a loaded guard
+    could multiply many large literals) instead of computing it."""
+    values = tuple(values)
+    bits = sum(v.bit_length() for v in (start, *values) if isinstance(v, int))
+    if bits > MAX_RESULT_BITS:
+        raise OverflowError(f"a product of {bits} bits exceeds {MAX_RESULT_BITS}")
+    return math.prod(values, start=start)
+
+
 register_op(LEAF)
 register_op(CONST)
 for _name, _fn in {
@@ -107,7 +118,7 @@ for _name, _fn in {
     "min": min,
     "max": max,
     "abs": abs,
-    "prod": math.prod,
+    "prod": _prod,
     "int": int,
     "float": float,
     "tuple": tuple,

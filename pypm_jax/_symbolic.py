@@ -28,6 +28,7 @@ from ._calculus import (
 )
 from ._dtypes import DType
 from ._errors import PatternDefinitionError
+from ._guards import power_problem
 from ._registry import GUARD_FNS
 from ._terms import DECLARED_ATTRS, OpClass, Operator, Term
 
@@ -136,7 +137,14 @@ class SymExpr(Sym):
     __rfloordiv__ = _lift(lambda a, b: EBin("//", b, a))
     __mod__ = _lift(lambda a, b: EBin("%", a, b))
     __rmod__ = _lift(lambda a, b: EBin("%", b, a))
-    __pow__ = _lift(lambda a, b: EBin("**", a, b))
+
+    def __pow__(self, other: Any) -> SymExpr:
+        exponent = to_expr(other)
+        problem = power_problem(exponent)
+        if problem:
+            definition_error(problem)
+        return SymExpr(EBin("**", self.expr, exponent))
+
     __eq__ = _lift(lambda a, b: ECmp("==", a, b))  # type: ignore[assignment]
     __ne__ = _lift(lambda a, b: ECmp("!=", a, b))  # type: ignore[assignment]
     __lt__ = _lift(lambda a, b: ECmp("<", a, b))

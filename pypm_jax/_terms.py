@@ -36,10 +36,14 @@ from ._errors import PyPMError
 
 
 class OpClass:
-    """A named class of operators (``pm.opclass("unary_pointwise")``); interned by name."""
+    """A named class of operators (``pm.opclass("unary_pointwise")``); interned by name.
 
-    __slots__ = ("name",)
-    _interned: dict[str, OpClass] = {}
+    Interned weakly: a class nothing refers to any more (say, one named only by a refused
+    blob) leaves the table, and a later ``OpClass(name)`` makes it anew -- nobody can tell.
+    """
+
+    __slots__ = ("name", "__weakref__")
+    _interned: weakref.WeakValueDictionary[str, OpClass] = weakref.WeakValueDictionary()
 
     def __new__(cls, name: str) -> OpClass:
         if not isinstance(name, str) or not name:

@@ -35,7 +35,7 @@ from .._terms import CONST, LEAF, Operator
 from . import _compat
 from .impls import KERNEL_IMPLS
 from .lift import NESTED_PARAMS, EqnInfo, LiftedProgram, Region, eqn_info
-from .primitives import DTYPE_PARAMS, NAMESPACE, SPECS
+from .primitives import DTYPE_PARAMS, SPECS, is_table_op
 
 
 class LoweringError(PyPMError):
@@ -225,10 +225,10 @@ def _check_lowerable(plan: _Plan) -> None:
                 for body in bodies if isinstance(bodies, tuple) else (bodies,):
                     _check_lowerable(_plan(body))
             continue
-        if op.namespace.startswith(NAMESPACE) and (
-            info is not None or _compat.primitive_by_name(op.name) is not None
-        ):
+        if info is not None:  # lifted from an equation: binds that equation's primitive
             continue
+        if is_table_op(op) and _compat.primitive_by_name(op.name) is not None:
+            continue  # built by a rule from the primitive table (never by name alone)
         raise LoweringError(
             f"no implementation for {_describe(node)}: register one with "
             "pypm_jax.jax.register_impl(op, fn)"

@@ -35,6 +35,7 @@ __all__ = [
     "spec_for",
     "op_for",
     "opaque_op",
+    "is_table_op",
     "py_name",
     "lift_attrs",
 ]
@@ -322,6 +323,16 @@ def opaque_op(prim_name: str, n_out: int = 1) -> Operator:
         )
         _VARIANTS[key] = op
     return op
+
+
+def is_table_op(op: Operator) -> bool:
+    """Is ``op`` one of this module's operators -- a table entry, a variant of one or an
+    opaque operator -- by identity? Only these stand for the JAX primitive of their name; an
+    operator that merely carries such a name (a loaded ``jaxEVIL.log``) does not."""
+    spec = SPECS.get(op.name)
+    if spec is not None and spec.op is op:
+        return True
+    return any(_VARIANTS.get((op.name, op.n_out, opaque)) is op for opaque in (False, True))
 
 
 def spec_for(prim_name: str) -> PrimSpec | None:
