@@ -7,6 +7,7 @@ __all__ = [
     "PatternDefinitionError",
     "FormatError",
     "RewriteLimitError",
+    "MatchBudgetError",
     "SourceLoc",
 ]
 
@@ -49,4 +50,13 @@ class RewriteLimitError(PyPMError):
 
     def __init__(self, message: str, rules: tuple[str, ...] = ()):
         self.rules = rules
+        super().__init__(message)
+
+
+class MatchBudgetError(PyPMError):
+    """A match ran past its step budget (``match_budget=``): the pattern explores more
+    than the budget allows at that term. ``steps`` is the budget that was exceeded."""
+
+    def __init__(self, message: str, steps: int = 0):
+        self.steps = steps
         super().__init__(message)
