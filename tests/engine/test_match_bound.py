@@ -268,6 +268,7 @@ def test_patterns_ten_thousand_deep_match(engine):
         assert pm.match(pdef, negs(DEPTH - 1, Mul(a, a)), engine=engine) is None
 
 
+@pytest.mark.slow  # (about 5 s on a quiet machine)
 def test_patterns_ten_thousand_deep_explain_and_rewrite():
     a = pm.leaf("a", shape=(2,), dtype="f32")
     for pdef in deep_patterns():
