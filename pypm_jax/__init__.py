@@ -14,6 +14,7 @@ from ._dtypes import DTYPES, DType, as_dtype
 from ._errors import (
     FormatError,
     GuardFunctionWarning,
+    MatchBudgetError,
     PatternDefinitionError,
     PyPMError,
     RewriteLimitError,
@@ -61,6 +62,7 @@ __all__ = [
     "RewriteLimitError",
     "RuleError",
     "GuardFunctionWarning",
+    "MatchBudgetError",
     "SourceLoc",
     # dtypes
     "f32",
@@ -82,21 +84,28 @@ i8, i16, i32, i64 = DTYPES["i8"], DTYPES["i16"], DTYPES["i32"], DTYPES["i64"]
 u8, u32, bool_ = DTYPES["u8"], DTYPES["u32"], DTYPES["bool"]
 
 
-def match(pattern: Any, term: Any, *, engine: str | None = None) -> Match | None:
+def match(
+    pattern: Any, term: Any, *, engine: str | None = None, budget: int | None = None
+) -> Match | None:
     """The first match of ``pattern`` at ``term`` in the paper's algorithmic order, or None.
 
     ``engine`` is ``"fast"`` (default) or ``"reference"`` (the paper's small-step machine).
+    ``budget``: raise :class:`MatchBudgetError` past that many machine steps (default None:
+    unbounded).
     """
     from ._engine import match_first
 
-    return match_first(_as_pattern_def(pattern), term, engine=engine)
+    return match_first(_as_pattern_def(pattern), term, engine=engine, budget=budget)
 
 
-def match_all(pattern: Any, term: Any, *, engine: str | None = None) -> Iterator[Match]:
-    """Every distinct match of ``pattern`` at ``term``, lazily, in exploration order."""
+def match_all(
+    pattern: Any, term: Any, *, engine: str | None = None, budget: int | None = None
+) -> Iterator[Match]:
+    """Every distinct match of ``pattern`` at ``term``, lazily, in exploration order
+    (``budget``: as for :func:`match`, for the whole enumeration)."""
     from ._engine import match_all as _match_all
 
-    return _match_all(_as_pattern_def(pattern), term, engine=engine)
+    return _match_all(_as_pattern_def(pattern), term, engine=engine, budget=budget)
 
 
 def _core(item: Any) -> Any:

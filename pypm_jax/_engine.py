@@ -37,11 +37,16 @@ def _module(engine: str | None) -> Any:
     raise ValueError(f"unknown engine {engine!r}: expected one of {ENGINES}")
 
 
-def match_first(pattern: PatternDef, term: Any, *, engine: str | None = None) -> Match | None:
-    """The first solution in the machine's order, or None."""
-    return _module(engine).match_first(pattern, term)
+def match_first(
+    pattern: PatternDef, term: Any, *, engine: str | None = None, budget: int | None = None
+) -> Match | None:
+    """The first solution in the machine's order, or None. ``budget``: raise
+    ``MatchBudgetError`` past that many machine steps (None: unbounded)."""
+    return _module(engine).match_first(pattern, term, budget=budget)
 
 
-def match_all(pattern: PatternDef, term: Any, *, engine: str | None = None) -> Iterator[Match]:
-    """Every distinct solution, lazily, in exploration order."""
-    return _module(engine).match_all(pattern, term)
+def match_all(
+    pattern: PatternDef, term: Any, *, engine: str | None = None, budget: int | None = None
+) -> Iterator[Match]:
+    """Every distinct solution, lazily, in exploration order (``budget``: as above)."""
+    return _module(engine).match_all(pattern, term, budget=budget)

@@ -9,6 +9,7 @@ __all__ = [
     "RewriteLimitError",
     "RuleError",
     "GuardFunctionWarning",
+    "MatchBudgetError",
     "SourceLoc",
 ]
 
@@ -68,3 +69,12 @@ class GuardFunctionWarning(UserWarning):
     """A function registered with ``@pm.guard_fn`` raised: the guard calling it does not
     hold (the paper's undefined guard), and the warning names the function, the exception
     and the rules whose guards call it."""
+
+
+class MatchBudgetError(PyPMError):
+    """A match ran past its step budget (``match_budget=``): the pattern explores more
+    than the budget allows at that term. ``steps`` is the budget that was exceeded."""
+
+    def __init__(self, message: str, steps: int = 0):
+        self.steps = steps
+        super().__init__(message)

@@ -71,6 +71,85 @@ def _clip(text: str, width: int = _WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _shown(p: Pattern, width: int) -> str:
+    """``_clip(show(p), width)``, rendering only the first ``width + 1`` characters, with a
+    loop (a pattern 10 000 levels deep is shown like a shallow one, and in O(width))."""
+    out: list[str] = []
+    size = 0
+    todo: list[Any] = [p]
+    while todo and size <= width:
+        q = todo.pop()
+        if isinstance(q, str):
+            out.append(q)
+            size += len(q)
+            continue
+        parts: list[Any]
+        match q:
+            case PVar(name):
+                parts = [name]
+            case PApp(op, args, index):
+                idx = f"#{index}" if op.n_out > 1 else ""
+                parts = [f"{op.name}(", *_joined(args), f"){idx}"]
+            case PConst(value):
+                parts = [repr(value)]
+            case PAlt(left, right):
+                parts = ["(", left, " ‖ ", right, ")"]
+            case PGuard(pat, guard):
+                parts = [pat, " ; guard(", _GuardText(guard), ")"]
+            case PExists(var, body, _):
+                parts = [f"∃{var}. ", body]
+            case PConstr(pat, var, constraint):
+                parts = [pat, f" ; ({var} ≈ ", constraint, ")"]
+            case PFunVar(var, args, index, _):
+                parts = [f"{var}(", *_joined(args), f"){f'#{index}' if index else ''}"]
+            case PMu() | PCall():
+                parts = [_MuHead(q)]
+            case _GuardText(guard):
+                parts = [show_expr(guard)]
+            case _MuHead():
+                parts = _mu_parts(q.p)
+            case _:
+                raise TypeError(f"not a pattern: {q!r}")
+        todo.extend(reversed(parts))
+    return _clip("".join(out)[: width + 1], width)
+
+
+class _GuardText:
+    """A guard, shown when reached (``show_expr``: guards are shallow)."""
+
+    __match_args__ = ("guard",)
+    __slots__ = ("guard",)
+
+    def __init__(self, guard: Expr):
+        self.guard = guard
+
+
+class _MuHead:
+    """A definition or a reference, shown when reached."""
+
+    __slots__ = ("p",)
+
+    def __init__(self, p: PMu | PCall):
+        self.p = p
+
+
+def _mu_parts(p: PMu | PCall) -> list[Any]:
+    ys = ", ".join(a if isinstance(a, str) else a.name for a in p.args)
+    if isinstance(p, PCall):
+        return [f"{p.name}({ys})"]
+    ps = ", ".join(x.name for x in p.params)
+    return [f"μ{p.name}({ps})[{ys}]. ", p.body]
+
+
+def _joined(args: tuple[Pattern, ...]) -> list[Any]:
+    parts: list[Any] = []
+    for i, a in enumerate(args):
+        if i:
+            parts.append(", ")
+        parts.append(a)
+    return parts
+
+
 def describe(t: Any) -> str:
     """A short description of a term or graph value, with its type and source line."""
     if isinstance(t, Value):
@@ -324,9 +403,11 @@ class _Tracer:
             else:  # matchConstr
                 bound = theta.get(a)
                 if bound is None:
-                    failure = Failure("unbound", f"{a} is unbound where {a} ≈ {show(t)} is checked")
+                    failure = Failure(
+                        "unbound", f"{a} is unbound where {a} ≈ {_shown(t, _WIDTH)} is checked"
+                    )
                 else:
-                    text = f"{a} ≈ {_clip(show(t), 48)}   on {describe(bound)}"
+                    text = f"{a} ≈ {_shown(t, 48)}   on {describe(bound)}"
                     path.append(Step("constraint", t, bound, text))
                     k = (("m", t, bound), k)
             if failure is not None:
@@ -387,7 +468,7 @@ class _Tracer:
                     expected=len(p.args),
                     found=len(t.inputs),
                 ), k
-            path.append(Step("match", p, t, f"{_clip(show(p), 40)}   on {describe(t)}"))
+            path.append(Step("match", p, t, f"{_shown(p, 40)}   on {describe(t)}"))
             for arg, sub in zip(reversed(p.args), reversed(t.inputs), strict=True):
                 k = (("m", arg, sub), k)
             return None, k
@@ -453,7 +534,7 @@ class _Tracer:
                     expected=bound,
                     found=f,
                 ), k
-            path.append(Step("match", p, t, f"{_clip(show(p), 40)}   on {describe(t)}"))
+            path.append(Step("match", p, t, f"{_shown(p, 40)}   on {describe(t)}"))
             for arg, sub in zip(reversed(p.args), reversed(t.inputs), strict=True):
                 k = (("m", arg, sub), k)
             return None, k

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 __all__ = [
     "CompiledPattern",
+    "MatchRun",
     "Matcher",
     "compile_pattern",
     "match_first",
@@ -105,6 +106,63 @@ _MAX_LINES = 1000
 _CACHE_LIMIT = 4096
 
 
+# ----------------------------------------------------------------------- the run of a match
+
+
+class MatchRun:
+    """What a match (or a rewrite driver's matches) shares across its machines: the steps
+    taken, the step budget, how often to call back, and what a solution must keep.
+
+    ``steps`` counts transitions of the iterative machine (each action it runs, each
+    backtrack and each tabled answer it replays); generated code runs a bounded number of
+    lines per solution, so the machine's steps bound the work of a match. When ``steps``
+    reaches ``budget`` the machine raises :class:`pypm_jax.MatchBudgetError`; every
+    ``every`` steps it calls ``on_check`` (the rewrite driver logs its progress there).
+
+    ``distinct``: the caller keeps only solutions whose *parameters* differ (``match_all``,
+    ``pm.match``, the rewrite driver). Then a tabled recursive call also answers each
+    binding of its arguments once (see ``docs/SEMANTICS.md``, "Tabling"), and a solution's
+    θ leaves out the local variables bound inside tabled calls.
+    """
+
+    __slots__ = ("steps", "budget", "distinct", "every", "on_check")
+
+    def __init__(
+        self,
+        budget: int | None = None,
+        *,
+        distinct: bool = False,
+        every: int = 4096,
+        on_check: Callable[[], None] | None = None,
+    ):
+        self.steps = 0
+        self.budget = budget
+        self.distinct = distinct
+        self.every = every
+        self.on_check = on_check
+
+    def limit(self) -> int | float:
+        """The step count at which the machine next calls :meth:`check`."""
+        lim: int | float = self.steps + self.every if self.on_check is not None else _INF
+        if self.budget is not None and self.budget < lim:
+            lim = self.budget
+        return lim
+
+    def check(self) -> None:
+        if self.budget is not None and self.steps >= self.budget:
+            from ._errors import MatchBudgetError
+
+            raise MatchBudgetError(
+                f"the match ran past its budget of {self.budget} machine steps", self.budget
+            )
+        if self.on_check is not None:
+            self.on_check()
+
+
+_INF = float("inf")
+_EXACT = MatchRun()  # no budget, no callback: every raw solution (the machine's own θ)
+
+
 # ----------------------------------------------------------------------- runtime helpers
 
 
@@ -148,12 +206,18 @@ def _dtype(t: Any) -> Any:
 
 
 def _sub(
-    mu: PMu, args: tuple, t: Any, theta: dict[str, Any], phi: dict[str, Any], cell: list[int]
+    mu: PMu,
+    args: tuple,
+    t: Any,
+    theta: dict[str, Any],
+    phi: dict[str, Any],
+    cell: list[int],
+    run: MatchRun | None,
 ) -> Any:
     """Generated code's call of a recursive sub-pattern: the trail machine from ``mu`` with
     ``args`` (its arguments' names at run time: fresh names are only known then) at ``t``,
-    with the caller's bindings of them and the caller's fresh-name counter."""
-    return _trail_machine(PMu(mu.name, mu.params, args, mu.body), t, theta, phi, cell)
+    with the caller's bindings of them, the caller's fresh-name counter and its run."""
+    return _trail_machine(PMu(mu.name, mu.params, args, mu.body), t, theta, phi, cell, run)
 
 
 _RUNTIME = {
@@ -267,59 +331,114 @@ def _has_call(p: Pattern) -> bool:
 
 def _calls_self(mu: PMu) -> bool:
     """Does ``mu``'s body refer to ``mu`` itself (a recursive definition)?"""
-    stack = [mu.body]
-    while stack:
-        q = stack.pop()
-        if isinstance(q, PCall | PMu) and q.name == mu.name:
-            if isinstance(q, PCall):
-                return True
-            continue  # an inner definition of the same name shadows
-        stack.extend(children(q))
-    return False
+    return mu.name in _def_facts(mu.name, mu.params, mu.body)[1]
 
 
 def _closed(mu: PMu) -> bool:
     """Does ``mu`` (its arguments aside) mention only its parameters, variables it binds
     with ∃ and definitions inside it? Then a machine run of it needs only the caller's
     bindings of its arguments."""
+    closed, free, _, _ = _def_facts(mu.name, mu.params, mu.body)
+    return closed and free <= {mu.name}
 
-    def scope_ok(p: Pattern, names: frozenset[str], defs: frozenset[str]) -> bool:
-        match p:
-            case PVar(name):
-                return name in names
-            case PConst():
-                return True
-            case PApp(_, args, _):
-                return all(scope_ok(a, names, defs) for a in args)
-            case PFunVar(var, args, _, _):
-                return var in names and all(scope_ok(a, names, defs) for a in args)
-            case PAlt(left, right):
-                return scope_ok(left, names, defs) and scope_ok(right, names, defs)
-            case PGuard(pat, guard):
-                used: set[str] = set()
-                _expr_names(guard, used)
-                return used <= names and scope_ok(pat, names, defs)
-            case PExists(var, body, _):
-                return scope_ok(body, names | {var}, defs)
-            case PConstr(pat, var, constraint):
-                return (
-                    var in names
-                    and scope_ok(pat, names, defs)
-                    and scope_ok(constraint, names, defs)
-                )
-            case PMu(name, params, args, body):
-                if not all(not isinstance(a, str) or a in names for a in args):
-                    return False
-                inner = frozenset(x.name for x in params)
-                return scope_ok(body, inner, defs | {name})
-            case PCall(name, args):
-                return name in defs and all(not isinstance(a, str) or a in names for a in args)
-        return False
 
-    try:
-        return scope_ok(mu.body, frozenset(x.name for x in mu.params), frozenset((mu.name,)))
-    except RecursionError:
-        return False
+def has_recursion(mu: PMu) -> bool:
+    """Is there a recursive reference anywhere in ``mu``'s body (nested definitions too)?"""
+    return _def_facts(mu.name, mu.params, mu.body)[3]
+
+
+# Per definition body: (body, params, (closed, free references, has ∃)) -- see _def_facts.
+_FACTS: dict[int, tuple[Pattern, tuple, tuple[bool, frozenset[str], bool, bool]]] = {}
+
+
+def _def_facts(name: str, params: tuple, body: Pattern) -> tuple[bool, frozenset[str], bool, bool]:
+    """Facts about a definition ``μname(params). body``, computed bottom-up over the
+    definitions nested in it (each once, cached per body, with loops, never recursion):
+    whether every variable it reads is a parameter or bound by an ∃ in scope (nested
+    definitions alike, with their own parameters); the names of the recursive references
+    it leaves free; whether it has an ∃ anywhere; whether it has a recursive reference
+    anywhere."""
+    hit = _FACTS.get(id(body))
+    if hit is not None and hit[0] is body and hit[1] == params:
+        return hit[2]
+    order: list[tuple[tuple, Pattern]] = []
+    todo: list[tuple[tuple, Pattern]] = [(params, body)]
+    while todo:
+        d = todo.pop()
+        order.append(d)
+        for m in _nested_defs(d[1]):
+            got = _FACTS.get(id(m.body))
+            if got is None or got[0] is not m.body or got[1] != m.params:
+                todo.append((m.params, m.body))
+    facts = (False, frozenset(), True, True)
+    for d_params, d_body in reversed(order):  # nested definitions first
+        facts = _local_facts(d_params, d_body)
+        if len(_FACTS) >= _CACHE_LIMIT:
+            _FACTS.clear()
+        _FACTS[id(d_body)] = (d_body, d_params, facts)
+    return facts
+
+
+def _nested_defs(body: Pattern) -> list[PMu]:
+    """The definitions directly inside ``body`` (not inside their own bodies)."""
+    found: list[PMu] = []
+    stack = [body]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, PMu):
+            found.append(q)
+            continue
+        stack.extend(children(q))
+    return found
+
+
+def _local_facts(params: tuple, body: Pattern) -> tuple[bool, frozenset[str], bool, bool]:
+    """``_def_facts`` of one body, those of the definitions inside it read from the cache."""
+    closed = True
+    free: set[str] = set()
+    has_exists = has_call = False
+    stack: list[tuple[Pattern, frozenset[str]]] = [(body, frozenset(x.name for x in params))]
+    while stack:
+        p, names = stack.pop()
+        cls = type(p)
+        if cls is PVar:
+            closed = closed and p.name in names
+        elif cls is PApp:
+            stack.extend((a, names) for a in p.args)
+        elif cls is PFunVar:
+            closed = closed and p.var in names
+            stack.extend((a, names) for a in p.args)
+        elif cls is PAlt:
+            stack += [(p.left, names), (p.right, names)]
+        elif cls is PGuard:
+            used: set[str] = set()
+            _expr_names(p.guard, used)
+            closed = closed and used <= names
+            stack.append((p.pat, names))
+        elif cls is PExists:
+            has_exists = True
+            stack.append((p.body, names | {p.var}))
+        elif cls is PConstr:
+            closed = closed and p.var in names
+            stack += [(p.pat, names), (p.constraint, names)]
+        elif cls is PMu:
+            closed = closed and all(not isinstance(a, str) or a in names for a in p.args)
+            hit = _FACTS.get(id(p.body))
+            if hit is None or hit[0] is not p.body:
+                inner = _def_facts(p.name, p.params, p.body)  # (only if evicted meanwhile)
+            else:
+                inner = hit[2]
+            closed = closed and inner[0]
+            free |= inner[1] - {p.name}
+            has_exists = has_exists or inner[2]
+            has_call = has_call or inner[3]
+        elif cls is PCall:
+            has_call = True
+            free.add(p.name)
+            closed = closed and all(not isinstance(a, str) or a in names for a in p.args)
+        elif cls is not PConst:
+            closed = False
+    return closed, frozenset(free), has_exists, has_call
 
 
 def _definitely_bound(mu: PMu) -> frozenset[int]:
@@ -446,7 +565,7 @@ class _Codegen:
 
     def function(self, body: Pattern) -> str:
         name = "_first" if self.mode == "first" else "_all"
-        self.lines.append(f"def {name}(t0):")
+        self.lines.append(f"def {name}(t0, R=None):")
         if _has_call(body):  # recursive sub-patterns run on machines sharing the counter
             self.ctr = "C[0]"
             self.line(1, "C = [1]")
@@ -601,7 +720,7 @@ class _Codegen:
         self.line(
             ind,
             f"for {sol} in _sub({mu}, ({args}), {t}, {{{', '.join(theta_in)}}}, "
-            f"{{{', '.join(phi_in)}}}, C):",
+            f"{{{', '.join(phi_in)}}}, C, R):",
         )
         inner = st.copy()
         self.line(ind + 1, f"{th}, {ph}, {sx} = {sol}")
@@ -954,12 +1073,140 @@ def _enter(
     return body, (new_env, info, base, {**scope, name: (params, body)})
 
 
+# Tabling (see ``docs/SEMANTICS.md``, "Tabling"): two more actions. ``replay`` gives the
+# answers of a tabled call, one per backtrack, pulling them from the call's producer as
+# needed; ``return`` ends a producer's run of the call's body with one answer.
+_REPLAY, _RET = 4, 5
+
+
+class _Chunk:
+    """The terms a tabled call's answer matched, spliced into a solution's matched terms
+    (shared by every replay of the answer, so a replay costs O(1), not O(terms))."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: tuple):
+        self.items = items
+
+
+def _flat(struct: list) -> tuple:
+    """A solution's matched terms with each chunk spliced in (a chunk once: the matched
+    terms say which nodes a match covers, a set)."""
+    out: list[Any] = []
+    seen: set[int] = set()
+    iters = [iter(struct)]
+    while iters:
+        for x in iters[-1]:
+            if type(x) is _Chunk:
+                if id(x) not in seen:
+                    seen.add(id(x))
+                    iters.append(iter(x.items))
+                    break
+            else:
+                out.append(x)
+        else:
+            iters.pop()
+    return tuple(out)
+
+
+def _tabling(name: str, params: tuple, body: Pattern) -> tuple[bool, bool]:
+    """(may a call of this definition be tabled: it is recursive and closed; has it an ∃
+    anywhere, so that only the ``distinct`` mode tables it)."""
+    closed, free, has_exists, _ = _def_facts(name, params, body)
+    return closed and free == {name}, has_exists
+
+
+_PLACEHOLDERS = tuple(f"\x00{i}" for i in range(64))  # a tabled call's parameters
+_SEEN: list = []  # a table's mark of a call requested once (run as usual)
+
+
+def _table_key(
+    params: tuple, args: tuple, body: Pattern, t: Any, env: Mapping, theta: dict, phi: dict
+) -> tuple | None:
+    """The table key of a call: the definition, the term, and per parameter the value it is
+    bound to, the operator it is instantiated with, or (unbound) the first parameter that
+    shares its variable. None: not tabled (an argument the unfolding refuses is left to
+    the machine, which raises where the reference does)."""
+    key: list[Any] = [id(body), id(t)]
+    names: list[Any] = []
+    for param, arg in zip(params, args, strict=True):
+        is_op = param.kind == "op"
+        r = env.get(arg, arg) if isinstance(arg, str) else arg
+        if not isinstance(r, str):
+            if not is_op or not isinstance(r, Operator):
+                return None
+            key.append(id(r))
+            names.append(None)
+            continue
+        bound = (phi if is_op else theta).get(r)
+        if bound is not None:
+            key.append(id(bound))
+        else:
+            key.append(-1 - names.index((r, is_op)) if (r, is_op) in names else -1 - len(names))
+        names.append((r, is_op))
+    return tuple(key)
+
+
+def _table_entry(
+    name: str,
+    params: tuple,
+    args: tuple,
+    body: Pattern,
+    t: Any,
+    ctx: tuple,
+    theta: dict,
+    phi: dict,
+    cell: list[int],
+) -> list:
+    """A new table entry for a call: its producer ready to start (the body entered with a
+    placeholder per parameter, bound ones bound to the caller's values)."""
+    env = ctx[0]
+    ph_args: list[Any] = []
+    th0: dict[str, Any] = {}
+    ph0: dict[str, Any] = {}
+    outs: list[tuple[str, bool]] = []  # unbound arguments: (placeholder, is_op)
+    first: dict[tuple[str, bool], str] = {}
+    for i, (param, arg) in enumerate(zip(params, args, strict=True)):
+        is_op = param.kind == "op"
+        r = env.get(arg, arg) if isinstance(arg, str) else arg
+        if not isinstance(r, str):  # an operator (checked by _table_key)
+            ph_args.append(r)
+            continue
+        ph = first.get((r, is_op))
+        if ph is None:
+            ph = first[(r, is_op)] = _PLACEHOLDERS[i] if i < 64 else f"\x00{i}"
+            bound = (phi if is_op else theta).get(r)
+            if bound is None:
+                outs.append((ph, is_op))
+            else:
+                (ph0 if is_op else th0)[ph] = bound
+        ph_args.append(ph)
+    q, inner = _enter(name, params, tuple(ph_args), body, _TOP_CTX, cell)
+    start = ((_MATCH, q, t, inner), ((_RET, None, None, None), None))
+    # [answers, done, running, producer state (θ, φ, trail, struct, stack, k), seen, outputs]
+    return [[], False, False, (th0, ph0, [], [], [], start), None, tuple(outs)]
+
+
+def _outputs(params: tuple, args: tuple, env: Mapping, theta: dict, phi: dict) -> tuple:
+    """The caller's variables a tabled call binds, in the order of its entry's outputs
+    (callers with one key may name them differently)."""
+    out: list[tuple[str, bool]] = []
+    for param, arg in zip(params, args, strict=True):
+        r = env.get(arg, arg) if isinstance(arg, str) else arg
+        is_op = param.kind == "op"
+        if isinstance(r, str) and (r, is_op) not in out:
+            if (phi if is_op else theta).get(r) is None:
+                out.append((r, is_op))
+    return tuple(out)
+
+
 def _trail_machine(
     body: Pattern,
     t0: Any,
     theta: dict[str, Any] | None = None,
     phi: dict[str, Operator] | None = None,
     cell: list[int] | None = None,
+    run: MatchRun | None = None,
 ) -> Iterator[RawSolution]:
     """The paper's machine with a trail: yields ``(θ, φ, matched terms)`` per solution.
 
@@ -967,25 +1214,49 @@ def _trail_machine(
     that backtracking to a saved point undoes exactly the bindings made since. ``theta`` and
     ``phi`` (copied) are bindings made before ``body`` is reached (generated code running a
     recursive sub-pattern passes the arguments it has bound); ``cell`` is the fresh-name
-    counter ``[next number]``, shared with that code.
+    counter ``[next number]``, shared with that code; ``run`` counts steps (budget, progress)
+    and says whether solutions are kept per parameters only (``MatchRun.distinct``).
 
     ST-Match-Mu does not copy the body: entering ``μP(xs)[ys]. p`` makes a context whose
     environment maps ``xs`` to ``ys`` (and each ∃ met later to its fresh name), and every
     variable is looked up there when reached: the unfolding ``p[μP.p/P][ys/xs]`` with fresh
     ∃ names, exactly, at the cost of what the match visits rather than of the body's size.
+
+    A call of a recursive definition is *tabled* (``docs/SEMANTICS.md``, "Tabling"): its
+    answers at a term, for given bindings of its arguments, are computed once, lazily, by
+    a producer (the same loop, run on its own bindings, trail and stack), and replayed at
+    every call with that key. The producers waiting on each other are a list, not the
+    Python stack.
     """
     if cell is None:
         cell = [1]
+    if run is None:
+        run = _EXACT
+    distinct = run.distinct
     theta = {} if theta is None else dict(theta)
     phi = {} if phi is None else dict(phi)
     trail: list[tuple[dict, str]] = []
     struct: list[Any] = []
     stack: list[tuple[int, int, Any]] = []  # (trail length, struct length, continuation)
     k: Any = ((_MATCH, body, t0, _TOP_CTX), None)
+    # tabled calls: key -> [answers, done, running, producer state, seen, outputs]
+    table: dict[tuple, list] = {}
+    # suspended consumers, innermost last: (θ, φ, trail, struct, stack, k, replay, index)
+    frames: list[tuple] = []
+    steps = run.steps
+    limit = run.limit()
 
     while True:
+        steps += 1
+        if steps >= limit:
+            run.steps = steps
+            run.check()
+            limit = run.limit()
         if k is None:  # ST-Success
-            yield dict(theta), dict(phi), tuple(struct)
+            run.steps = steps
+            yield dict(theta), dict(phi), _flat(struct) if table else tuple(struct)
+            steps = run.steps
+            limit = run.limit()
             ok = False
         else:
             (tag, a, b, ctx), k = k
@@ -1057,37 +1328,108 @@ def _trail_machine(
                         struct.append(t)
                         for i in range(len(args) - 1, -1, -1):
                             k = ((_MATCH, args[i], ins[i], ctx), k)
-                elif cls is PMu:
-                    q, inner = _enter(a.name, a.params, a.args, a.body, ctx, cell)
-                    k = ((_MATCH, q, t, inner), k)
-                elif cls is PCall:
-                    d = ctx[3].get(a.name)
-                    if d is None:
-                        raise PatternDefinitionError(
-                            f"recursive reference {show(a)} outside a definition μ{a.name}"
-                        )
-                    q, inner = _enter(a.name, d[0], a.args, d[1], ctx, cell)
-                    k = ((_MATCH, q, t, inner), k)
+                elif cls is PMu or cls is PCall:
+                    if cls is PMu:
+                        params, dbody = a.params, a.body
+                    else:
+                        d = ctx[3].get(a.name)
+                        if d is None:
+                            raise PatternDefinitionError(
+                                f"recursive reference {show(a)} outside a definition μ{a.name}"
+                            )
+                        params, dbody = d
+                    entry = None
+                    if a is not body:  # (the top of the match is not worth a table)
+                        info = _tabling(a.name, params, dbody)
+                        if info[0] and (distinct or not info[1]):
+                            key = _table_key(params, a.args, dbody, t, ctx[0], theta, phi)
+                            if key is not None:
+                                entry = table.get(key)
+                                if entry is None:  # the first request runs as usual
+                                    table[key] = _SEEN
+                                elif entry is _SEEN:  # the second: tabled from now on
+                                    entry = table[key] = _table_entry(
+                                        a.name, params, a.args, dbody, t, ctx, theta, phi, cell
+                                    )
+                                elif entry[2]:  # it reached itself (through a constraint)
+                                    entry = None
+                    if entry is not None and entry is not _SEEN:
+                        out = _outputs(params, a.args, ctx[0], theta, phi)
+                        k = ((_REPLAY, (entry, out), 0, None), k)
+                    else:
+                        q, inner = _enter(a.name, params, a.args, dbody, ctx, cell)
+                        k = ((_MATCH, q, t, inner), k)
                 else:
                     raise TypeError(f"not a pattern: {a!r}")
             elif tag == _GUARD:
                 ok = _env_guard(a)(theta, phi, ctx[0])
             elif tag == _CHECK:
                 ok = a in (phi if b == "op" else theta)
-            else:  # _CONSTR
+            elif tag == _CONSTR:
                 bound = theta.get(a)
                 if bound is None:
                     ok = False
                 else:
                     k = ((_MATCH, b, bound, ctx), k)
-        if not ok:  # backtrack(stk)
-            if not stack:
+            elif tag == _REPLAY:  # answer b of a tabled call, or pull it from its producer
+                entry, callers = a
+                answers = entry[0]
+                if b < len(answers):
+                    if b + 1 < len(answers) or not entry[1]:
+                        stack.append((len(trail), len(struct), ((_REPLAY, a, b + 1, None), k)))
+                    vals, chunk = answers[b]
+                    for (name, is_op), v in zip(callers, vals, strict=True):
+                        if v is not None:
+                            dct = phi if is_op else theta
+                            dct[name] = v
+                            trail.append((dct, name))
+                    if chunk.items:
+                        struct.append(chunk)
+                elif entry[1]:
+                    ok = False
+                else:  # suspend this consumer, resume the producer
+                    frames.append((theta, phi, trail, struct, stack, k, a, b))
+                    entry[2] = True
+                    theta, phi, trail, struct, stack, k = entry[3]
+                    if k is None:
+                        ok = False  # resume by backtracking into it
+            else:  # _RET: the producer on top found an answer
+                entry = frames[-1][6][0]
+                vals = tuple((phi if is_op else theta).get(ph) for ph, is_op in entry[5])
+                if distinct and entry[0]:  # were these arguments answered already?
+                    seen = entry[4]
+                    if seen is None:
+                        if len(entry[0]) < 8:
+                            ok = not any(
+                                all(x is y for x, y in zip(vals, old[0], strict=True))
+                                for old in entry[0]
+                            )
+                        else:
+                            seen = entry[4] = {tuple(map(id, old[0])) for old in entry[0]}
+                    if seen is not None:
+                        seen_key = tuple(map(id, vals))
+                        ok = seen_key not in seen
+                        seen.add(seen_key)
+                if ok:
+                    entry[0].append((vals, _Chunk(tuple(struct))))
+                    entry[3] = (theta, phi, trail, struct, stack, None)
+                    entry[2] = False
+                    theta, phi, trail, struct, stack, k, a, b = frames.pop()
+                    k = ((_REPLAY, a, b, None), k)
+        while not ok:  # backtrack(stk)
+            if stack:
+                n_trail, n_struct, k = stack.pop()
+                while len(trail) > n_trail:
+                    d, name = trail.pop()
+                    del d[name]
+                del struct[n_struct:]
+                break
+            if not frames:
+                run.steps = steps
                 return
-            n_trail, n_struct, k = stack.pop()
-            while len(trail) > n_trail:
-                d, name = trail.pop()
-                del d[name]
-            del struct[n_struct:]
+            entry = frames[-1][6][0]  # the producer is exhausted: its consumer fails
+            entry[1], entry[2], entry[3] = True, False, None
+            theta, phi, trail, struct, stack, k, _, _ = frames.pop()
 
 
 # -------------------------------------------------------------------- compiled patterns
@@ -1138,7 +1480,10 @@ def _root_var(p: Pattern) -> str | None:
 
 def root_operators(pdef: PatternDef) -> frozenset[Operator] | None:
     """Operators a match of ``pdef`` can be rooted at, or None when it can be any."""
-    return _root_ops(pdef.body, [1000])
+    try:
+        return _root_ops(pdef.body, [1000])
+    except RecursionError:  # a pattern too deep to walk this way: any root
+        return None
 
 
 # A shape: None (any term) or a list of alternatives (op or None, arity or None, kids), kids
@@ -1337,34 +1682,40 @@ class CompiledPattern:
             except _Unsupported:
                 if backend == "generated":
                     raise
+            except RecursionError:  # too deep to compile: the machine runs it
+                if backend == "generated":
+                    raise _Unsupported("pattern too deep to generate") from None
         if self.backend == "machine":
             self._shape = _prefilter(body)
             self._all = self._machine_all
             self._first = self._machine_first
 
-    def _machine_first(self, t: Any) -> RawSolution | None:
+    def _machine_first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:
         if self._shape is not None and not _fits(self._shape, t):
             return None
-        for sol in _trail_machine(self.pdef.body, t):
+        for sol in _trail_machine(self.pdef.body, t, run=run):
             return sol
         return None
 
-    def _machine_all(self, t: Any) -> Iterator[RawSolution]:
+    def _machine_all(self, t: Any, run: MatchRun | None = None) -> Iterator[RawSolution]:
         if self._shape is not None and not _fits(self._shape, t):
             return iter(())
-        return _trail_machine(self.pdef.body, t)
+        return _trail_machine(self.pdef.body, t, run=run)
 
-    def first(self, t: Any) -> RawSolution | None:
+    def first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:
         """The machine's first (θ, φ, matched terms) at ``t``, or None."""
-        return self._first(t)
+        return self._first(t, run)
 
-    def solutions(self, t: Any) -> Iterator[RawSolution]:
+    def solutions(self, t: Any, run: MatchRun | None = None) -> Iterator[RawSolution]:
         """Every (θ, φ, matched terms) in exploration order, repeats included.
 
         The matched terms are those the pattern's applications and literals matched (the
         match's structure, used by the rewrite driver to know which nodes a match covers).
+        ``run`` (a :class:`MatchRun`) bounds and observes the work; with
+        ``run.distinct`` repeats of a tabled call's answers are left out (the solutions'
+        parameters, deduplicated, are the same in the same order).
         """
-        return self._all(t)
+        return self._all(t, run)
 
     def __repr__(self) -> str:
         return f"<CompiledPattern {self.pdef.name} ({self.backend})>"
@@ -1560,16 +1911,19 @@ _env_guard = _ByIdentity(_make_env_guard)
 # ------------------------------------------------------------------------- the public API
 
 
-def match_first(pdef: PatternDef, t: Any) -> Match | None:
-    """The reference machine's first solution for ``pdef`` at ``t``, or None."""
-    sol = compile_pattern(pdef).first(t)
+def match_first(pdef: PatternDef, t: Any, *, budget: int | None = None) -> Match | None:
+    """The reference machine's first solution for ``pdef`` at ``t``, or None.
+
+    Its parameters are the reference's; θ leaves out the local variables bound inside
+    tabled recursive calls. ``budget``: raise ``MatchBudgetError`` past that many steps."""
+    sol = compile_pattern(pdef).first(t, MatchRun(budget, distinct=True))
     return None if sol is None else Match(pdef, t, sol[0], sol[1], owned=True)
 
 
-def match_all(pdef: PatternDef, t: Any) -> Iterator[Match]:
+def match_all(pdef: PatternDef, t: Any, *, budget: int | None = None) -> Iterator[Match]:
     """Every solution in the machine's exploration order, dropping repeated parameters."""
     seen: set[tuple[tuple[str, int], ...]] = set()
-    for theta, phi, _ in compile_pattern(pdef).solutions(t):
+    for theta, phi, _ in compile_pattern(pdef).solutions(t, MatchRun(budget, distinct=True)):
         m = Match(pdef, t, theta, phi, owned=True)
         key = m.key()
         if key not in seen:

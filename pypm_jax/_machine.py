@@ -63,7 +63,7 @@ from ._calculus import (
     PVar,
     show,
 )
-from ._errors import PatternDefinitionError
+from ._errors import MatchBudgetError, PatternDefinitionError
 from ._guards import guard_holds
 from ._match import Match
 from ._subst import FreshNames, unfold
@@ -283,33 +283,43 @@ def run(p: Pattern, t: Any) -> Success | Failure:
     return _drive(initial(p, t), FreshNames())
 
 
-def solutions(p: Pattern, t: Any) -> Iterator[tuple[dict[str, Any], dict[str, Operator]]]:
+def solutions(
+    p: Pattern, t: Any, budget: int | None = None
+) -> Iterator[tuple[dict[str, Any], dict[str, Operator]]]:
     """Every ``(θ, φ)`` the machine reaches, in exploration order.
 
     After each success the machine resumes by backtracking into the stack saved beside it,
-    which is what trying the remaining alternates means. Solutions may repeat.
+    which is what trying the remaining alternates means. Solutions may repeat. ``budget``:
+    raise ``MatchBudgetError`` after that many transitions.
     """
     fresh = FreshNames()
     st: State = initial(p, t)
+    steps = 0
     while True:
-        st = _drive(st, fresh)
+        while isinstance(st, Running):
+            steps += 1
+            if budget is not None and steps > budget:
+                raise MatchBudgetError(
+                    f"the match ran past its budget of {budget} machine steps", budget
+                )
+            st = step(st, fresh)
         if not isinstance(st, Success):
             return
         yield dict(st.theta), dict(st.phi)
         st = backtrack(st.stack)
 
 
-def match_first(pdef: PatternDef, t: Any) -> Match | None:
+def match_first(pdef: PatternDef, t: Any, *, budget: int | None = None) -> Match | None:
     """The machine's first solution for ``pdef`` at ``t``, or None."""
-    for theta, phi in solutions(pdef.body, t):
+    for theta, phi in solutions(pdef.body, t, budget):
         return Match(pdef, t, theta, phi)
     return None
 
 
-def match_all(pdef: PatternDef, t: Any) -> Iterator[Match]:
+def match_all(pdef: PatternDef, t: Any, *, budget: int | None = None) -> Iterator[Match]:
     """Every solution in exploration order, dropping those whose parameters repeat."""
     seen: set[tuple[tuple[str, int], ...]] = set()
-    for theta, phi in solutions(pdef.body, t):
+    for theta, phi in solutions(pdef.body, t, budget):
         m = Match(pdef, t, theta, phi)
         key = m.key()
         if key not in seen:

@@ -18,6 +18,10 @@ the sweep goes on), the nodes whose inputs changed and their users up to the dep
 deepest pattern, and roots that a single-use rule had to skip. The sweep itself never starts
 over, so a graph where a few rewrites fire costs about one pass of matching.
 
+A match that runs past ``match_budget`` machine steps at a node (default
+:data:`MATCH_BUDGET`) is a ``RuntimeWarning`` naming the rule, its source line and the node;
+that rule is skipped at that node for the rest of the run, and rewriting goes on.
+
 A rule set that never settles (``A → B`` and ``B → A``) stops after ``max_iterations``
 rewrites with a :class:`~pypm_jax._errors.RewriteLimitError` naming the rules of the cycle.
 
@@ -74,14 +78,22 @@ from ._calculus import (
 )
 from ._engine import ENGINES, default_engine
 from ._engine import match_all as _engine_match_all
-from ._errors import GuardFunctionWarning, PyPMError, RewriteLimitError, RuleError, SourceLoc
+from ._errors import (
+    GuardFunctionWarning,
+    MatchBudgetError,
+    PyPMError,
+    RewriteLimitError,
+    RuleError,
+    SourceLoc,
+)
 from ._fast import (
     CompiledPattern,
     Matcher,
+    MatchRun,
     _ByIdentity,
     _expr_names,
-    _has_call,
     compile_guard,
+    has_recursion,
 )
 from ._graph import _NO_ATTRS, Graph, Node, Value, _show_type
 from ._guards import Undefined, eval_expr, guard_holds
@@ -94,9 +106,21 @@ log = logging.getLogger("pypm_jax.rewrite")
 
 # A run still going after PROGRESS_SECONDS logs its progress (INFO, logger
 # "pypm_jax.rewrite"), and again every PROGRESS_SECONDS. The clock is read every
-# _PROGRESS_STRIDE visits only.
+# _PROGRESS_STRIDE visits and every _PROGRESS_STEPS machine steps of a match.
 PROGRESS_SECONDS = 5.0
 _PROGRESS_STRIDE = 1024
+_PROGRESS_STEPS = 16384
+
+# Machine steps one rule's match may take at one node (``rewrite(match_budget=)``; None:
+# unbounded). A match past it is given up with a warning (see the module docstring).
+MATCH_BUDGET = 1_000_000
+
+
+class _Default:
+    """``rewrite(match_budget=)`` not given: MATCH_BUDGET as it is when rewrite runs."""
+
+
+_DEFAULT = _Default()
 
 # ----------------------------------------------------------------------------- the report
 
@@ -204,8 +228,8 @@ def _reach(p: Pattern, budget: list[int]) -> int | None:
         case PConstr(pat, _, constraint):  # the constraint starts inside pat's region
             a, b = _reach(pat, budget), _reach(constraint, budget)
             return None if a is None or b is None else a + b
-        case PMu(_, _, _, body):
-            if _has_call(body):
+        case PMu():
+            if has_recursion(p):
                 return None  # recursive: a match can reach any depth
             try:
                 return _reach(unfold(p, FreshNames()), budget)
@@ -275,6 +299,7 @@ class _Driver:
         shareable: Callable[[Node], bool] | None = None,
         check_types: bool = False,
         weak_type: Callable[[Value], bool | None] | None = None,
+        match_budget: int | None = MATCH_BUDGET,
     ):
         self.g = graph
         self.shareable = shareable
@@ -308,6 +333,49 @@ class _Driver:
         # per rule: its (branch, guard) pairs, in order
         self.branches = [tuple((b, guard(b.guard)) for b in r.branches) for r in rules]
         self.params = [[(p.name, p.kind == "op") for p in r.pattern.params] for r in rules]
+        # the fast matcher's steps per (rule, node), with the budget and progress callback
+        self.mrun = MatchRun(
+            match_budget, distinct=True, every=_PROGRESS_STEPS, on_check=self.progress
+        )
+        self.over_budget: set[tuple[int, int]] = set()  # (rule, node id) given up
+        self.pos = 0
+        self.started = self.last_log = time.monotonic()
+
+    def progress(self) -> None:
+        """Log progress if PROGRESS_SECONDS passed since the last line (or the start)."""
+        now = time.monotonic()
+        if now - self.last_log >= PROGRESS_SECONDS:
+            self.last_log = now
+            log.info(
+                "rewriting: %d of %d nodes swept, %d revisits queued, %d rewrites, %.0f s",
+                self.pos, len(self.order), len(self.heap), len(self.report), now - self.started,
+            )  # fmt: skip
+
+    def give_up(self, ri: int, v: Value, exc: MatchBudgetError) -> None:
+        """A match of rule ``ri`` at ``v`` ran past its budget: warn, skip it there."""
+        node = v.node
+        self.over_budget.add((ri, node.id))
+        rule = self.rules[ri]
+        where = f" ({rule.loc})" if rule.loc is not None else ""
+        at = f" at {node.loc}" if node.loc is not None else ""
+        warnings.warn(
+            f"rule {rule.name}{where}: matching its pattern at %{node.id} {node.op.name}{at} "
+            f"ran past {exc.steps} machine steps; the rule is skipped at that node "
+            "(raise match_budget= to search further)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    def first(self, ri: int, cp: CompiledPattern, v: Value) -> tuple | None:
+        """``cp``'s first solution at ``v`` within the budget (None past it: warned)."""
+        if self.over_budget and (ri, v.node.id) in self.over_budget:
+            return None
+        self.mrun.steps = 0
+        try:
+            return cp._first(v, self.mrun)
+        except MatchBudgetError as exc:
+            self.give_up(ri, v, exc)
+            return None
 
     # -- the sweep
     #
@@ -335,7 +403,7 @@ class _Driver:
         rank_of = self.rank_of
         visits = pos = 0
         next_check = _PROGRESS_STRIDE
-        started = last = time.monotonic()
+        mrun, over = self.mrun, self.over_budget
         while True:
             # (the sweep's nodes are original ones: their major is their id or rank_of's)
             if heap and (
@@ -355,23 +423,24 @@ class _Driver:
             if not cands:
                 continue
             visits += 1
+            self.pos = pos
             if visits >= next_check:
                 next_check += _PROGRESS_STRIDE
-                now = time.monotonic()
-                if now - last >= PROGRESS_SECONDS:
-                    last = now
-                    log.info(
-                        "rewriting: %d of %d nodes swept, %d revisits queued, %d rewrites, "
-                        "%.0f s",
-                        pos, n_order, len(heap), len(self.report), now - started,
-                    )  # fmt: skip
+                self.progress()
             if not fast or len(node.outputs) > 1:
                 self.visit(node, cands, pos)
                 continue
             # the common case, inlined: a single-output node, the compiled patterns
             v = node.outputs[0]
             for ri, _, cp in cands:
-                first = cp._first(v)
+                if over and (ri, node.id) in over:
+                    continue
+                mrun.steps = 0
+                try:
+                    first = cp._first(v, mrun)
+                except MatchBudgetError as exc:
+                    self.give_up(ri, v, exc)
+                    continue
                 if first is not None:
                     if not v._users and not is_output(v):
                         break  # nothing reads it: nothing to rewrite (asked only now, as
@@ -412,7 +481,7 @@ class _Driver:
                 continue  # nothing reads it: nothing to rewrite
             for ri, pdef, cp in cands:
                 if fast:
-                    first = cp._first(v)
+                    first = self.first(ri, cp, v)
                     if first is None:
                         continue
                     fired = self.try_rule(ri, cp, v, first, pos)
@@ -437,16 +506,21 @@ class _Driver:
         params = self.params[ri]
         theta, phi, _ = first
         seen = {tuple(id((phi if op else theta).get(name)) for name, op in params)}
-        rest = cp.solutions(v)
-        next(rest, None)  # the first solution again
-        for sol in rest:
-            theta, phi, _ = sol
-            key = tuple(id((phi if op else theta).get(name)) for name, op in params)
-            if key in seen:
-                continue
-            seen.add(key)
-            if self.fire_branch(ri, v, sol, pos):
-                return True
+        mrun = self.mrun
+        mrun.steps = 0
+        rest = cp.solutions(v, mrun)
+        try:
+            next(rest, None)  # the first solution again
+            for sol in rest:
+                theta, phi, _ = sol
+                key = tuple(id((phi if op else theta).get(name)) for name, op in params)
+                if key in seen:
+                    continue
+                seen.add(key)
+                if self.fire_branch(ri, v, sol, pos):
+                    return True
+        except MatchBudgetError as exc:  # (nothing fired: a firing ends the search)
+            self.give_up(ri, v, exc)
         return False
 
     def fire_branch(self, ri: int, v: Value, sol: tuple, pos: int) -> bool:
@@ -792,6 +866,7 @@ def rewrite(
     shareable: Callable[[Node], bool] | None = None,
     check_types: bool = False,
     weak_type: Callable[[Value], bool | None] | None = None,
+    match_budget: int | None | _Default = _DEFAULT,
 ) -> RewriteResult:
     """Rewrite ``graph`` in place, greedily, to a fixpoint; see the module docstring.
 
@@ -799,7 +874,10 @@ def rewrite(
     ``engine`` picks the matcher ("fast" or "reference"; default: ``PYPM_ENGINE``);
     ``shareable(node)`` says an interior node of a match that something outside also reads
     costs nothing to keep (with its ancestors in the match), so it does not stop a
-    ``single_use`` rule (default: only literals and what is computed from them).
+    ``single_use`` rule (default: only literals and what is computed from them);
+    ``match_budget`` bounds the machine steps of one rule's match at one node (default
+    :data:`MATCH_BUDGET`; None: unbounded): past it the rule is skipped at that node with a
+    ``RuntimeWarning`` (the fast engine; the reference machine has no budget).
     ``check_types`` makes a replacement of another shape or dtype than the value it replaces
     (both known) a :class:`~pypm_jax._errors.RuleError`; ``weak_type(value)`` tells a value's
     weak type (None: unknown) for that check. When rewriting raises (:class:`~pypm_jax._errors.RuleError`,
@@ -815,7 +893,10 @@ def rewrite(
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}: expected one of {ENGINES}")
     limit = 4 * len(graph) + 1000 if max_iterations is None else max_iterations
-    driver = _Driver(graph, rules, engine, limit, shareable, check_types, weak_type)
+    budget = MATCH_BUDGET if isinstance(match_budget, _Default) else match_budget
+    driver = _Driver(
+        graph, rules, engine, limit, shareable, check_types, weak_type, budget
+    )
     with collect_guard_failures() as failures:
         if graph._journal is not None:  # (inside a caller's undoable change: theirs to undo)
             driver.run()

@@ -12,6 +12,7 @@ __all__ = ["unfold", "FreshNames", "rename_expr"]
 
 import itertools
 from collections.abc import Mapping
+from typing import Any
 
 from ._calculus import (
     Arg,
@@ -57,30 +58,123 @@ class FreshNames:
         return f"{name.split('#', 1)[0]}#{next(self._counter)}"
 
 
-def _replace_calls(p: Pattern, mu: PMu) -> Pattern:
-    """Replace each reference ``P(ys)`` to ``mu``'s name by ``μP(xs)[ys]. body``."""
+def _kids(p: Pattern) -> tuple[Pattern, ...]:
+    """The sub-patterns that renaming rebuilds (a definition's body is its own scope)."""
     match p:
-        case PCall(name, args) if name == mu.name:
-            return PMu(mu.name, mu.params, args, mu.body)
-        case PVar() | PConst() | PCall():
-            return p
-        case PApp(op, args, index):
-            return PApp(op, tuple(_replace_calls(a, mu) for a in args), index)
-        case PFunVar(var, args, index, n_out):
-            return PFunVar(var, tuple(_replace_calls(a, mu) for a in args), index, n_out)
+        case PApp(_, args, _) | PFunVar(_, args, _, _):
+            return args
         case PAlt(left, right):
-            return PAlt(_replace_calls(left, mu), _replace_calls(right, mu))
-        case PGuard(pat, guard, loc):
-            return PGuard(_replace_calls(pat, mu), guard, loc)
-        case PExists(var, body, kind):
-            return PExists(var, _replace_calls(body, mu), kind)
-        case PConstr(pat, var, constraint, loc):
-            return PConstr(_replace_calls(pat, mu), var, _replace_calls(constraint, mu), loc)
-        case PMu(name, params, args, body):
-            if name == mu.name:  # an inner definition of the same name shadows
-                return p
-            return PMu(name, params, args, _replace_calls(body, mu))
-    raise TypeError(f"not a pattern: {p!r}")
+            return (left, right)
+        case PGuard(pat, _, _):
+            return (pat,)
+        case PExists(_, body, _):
+            return (body,)
+        case PConstr(pat, _, constraint, _):
+            return (pat, constraint)
+    return ()
+
+
+# Per definition body: (body, the names of the recursive references it leaves free).
+_FREE: dict[int, tuple[Pattern, frozenset[str]]] = {}
+
+
+def free_references(body: Pattern) -> frozenset[str]:
+    """The names of the recursive references a body leaves free (those of a nested
+    definition are bound by it), computed bottom-up over the nested definitions, each once,
+    with loops: a 10 000-deep chain of definitions costs a walk of it, not its square."""
+    hit = _FREE.get(id(body))
+    if hit is not None and hit[0] is body:
+        return hit[1]
+    order: list[Pattern] = []
+    todo = [body]
+    while todo:  # the uncached bodies, outermost first
+        b = todo.pop()
+        order.append(b)
+        stack = [b]
+        while stack:
+            q = stack.pop()
+            if isinstance(q, PMu):
+                got = _FREE.get(id(q.body))
+                if got is None or got[0] is not q.body:
+                    todo.append(q.body)
+                continue
+            stack.extend(_kids(q))
+    free: frozenset[str] = frozenset()
+    for b in reversed(order):  # innermost first
+        names: set[str] = set()
+        stack = [b]
+        while stack:
+            q = stack.pop()
+            if isinstance(q, PCall):
+                names.add(q.name)
+            elif isinstance(q, PMu):
+                got = _FREE.get(id(q.body))
+                inner = got[1] if got is not None and got[0] is q.body else free_references(q.body)
+                names |= inner - {q.name}
+            else:
+                stack.extend(_kids(q))
+        free = frozenset(names)
+        if len(_FREE) >= 4096:
+            _FREE.clear()
+        _FREE[id(b)] = (b, free)
+    return free
+
+
+def _replace_calls(p: Pattern, mu: PMu) -> Pattern:
+    """Replace each reference ``P(ys)`` to ``mu``'s name by ``μP(xs)[ys]. body``.
+
+    A loop with an explicit stack (post-order), never recursion: a pattern 10 000 levels
+    deep unfolds like a shallow one."""
+    out: list[Pattern] = []
+    todo: list[tuple[Pattern, bool]] = [(p, False)]
+    while todo:
+        q, built = todo.pop()
+        if built:
+            if isinstance(q, PMu):
+                body = out.pop()
+                out.append(PMu(q.name, q.params, q.args, body))
+                continue
+            kids = _kids(q)
+            n = len(kids)
+            new = out[len(out) - n :]
+            del out[len(out) - n :]
+            out.append(_rebuild(q, new))
+            continue
+        match q:
+            case PCall(name, args) if name == mu.name:
+                out.append(PMu(mu.name, mu.params, args, mu.body))
+            case PVar() | PConst() | PCall():
+                out.append(q)
+            case PMu(name, _, _, body):
+                if name == mu.name or mu.name not in free_references(body):
+                    out.append(q)  # shadowed by an inner definition, or not referred to
+                else:
+                    todo.append((q, True))
+                    todo.append((body, False))
+            case PApp() | PFunVar() | PAlt() | PGuard() | PExists() | PConstr():
+                todo.append((q, True))
+                todo.extend((c, False) for c in reversed(_kids(q)))
+            case _:
+                raise TypeError(f"not a pattern: {q!r}")
+    return out[0]
+
+
+def _rebuild(q: Pattern, kids: list[Pattern]) -> Pattern:
+    """``q`` with its sub-patterns (those of :func:`_kids`) replaced by ``kids``."""
+    match q:
+        case PApp(op, _, index):
+            return PApp(op, tuple(kids), index)
+        case PFunVar(var, _, index, n_out):
+            return PFunVar(var, tuple(kids), index, n_out)
+        case PAlt():
+            return PAlt(kids[0], kids[1])
+        case PGuard(_, guard, loc):
+            return PGuard(kids[0], guard, loc)
+        case PExists(var, _, kind):
+            return PExists(var, kids[0], kind)
+        case PConstr(_, var, _, loc):
+            return PConstr(kids[0], var, kids[1], loc)
+    raise TypeError(f"not a pattern: {q!r}")
 
 
 def rename_expr(e: Expr, env: Mapping[str, Arg]) -> Expr:
@@ -132,37 +226,62 @@ def _rename_arg(a: Arg, env: Mapping[str, Arg]) -> Arg:
 
 
 def _rename(p: Pattern, env: dict[str, Arg], fresh: FreshNames) -> Pattern:
-    match p:
-        case PVar(name):
-            new = env.get(name, name)
-            if isinstance(new, Operator):
-                raise TypeError(f"term variable {name} instantiated with operator {new.name}")
-            return PVar(new)
-        case PConst():
-            return p
-        case PApp(op, args, index):
-            return PApp(op, tuple(_rename(a, env, fresh) for a in args), index)
-        case PFunVar(var, args, index, n_out):
-            new_args = tuple(_rename(a, env, fresh) for a in args)
-            new = env.get(var, var)
-            if isinstance(new, Operator):
-                return PApp(new, new_args, index)
-            return PFunVar(new, new_args, index, n_out)
-        case PAlt(left, right):
-            return PAlt(_rename(left, env, fresh), _rename(right, env, fresh))
-        case PGuard(pat, guard, loc):
-            return PGuard(_rename(pat, env, fresh), rename_expr(guard, env), loc)
-        case PExists(var, body, kind):
-            new = fresh(var)
-            return PExists(new, _rename(body, {**env, var: new}, fresh), kind)
-        case PConstr(pat, var, constraint, loc):
-            new = env.get(var, var)
-            return PConstr(_rename(pat, env, fresh), new, _rename(constraint, env, fresh), loc)
-        case PMu(name, params, args, body):
-            return PMu(name, params, tuple(_rename_arg(a, env) for a in args), body)
-        case PCall(name, args):
-            return PCall(name, tuple(_rename_arg(a, env) for a in args))
-    raise TypeError(f"not a pattern: {p!r}")
+    """``p`` with its variables renamed by ``env`` and each ∃ given a fresh name, drawn in
+    pre-order, left to right. A loop with an explicit stack, never recursion."""
+    out: list[Pattern] = []
+    todo: list[tuple[Pattern, dict[str, Arg], Any]] = [(p, env, None)]
+    while todo:
+        q, env, built = todo.pop()
+        if built is not None:  # every sub-pattern is renamed: rebuild q
+            kids = _kids(q)
+            n = len(kids)
+            new = out[len(out) - n :]
+            del out[len(out) - n :]
+            match q:
+                case PFunVar(_, _, index, n_out):
+                    if isinstance(built, Operator):
+                        out.append(PApp(built, tuple(new), index))
+                    else:
+                        out.append(PFunVar(built, tuple(new), index, n_out))
+                case PGuard(_, guard, loc):
+                    out.append(PGuard(new[0], rename_expr(guard, env), loc))
+                case PExists(_, _, kind):
+                    out.append(PExists(built, new[0], kind))
+                case PConstr(_, var, _, loc):
+                    out.append(PConstr(new[0], env.get(var, var), new[1], loc))
+                case _:
+                    out.append(_rebuild(q, new))
+            continue
+        match q:
+            case PVar(name):
+                new_name = env.get(name, name)
+                if isinstance(new_name, Operator):
+                    raise TypeError(
+                        f"term variable {name} instantiated with operator {new_name.name}"
+                    )
+                out.append(PVar(new_name))
+                continue
+            case PConst():
+                out.append(q)
+                continue
+            case PMu(name, params, args, body):
+                out.append(PMu(name, params, tuple(_rename_arg(a, env) for a in args), body))
+                continue
+            case PCall(name, args):
+                out.append(PCall(name, tuple(_rename_arg(a, env) for a in args)))
+                continue
+            case PFunVar(var):
+                todo.append((q, env, env.get(var, var)))
+            case PExists(var):
+                new_var = fresh(var)
+                todo.append((q, env, new_var))
+                env = {**env, var: new_var}
+            case PApp() | PAlt() | PGuard() | PConstr():
+                todo.append((q, env, True))
+            case _:
+                raise TypeError(f"not a pattern: {q!r}")
+        todo.extend((c, env, None) for c in reversed(_kids(q)))
+    return out[0]
 
 
 # Resolving the recursive references of a body depends only on (body, name, params), not on

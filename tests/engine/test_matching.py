@@ -289,7 +289,7 @@ def test_backends():
 
 def test_generated_source_is_readable():
     cp = compile_pattern(pdef(PGuard(PApp(F1, (X,)), rank_is("x", 2)), "x"))
-    assert "def _first(t0):" in cp.source and ".shape is not None and bool(len(" in cp.source
+    assert "def _first(t0, R=None):" in cp.source and ".shape is not None and bool(len(" in cp.source
 
 
 # ---------------------------------------------------------------------------- the index
