@@ -89,6 +89,7 @@ from ._calculus import (
 )
 from ._dtypes import DType
 from ._errors import PatternDefinitionError
+from ._guards import binary as guard_binary
 from ._guards import guard_holds, op_attr
 from ._match import Match
 from ._subst import FreshNames, unfold
@@ -230,7 +231,12 @@ _RUNTIME = {
     "_rank": _rank,
     "_dtype": _dtype,
     "op_attr": op_attr,
+    "_binary": guard_binary,
 }
+
+# Guard operators evaluated through ``_guards.binary``, which refuses a result beyond the
+# evaluation limits (``7 ** 30000000``) instead of computing it; the others run inline.
+_BOUNDED_OPS = frozenset({"**", "*", "+", "%"})
 
 
 # ------------------------------------------------------------------- compile-time names
@@ -844,6 +850,9 @@ class _Codegen:
                 return f"op_attr({o}, {attr!r})"
             case EIndex(base, index):
                 return f"({rec(base, st, refs)})[{rec(index, st, refs)}]"
+            case EBin(op, left, right) if op in _BOUNDED_OPS:
+                # (the operators whose result can grow without bound: _guards.binary checks)
+                return f"_binary({op!r}, {rec(left, st, refs)}, {rec(right, st, refs)})"
             case EBin(op, left, right):
                 return f"(({rec(left, st, refs)}) {op} ({rec(right, st, refs)}))"
             case EUnary(op, operand):
