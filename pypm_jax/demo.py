@@ -3,12 +3,14 @@
 Part 1 runs the paper's examples on hand-built terms: patterns in the paper's notation,
 matches, and a rewrite with its report. Part 2 (when the JAX bridge is installed) optimizes a
 real Flax model — a Hugging Face Flax BERT built from a small config with random weights —
-prints the rewrite report, and checks the optimized program against the original.
+prints the rewrite report, and checks the optimized program against the original. Without
+the ``models`` extra (no ``transformers``), part 2 optimizes a Flax linen encoder instead.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import pypm_jax as pm
 from pypm_jax._calculus import show
@@ -96,23 +98,17 @@ def _has_gpu() -> bool:
     return jax.default_backend() == "gpu"
 
 
-def model_demo() -> int:
-    """Optimize a Hugging Face Flax BERT (small config, random weights) and check it."""
-    import os
-    import time
-
-    # On CPU, run the real Pallas kernels in interpret mode so the check exercises them.
-    os.environ.setdefault("PYPM_KERNEL_IMPL", "auto" if _has_gpu() else "interpret")
+def _bert_model() -> tuple[str, Any, tuple[Any, ...], dict[str, int]]:
+    """A Hugging Face Flax BERT from a small config (the ``models`` extra)."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
     from transformers import BertConfig, FlaxBertModel
 
-    print("\n== Part 2: pm.optimize on a Hugging Face Flax BERT (random weights)")
+    layers = 2
     config = BertConfig(
         vocab_size=1000,
         hidden_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         intermediate_size=512,
         max_position_embeddings=64,
@@ -125,37 +121,82 @@ def model_demo() -> int:
     def bert(params, ids, mask):
         return model(ids, attention_mask=mask, params=params).last_hidden_state
 
+    what = "Hugging Face Flax BERT, 2 layers, hidden 128, 4 heads; batch 2, seq 32 (one padded)"
+    return what, bert, (model.params, ids, mask), {"attention": layers, "gemm_epilogue": layers}
+
+
+def _linen_model() -> tuple[str, Any, tuple[Any, ...], dict[str, int]]:
+    """A Flax linen encoder (attention + GELU MLP), for installs without ``transformers``."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x, mask):
+            h = nn.LayerNorm()(x)
+            x = x + nn.MultiHeadDotProductAttention(num_heads=4)(h, h, mask=mask)
+            h = nn.LayerNorm()(x)
+            return x + nn.Dense(128)(nn.gelu(nn.Dense(512)(h)))
+
+    class Encoder(nn.Module):
+        @nn.compact
+        def __call__(self, x, mask):
+            for _ in range(2):
+                x = Block()(x, mask)
+            return x
+
+    model = Encoder()
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 32, 128))
+    keep = jnp.ones((2, 32), bool).at[1, 24:].set(False)  # a padded second sequence
+    mask = nn.make_attention_mask(keep, keep)
+    params = model.init(jax.random.PRNGKey(0), x, mask)
+    what = "Flax linen encoder, 2 blocks, hidden 128, 4 heads; batch 2, seq 32 (one padded)"
+    return what, model.apply, (params, x, mask), {"attention": 2, "gemm_epilogue": 2}
+
+
+def model_demo() -> int:
+    """Optimize a real Flax model (small config, random weights) and check it."""
+    import os
+    import time
+
+    # On CPU, run the real Pallas kernels in interpret mode so the check exercises them.
+    os.environ.setdefault("PYPM_KERNEL_IMPL", "auto" if _has_gpu() else "interpret")
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    try:
+        what, fn, args, expected_sites = _bert_model()
+    except ImportError as exc:
+        print(
+            f"\n  ({exc.name or 'transformers'} is not installed, so no Hugging Face BERT: "
+            "pip install 'pypm-jax[models]' for it; a Flax linen encoder instead)"
+        )
+        what, fn, args, expected_sites = _linen_model()
+    print(f"\n== Part 2: pm.optimize on a {what.split(',')[0]} (random weights)")
     print(
-        f"  model: BERT, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-        f"{config.num_attention_heads} heads; batch 2, seq 32 (one padded), backend "
-        f"{jax.default_backend()}, kernels: {os.environ['PYPM_KERNEL_IMPL']}"
+        f"  model: {what}; backend {jax.default_backend()}, "
+        f"kernels: {os.environ['PYPM_KERNEL_IMPL']}"
     )
-    fast = pm.optimize(bert)
+    fast = pm.optimize(fn)
     t0 = time.perf_counter()
-    report = fast.report(model.params, ids, mask)
+    report = fast.report(*args)
     print(f"  lift + rewrite + lower: {time.perf_counter() - t0:.2f} s")
     print("  rewrite report:")
     for line in str(report).splitlines():
         print(f"    {line}")
-    expected = jax.jit(bert)(model.params, ids, mask)
-    got = fast(model.params, ids, mask)
+    expected = jax.jit(fn)(*args)
+    got = fast(*args)
     err = float(jnp.max(jnp.abs(expected - got)))
     scale = float(jnp.max(jnp.abs(expected)))
-    kinds = {}
+    kinds: dict[str, int] = {}
     for r in report:
-        kind = (
-            "attention"
-            if r.rule.startswith("attention")
-            else ("gemm_epilogue" if r.rule.startswith("gemm_epilogue") else r.rule)
-        )
+        kind = next((k for k in ("attention", "gemm_epilogue") if r.rule.startswith(k)), r.rule)
         kinds[kind] = kinds.get(kind, 0) + 1
     print(f"  rewrites: {kinds}")
     print(f"  max |optimized - original| = {err:.3e} (max |original| = {scale:.3e})")
     ok = np.isfinite(err) and err <= 1e-4 * max(1.0, scale)
-    expected_sites = {
-        "attention": config.num_hidden_layers,
-        "gemm_epilogue": config.num_hidden_layers,
-    }
     sites_ok = all(kinds.get(k, 0) == n for k, n in expected_sites.items())
     print(
         f"  equivalence: {'OK' if ok else 'MISMATCH'}; "
