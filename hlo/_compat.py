@@ -1,4 +1,4 @@
-"""The one place that touches MLIR's Python bindings (STYLE.md, practice 10).
+"""The one place that touches MLIR's Python bindings (a test fails loudly when MLIR moves them).
 
 jaxlib ships the MLIR Python bindings with the ``stablehlo`` and ``chlo`` dialects
 (``jaxlib.mlir``); they parse and verify modules for us, but they are semi-internal: names

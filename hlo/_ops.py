@@ -1,6 +1,6 @@
 """The per-op table: how each StableHLO / CHLO op becomes a JAX primitive's pm operator.
 
-One entry per op (STYLE.md, practice 7). Each maps an MLIR op name onto the operator the jaxpr
+One entry per op (a per-op table). Each maps an MLIR op name onto the operator the jaxpr
 lifter uses for the corresponding JAX primitive (:mod:`pypm_jax.jax.primitives`), with the
 attributes under JAX's param names and in JAX's form, so the standard rules' patterns and
 guards read the same values on both: ``dot_general``'s ``dimension_numbers`` is

@@ -1,7 +1,7 @@
 """pypm-jax: the PyPM pattern language (CGO'25), retargeted to JAX.
 
-The public API; everything else lives in private modules. See ``DESIGN.md`` for the contract
-and ``docs/`` for the semantics and the portable format.
+The public API; everything else lives in private modules. ``docs/`` describes the semantics,
+the portable format, the JAX bridge and the standard rules; ``dir(pypm_jax)`` lists ``__all__``.
 """
 
 from __future__ import annotations
@@ -179,3 +179,8 @@ def __getattr__(name: str) -> Any:  # noqa: F811
 
         return getattr(_bridge, name)
     return _core_getattr(name)
+
+
+def __dir__() -> list[str]:
+    """The public names only (not the typing helpers this module imports)."""
+    return sorted(__all__)

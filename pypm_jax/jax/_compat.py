@@ -1,4 +1,4 @@
-"""The one place that touches JAX internals (STYLE.md, practice 10).
+"""The one place that touches JAX internals (a test fails loudly when JAX moves them).
 
 Everything the bridge needs from JAX beyond its documented API goes through a function here,
 and ``tests/jax/test_jax_compat.py`` exercises each of them, so a JAX upgrade that moves one

@@ -1,6 +1,6 @@
 """The per-primitive table: every JAX primitive we lift, as a pm :class:`Operator`.
 
-One entry per primitive (STYLE.md, practice 7): adding a primitive is one line here. Each
+One entry per primitive (a per-primitive table): adding a primitive is one line here. Each
 entry says which pm operator stands for the primitive, its op class, whether it is pure, and
 how lifting treats it (``kind``):
 

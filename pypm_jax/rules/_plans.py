@@ -1,6 +1,6 @@
 """Guard functions of the standard rules: pure Python over attribute values, never JAX.
 
-Patterns stay data (``DESIGN.md``): a guard names these functions, registered under stable
+Patterns stay data (guards are core-calculus expressions, never Python callables): a guard names these functions, registered under stable
 ``rules.*`` names, and calls them with the attributes of matched values (shapes, dtypes,
 ``dimension_numbers``, ``axes``, ``permutation``...). They answer two kinds of questions:
 
