@@ -734,7 +734,11 @@ def _fix_op_attrs(p: Pattern, op_vars: set[str]) -> Pattern:
 
 # ------------------------------------------------------------------------ patterns
 
+# The patterns being compiled, innermost last (to name a mutual recursion). Compiling holds
+# ``_compile_lock``, so threads that first use a pattern at once compile it once, in turn,
+# and one thread's compilation is never mistaken for another's recursion.
 _compiling: list[PatternFunction] = []
+_compile_lock = threading.RLock()
 
 
 class PatternFunction:
@@ -761,19 +765,22 @@ class PatternFunction:
 
     @property
     def definition(self) -> PatternDef:
-        if self._definition is None:
-            if self in _compiling:
-                names = " -> ".join(p.name for p in [*_compiling, self])
-                raise PatternDefinitionError(
-                    f"mutual recursion between patterns ({names}) is not supported; write the "
-                    "recursion inside one pattern with alternates"
-                )
-            _compiling.append(self)
-            try:
-                self._definition = self._compile()
-            finally:
-                _compiling.pop()
-        return self._definition
+        if self._definition is not None:
+            return self._definition
+        with _compile_lock:
+            if self._definition is None:
+                if self in _compiling:
+                    names = " -> ".join(p.name for p in [*_compiling, self])
+                    raise PatternDefinitionError(
+                        f"mutual recursion between patterns ({names}) is not supported; write "
+                        "the recursion inside one pattern with alternates"
+                    )
+                _compiling.append(self)
+                try:
+                    self._definition = self._compile()
+                finally:
+                    _compiling.pop()
+            return self._definition
 
     def _compile(self) -> PatternDef:
         param_names: list[str] | None = None
@@ -902,9 +909,12 @@ class Rule:
 
     @property
     def definition(self) -> RuleDef:
-        if self._definition is None:
-            self._definition = self._compile()
-        return self._definition
+        if self._definition is not None:
+            return self._definition
+        with _compile_lock:  # one RuleDef per rule, however many threads first use it
+            if self._definition is None:
+                self._definition = self._compile()
+            return self._definition
 
     def _compile(self) -> RuleDef:
         pdef = as_pattern_def(self.pattern)
