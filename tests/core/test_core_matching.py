@@ -8,26 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from core.paper import (
-    GELU,
-    MMXYT,
-    PTREE,
-    UNARY_CHAIN,
-    Concat,
-    Div,
-    Erf,
-    MatMul,
-    Mul,
-    Neg,
-    Plus,
-    Relu,
-    Split,
-    Trans,
-    half,
-    rank_is,
-)
-from core.strategies import unary_chain
-
 from pypm_jax._calculus import (
     ECall,
     ECmp,
@@ -49,6 +29,25 @@ from pypm_jax._calculus import (
 from pypm_jax._declarative import holds_def
 from pypm_jax._engine import match_all, match_first
 from pypm_jax._terms import OpClass, const, leaf
+from pypm_testing.paper import (
+    GELU,
+    MMXYT,
+    PTREE,
+    UNARY_CHAIN,
+    Concat,
+    Div,
+    Erf,
+    MatMul,
+    Mul,
+    Neg,
+    Plus,
+    Relu,
+    Split,
+    Trans,
+    half,
+    rank_is,
+)
+from pypm_testing.strategies import unary_chain
 
 a = leaf("a", shape=(4, 8), dtype="f32")
 b = leaf("b", shape=(8, 8), dtype="f32")

@@ -3,7 +3,6 @@ and runs, and computes what the original computes (kernels in the Pallas interpr
 
 from __future__ import annotations
 
-import corpus
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -15,6 +14,7 @@ import hlo
 import pypm_jax as pm
 from pypm_jax.jax import prims
 from pypm_jax.rules import default_rules
+from pypm_testing import corpus
 
 MODELS = {
     "linen_mha_masked": (lambda: corpus.linen_mha(True, SIZE), {"attention_mask": 1}),

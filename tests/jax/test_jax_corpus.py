@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from corpus import ALL_MODELS, HF_MODELS, MORE_HF_MODELS, has_transformers
 
 from pypm_jax.jax import optimize
 from pypm_jax.jax.report import OptimizationFallbackWarning
+from pypm_testing.corpus import ALL_MODELS, HF_MODELS, MORE_HF_MODELS, has_transformers
 
 
 def _model(name):

@@ -8,7 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernels_testutil import (
+
+from pallas_kernels import attention_reference, flash_attention
+from pallas_kernels._attention import AttentionBlocks
+from pypm_testing.kernels import (
     GRAD_TOL,
     assert_close,
     attention_inputs,
@@ -16,9 +19,6 @@ from kernels_testutil import (
     padding_mask,
     rnd,
 )
-
-from pallas_kernels import attention_reference, flash_attention
-from pallas_kernels._attention import AttentionBlocks
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernels_testutil import GRAD_TOL, assert_close, rnd
 
 from pallas_kernels import (
     ACTIVATIONS,
@@ -16,6 +15,7 @@ from pallas_kernels import (
     gemm_fused_reference,
 )
 from pallas_kernels._gemm import GemmBlocks, erf
+from pypm_testing.kernels import GRAD_TOL, assert_close, rnd
 
 # M=37, K=50, N=45: none divides the 16-wide interpret tiles.
 RAGGED = ((3, 37 // 3 + 1, 50), (50, 45))

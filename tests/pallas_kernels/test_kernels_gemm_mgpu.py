@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from kernels_testutil import GRAD_TOL, assert_close, rnd
 
 from pallas_kernels import (
     ACTIVATIONS,
@@ -21,6 +20,7 @@ from pallas_kernels import (
 from pallas_kernels import _dispatch as dsp
 from pallas_kernels import _gemm as g
 from pallas_kernels import _gemm_mgpu as gm
+from pypm_testing.kernels import GRAD_TOL, assert_close, rnd
 
 # M=100, K=96, N=200 against the interpreted 64x(2x64) CTA tiles and tile_k=64: two row
 # tiles, two column tiles, two K steps, all padded; two programs share the four tiles.

@@ -12,7 +12,8 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
-from rules_helpers import check, kernel_nodes
+
+from pypm_testing.rules import check, kernel_nodes
 
 B, S, H, D = 2, 8, 2, 32  # the kernel takes head dims 32..256
 SKV = 12

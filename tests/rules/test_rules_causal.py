@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax import lax
-from rules_helpers import check, kernel_nodes
 
 from pallas_kernels._attention import _FULLY_MASKED_THRESHOLD
 from pypm_jax.rules._plans import AttentionPlan, causal_plan, has_rows
 from pypm_jax.rules.causal import CAUSAL_FILL_MAX
+from pypm_testing.rules import check, kernel_nodes
 
 B, S, H, D = 2, 40, 2, 32
 SKV = 56

@@ -1,6 +1,6 @@
 """Acceptance on real models: every attention and every dense + activation site rewritten.
 
-The corpus (``tests/jax/corpus.py``) is built at head dim 32 -- the flash-attention kernel's
+The corpus (``tests/pypm_testing/corpus.py``) is built at head dim 32 -- the flash-attention kernel's
 smallest -- so every site is one the kernels take. For each model the report must count
 exactly the model's sites, the optimized outputs must match the original (f32: 1e-5 relative
 to each output's scale; bf16: 3e-2), and ``jax.grad`` of a loss through the optimized model
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import corpus
 import pytest
-from rules_helpers import (
+
+from pypm_testing import corpus
+from pypm_testing.rules import (
     CORPUS_BF16,
     CORPUS_SITES,
     MORE_SITES,

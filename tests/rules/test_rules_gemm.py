@@ -7,9 +7,9 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
-from rules_helpers import check, kernel_nodes
 
 from pypm_jax.rules import gemm_rules
+from pypm_testing.rules import check, kernel_nodes
 
 K, N = 64, 32
 

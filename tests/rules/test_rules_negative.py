@@ -7,7 +7,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from rules_helpers import check, kernel_nodes, rewrite
+
+from pypm_testing.rules import check, kernel_nodes, rewrite
 
 B, S, H, D = 2, 8, 2, 32
 

@@ -7,7 +7,6 @@ import functools
 import warnings
 from typing import Any
 
-import corpus
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +16,7 @@ import pypm_jax as pm
 from pypm_jax.jax import _compat, optimize
 from pypm_jax.jax.report import OptimizationFallbackWarning
 from pypm_jax.rules import FlashAttention, GemmEpilogue, default_rules
+from pypm_testing import corpus
 
 # Output tolerances (relative to the largest magnitude of each output, plus elementwise):
 # f32 programs match to 1e-5; bf16 programs differ by bf16 rounding of intermediates the
@@ -145,7 +145,7 @@ def driver_counts_shared_constants(chain: bool = False) -> bool:
 
 # ------------------------------------------------------------------------------ the corpus
 
-# Sites per corpus model (tests/jax/corpus.py, 2 layers each) -- the same on CPU
+# Sites per corpus model (pypm_testing/corpus.py, 2 layers each) -- the same on CPU
 # (test_rules_corpus.py) and GPU (test_rules_corpus_gpu.py). BERT and ViT return the pooler
 # too (dense + tanh). BART: encoder self, decoder self and cross attention per layer.
 # A decoder's self-attention is rewritten twice: attention_bias, then attention_causal_bias
