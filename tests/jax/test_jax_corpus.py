@@ -39,7 +39,14 @@ def _assert_close(a, b, rtol, atol, what):
         )
 
 
-@pytest.mark.parametrize("name", [*ALL_MODELS, *MORE_HF_MODELS])
+# Hugging Face models take 5-20 s each: `make test` runs them, `make test-fast` the Flax ones.
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.slow) if n in HF_MODELS or n in MORE_HF_MODELS else n
+        for n in [*ALL_MODELS, *MORE_HF_MODELS]
+    ],
+)
 def test_lift_lower_is_identity(name):
     apply, inputs, desc = _model(name)
     with warnings.catch_warnings():

@@ -282,6 +282,7 @@ CAUSAL_PROMISES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, sq, skv, dtype", CAUSAL_PROMISES)
 def test_mask_is_causal_forward_and_gradients_are_the_reference(kind, sq, skv, dtype):
     q, k, v, bias, mask = _causal_operands(kind, sq, skv, dtype)

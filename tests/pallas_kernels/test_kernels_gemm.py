@@ -120,6 +120,7 @@ def test_larger_tiles_and_k_loop() -> None:
     assert_close(out, gemm_epilogue_reference(x, w, b, activation="gelu"), "float32")
 
 
+@pytest.mark.slow
 def test_gradients_through_gemm_epilogue() -> None:
     x, w, b = rnd(22, (2, 19, 30)), rnd(23, (30, 21), scale=0.3), rnd(24, (21,))
     cot = rnd(25, (2, 19, 21))

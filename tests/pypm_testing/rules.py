@@ -204,20 +204,25 @@ def _driver_strict() -> tuple[bool, bool]:
     return driver_counts_shared_constants(), driver_counts_shared_constants(chain=True)
 
 
-def corpus_params(names: Any) -> list[Any]:
-    """pytest params for corpus models, strict-xfail where the driver is known to miss sites."""
+def corpus_params(names: Any, slow: Any = ()) -> list[Any]:
+    """pytest params for corpus models, strict-xfail where the driver is known to miss sites,
+    marked slow for the models in ``slow``."""
     strict_literals, strict_nodes = _driver_strict()
     out = []
     for n in names:
         strict = (n in SHARES_LITERALS and strict_literals) or (
             n in SHARES_CONSTANT_NODES and strict_nodes
         )
-        mark = pytest.mark.xfail(
-            strict,
-            reason="rewrite driver: single_use counts shared constants as interior values",
-            strict=True,
-        )
-        out.append(pytest.param(n, marks=mark) if strict else n)
+        marks = [pytest.mark.slow] if n in slow else []
+        if strict:
+            marks.append(
+                pytest.mark.xfail(
+                    strict,
+                    reason="rewrite driver: single_use counts shared constants as interior values",
+                    strict=True,
+                )
+            )
+        out.append(pytest.param(n, marks=marks) if marks else n)
     return out
 
 

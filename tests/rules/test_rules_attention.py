@@ -39,6 +39,7 @@ def padding(skv=S):
 # --------------------------------------------------------------------- plain attention
 
 
+@pytest.mark.slow
 def test_flax_style_bshd_scale_on_q():
     """linen/HF: q / sqrt(d) (a runtime sqrt of a literal), einsum, jax.nn.softmax."""
 
@@ -109,6 +110,7 @@ def test_cross_attention_longer_keys():
 # ------------------------------------------------------------------------ softmax forms
 
 
+@pytest.mark.slow
 def test_custom_jvp_softmax():
     def attn(q, k, v):
         s = jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k)
@@ -175,6 +177,7 @@ def test_subtracted_bias_distilbert():
     assert node.attrs["plan"].bias == -1
 
 
+@pytest.mark.slow
 def test_causal_mask_with_where():
     def attn(q, k, v):
         s = jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k)
@@ -195,6 +198,7 @@ def test_inverted_mask_equal_zero():
     check(attn, (*qkv("BHSD"), padding()), {"attention_mask": 1})
 
 
+@pytest.mark.slow
 def test_flax_dot_product_attention_with_bias_and_mask():
     import flax.linen as nn
 
@@ -219,6 +223,7 @@ def test_scaled_scores_with_bias_and_mask():
 # ------------------------------------------------------------------ grouped kv, dtypes
 
 
+@pytest.mark.slow
 def test_grouped_kv_heads_by_repeat():
     def attn(q, k, v):
         k, v = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
@@ -270,6 +275,7 @@ def _bias(heads=H, seed=7, skv=S, dtype=jnp.float32):
     return jax.random.normal(jax.random.PRNGKey(seed), (B, heads, S, skv), dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv_heads", [H, 1])
 def test_jax_nn_dot_product_attention_causal(kv_heads):
     def attn(q, k, v):
@@ -284,6 +290,7 @@ def test_jax_nn_dot_product_attention_causal(kv_heads):
     assert node.attrs["plan"].mask_is_causal
 
 
+@pytest.mark.slow
 def test_jax_nn_dot_product_attention_causal_longer_keys():
     def attn(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
@@ -292,6 +299,7 @@ def test_jax_nn_dot_product_attention_causal_longer_keys():
     check(attn, qkv(skv=SKV), counts, grad=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bias_heads", [H, 1])
 def test_jax_nn_dot_product_attention_bias(bias_heads):
     def attn(q, k, v, bias):
@@ -336,6 +344,7 @@ def test_jax_nn_dot_product_attention_bf16_bias():
     check(attn, args, {"attention_dpa_bias": 1})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kv_heads, skv, with_bias", [(H, S, False), (1, SKV, False), (H, S, True), (1, SKV, True)]
 )

@@ -39,6 +39,7 @@ def causal_of(fast, args):
     return node.attrs["plan"].mask_is_causal
 
 
+@pytest.mark.slow
 def test_flax_make_causal_mask():
     def attn(q, k, v):
         mask = nn.make_causal_mask(jnp.ones(q.shape[:2]))
@@ -48,6 +49,7 @@ def test_flax_make_causal_mask():
     assert causal_of(fast, qkv())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("left", [False, True])
 def test_flax_causal_and_padding_masks(left):
     """``combine_masks(padding, causal)``; left padding leaves whole query rows masked (the
@@ -65,6 +67,7 @@ def test_flax_causal_and_padding_masks(left):
     assert causal_of(fast, args)
 
 
+@pytest.mark.slow
 def test_longer_keys_top_left():
     """``make_attention_mask(q_idx, k_idx, ge)`` with more keys than queries: top-left, as
     the kernel's flag."""
@@ -80,6 +83,7 @@ def test_longer_keys_top_left():
     assert causal_of(fast, args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k, causal", [(0, True), (-2, True), (1, False)])
 def test_jnp_tril(k, causal):
     """``jnp.tril(ones, k)``: causal for k <= 0; k = 1 lets query i see key i + 1."""

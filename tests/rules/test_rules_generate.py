@@ -22,6 +22,9 @@ from pypm_jax.jax.report import OptimizationFallbackWarning
 from pypm_testing import corpus
 from pypm_testing.rules import assert_kernels_run_as, rel_close
 
+# Every test decodes with a Hugging Face model (up to a minute each).
+pytestmark = pytest.mark.slow
+
 B, PROMPT, MAX, STEPS = 2, 8, 32, 3
 
 
