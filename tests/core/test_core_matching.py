@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pytest
+
 from pypm_jax._calculus import (
     ECall,
     ECmp,
@@ -350,6 +352,7 @@ def test_paper_p_on_a_leaf_is_the_last_alternate(engine):
     assert dict(match_first(PTREE, a, engine=engine)) == {"x": a, "f": None, "g": None}
 
 
+@pytest.mark.slow
 def test_deep_chain_does_not_recurse_on_the_python_stack(engine):
     t = a
     for _ in range(100_000):

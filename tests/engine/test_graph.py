@@ -138,6 +138,7 @@ def test_printing():
     assert repr(s0) == "%3#0" and isinstance(s0, Value)
 
 
+@pytest.mark.slow
 def test_deep_graphs_need_no_recursion():
     t = A
     for _ in range(50_000):

@@ -143,6 +143,7 @@ def test_rule_pattern_is_the_loaded_definition():
     assert isinstance(out[1], RuleDef) and out[1].single_use is True
 
 
+@pytest.mark.slow
 def test_deep_chain_round_trips_without_recursion():
     depth = 100_000
     p = PVar("x")

@@ -42,7 +42,9 @@ def _kernel_calls(text):
     ]
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "bert" else n for n in MODELS]
+)
 def test_emitted_module_runs_and_matches(name):
     build, counts = MODELS[name]
     if name == "bert" and not corpus.has_transformers():
@@ -123,6 +125,7 @@ def test_a_refinement_of_a_site_not_emitted_is_skipped_with_the_reason(monkeypat
 WIDER = ["llama", "bart", *corpus.MORE_HF_MODELS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", WIDER)
 def test_every_site_of_the_wider_corpus_is_emitted(name):
     """Every site the rules find in the other Hugging Face models (causal decoders, GQA,
@@ -247,6 +250,7 @@ def _branch_args(p):
     return [np.int32(p), *qkv, w, jax.random.normal(ks[4], (64,), jnp.float32)]
 
 
+@pytest.mark.slow
 def test_sites_inside_cond_switch_and_nested_regions_are_emitted(kernel_impl):
     lowered = jax.jit(_branches, keep_unused=True).lower(*_branch_args(1))
     result = hlo.emit(lowered)

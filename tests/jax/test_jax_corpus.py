@@ -39,11 +39,15 @@ def _assert_close(a, b, rtol, atol, what):
         )
 
 
-# Hugging Face models take 5-20 s each: `make test` runs them, `make test-fast` the Flax ones.
+# Hugging Face models and scans take 5-20 s each: `make test` runs them, `make test-fast`
+# the other Flax models.
+SLOW = {*HF_MODELS, *MORE_HF_MODELS, "linen_scan", "linen_scan_remat"}
+
+
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(n, marks=pytest.mark.slow) if n in HF_MODELS or n in MORE_HF_MODELS else n
+        pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
         for n in [*ALL_MODELS, *MORE_HF_MODELS]
     ],
 )

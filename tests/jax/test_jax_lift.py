@@ -439,6 +439,7 @@ def test_gradients_through_rewritten_scan():
     np.testing.assert_allclose(jax.grad(fast)(xs, c), jax.grad(f)(xs, c), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_deep_graphs_lower_without_recursion():
     def f(x):
         for _ in range(3000):

@@ -97,6 +97,7 @@ def test_jnp_tril(k, causal):
     assert causal_of(fast, qkv()) is causal
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "make",
     [
@@ -165,6 +166,7 @@ def test_hugging_face_causal_bias(dtype, cast):
     assert plan.mask_is_causal and not plan.mask and plan.bias == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fill", [-1e4, -1e9, -1e38])
 def test_a_bias_above_the_kernels_threshold_makes_no_promise(fill):
     """A row whose keys such a fill masks would not look fully masked to the kernel, which
@@ -289,6 +291,7 @@ def test_exact_triangle_only_for_the_causal_flag():
     assert node.attrs["plan"].mask_is_causal and not node.attrs["plan"].causal
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "compare",
     [
