@@ -214,6 +214,7 @@ def test_graph_values_match_like_terms(engine):
 # ---------------------------------------------------------------------- deep recursion
 
 
+@pytest.mark.slow
 def test_100k_deep_chain_fast_engine_no_recursion_error():
     t = A
     for _ in range(100_000):
@@ -222,6 +223,7 @@ def test_100k_deep_chain_fast_engine_no_recursion_error():
     assert m is not None and m["x"] is A and m["f"] is F1
 
 
+@pytest.mark.slow
 def test_chain_memory_is_linear_in_depth():
     p = chain_pattern()
     peaks = []

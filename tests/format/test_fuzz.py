@@ -312,6 +312,7 @@ def test_fuzz_only_format_error_escapes(blob):
 # ---------------------------------------------------------------- deterministic sweeps
 
 
+@pytest.mark.slow
 def test_every_truncation_is_refused():
     for blob in CORPUS[:4]:
         for n in range(len(blob)):

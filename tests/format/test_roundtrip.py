@@ -162,6 +162,7 @@ def test_deep_chain_round_trips_without_recursion():
     assert q == PVar("x")
 
 
+@pytest.mark.slow
 def test_wide_variadic_application():
     pdef = PatternDef(
         "Wide", (Param("x"),), PApp(Concat, tuple(PApp(Exp, (PConst(i),)) for i in range(20_000)))

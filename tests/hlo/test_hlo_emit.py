@@ -69,6 +69,7 @@ def test_emitted_module_runs_and_matches(name):
     _assert_runs_like(lowered, result.text, jax.tree.leaves(args), desc)
 
 
+@pytest.mark.slow
 def test_a_rule_refining_a_kernel_is_part_of_its_site(monkeypatch):
     """GPT-2: ``attention_causal_bias`` rewrites the kernel ``attention_bias`` made (the plan
     learns the bias is causal). The two rewrites are one site: one kernel call, whose plan
@@ -191,6 +192,7 @@ def kernel_impl(request, monkeypatch):
     return request.param
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", [False, True], ids=["scan", "scan_remat"])
 def test_sites_inside_a_scan_are_emitted_in_the_while_body(remat, kernel_impl):
     fn, args, desc = corpus.linen_scan(remat, SIZE)

@@ -39,9 +39,9 @@ def _assert_close(a, b, rtol, atol, what):
         )
 
 
-# Hugging Face models and scans take 5-20 s each: `make test` runs them, `make test-fast`
+# Hugging Face models, scans and NNX attention take 5-20 s each: `make test` runs them, `make test-fast`
 # the other Flax models.
-SLOW = {*HF_MODELS, *MORE_HF_MODELS, "linen_scan", "linen_scan_remat"}
+SLOW = {*HF_MODELS, *MORE_HF_MODELS, "linen_scan", "linen_scan_remat", "nnx_mha"}
 
 
 @pytest.mark.parametrize(

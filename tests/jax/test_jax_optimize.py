@@ -365,6 +365,7 @@ def test_linen_apply_and_module_helper():
     assert r.rule == "exp_kernel" and r.module_path == "Attn/attention"
 
 
+@pytest.mark.slow
 def test_nnx_module_wrapper():
     from flax import nnx
 

@@ -52,6 +52,7 @@ def test_dtypes_accumulate_in_f32(dtype: str, activation: str, with_bias: bool) 
     assert_close(out, ref, dtype, what=f"{dtype}/{activation}")
 
 
+@pytest.mark.slow
 def test_leading_dims_and_vector_input() -> None:
     w = rnd(6, (24, 40))
     b = rnd(7, (40,))
@@ -67,6 +68,7 @@ def test_leading_dims_and_vector_input() -> None:
     assert_close(out, gemm_epilogue_reference(x1, w, b, activation="relu"), "float32")
 
 
+@pytest.mark.slow
 def test_templated_epilogue_custom_chains() -> None:
     x = rnd(10, (37, 50))
     w = rnd(11, (50, 45), scale=0.2)

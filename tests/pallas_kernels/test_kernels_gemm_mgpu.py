@@ -233,6 +233,7 @@ def test_prefer_mosaic_in_the_environment_is_the_auto_policy(monkeypatch) -> Non
     assert g.resolve_gemm_backend(None, "pallas", jnp.bfloat16, (jnp.bfloat16,), relu) == "triton"
 
 
+@pytest.mark.slow
 def test_env_override_routes_to_mosaic(monkeypatch) -> None:
     calls = []
     real = gm.gemm_mosaic

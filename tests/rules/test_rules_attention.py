@@ -53,6 +53,7 @@ def test_flax_style_bshd_scale_on_q():
     assert node.attrs["plan"].layout == "BSHD"
 
 
+@pytest.mark.slow
 def test_bhsd_matmul_scale_on_k():
     def attn(q, k, v):
         s = q @ jnp.swapaxes(k * (1 / math.sqrt(D)), -1, -2)
@@ -251,6 +252,7 @@ def test_bf16_attention_probabilities_cast():
 # ---------------------------------------------------------- jax.nn.dot_product_attention
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("masked", [False, True])
 def test_jax_nn_dot_product_attention_xla(masked):
     q, k, v = qkv(kv_heads=1)
@@ -308,6 +310,7 @@ def test_jax_nn_dot_product_attention_bias(bias_heads):
     check(attn, (*qkv(), _bias(bias_heads)), {"attention_dpa_bias": 1}, grad=True)
 
 
+@pytest.mark.slow
 def test_jax_nn_dot_product_attention_bias_grouped_kv_heads():
     def attn(q, k, v, bias):
         return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation="xla")
@@ -315,6 +318,7 @@ def test_jax_nn_dot_product_attention_bias_grouped_kv_heads():
     check(attn, (*qkv(kv_heads=1), _bias()), {"attention_dpa_bias": 1}, grad=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [False, True])
 def test_jax_nn_dot_product_attention_bias_and_mask(causal):
     if causal:
@@ -336,6 +340,7 @@ def test_jax_nn_dot_product_attention_bias_and_mask(causal):
     check(attn, args, counts, grad=True)
 
 
+@pytest.mark.slow
 def test_jax_nn_dot_product_attention_bf16_bias():
     def attn(q, k, v, bias):  # the bias is converted to the f32 logits' dtype first
         return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation="xla")
@@ -366,6 +371,7 @@ def test_jax_nn_dot_product_attention_mask_and_causal(kv_heads, skv, with_bias):
     assert node.attrs["plan"].causal and node.attrs["plan"].kernel_shapes[4] == (B, 1, 1, skv)
 
 
+@pytest.mark.slow
 def test_jax_nn_dot_product_attention_layers_sharing_a_mask():
     """Two layers pass the same mask: their regrouped masks are one value, read by both
     attentions. It is mask plumbing (pm.optimize's ``shareable``), so it does not stop the

@@ -120,6 +120,7 @@ def test_masks_that_are_not_causal_stay_masks(make):
     assert not causal_of(fast, qkv())
 
 
+@pytest.mark.slow
 def test_sliced_table_is_causal():
     """Hugging Face's decoders: a ``[1, 1, P, P]`` table sliced ``[:, :, :T, :S]``."""
 
@@ -138,6 +139,7 @@ def _hf_bias(mask, fill, dtype=jnp.float32):
     return lax.select(mask > 0, zero, jnp.full(mask.shape, fill).astype(dtype))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "dtype, cast", [(jnp.float32, False), (jnp.bfloat16, False), (jnp.bfloat16, True)]
 )
@@ -262,6 +264,7 @@ def test_causal_plan_checks_axes_lengths_and_dtypes():
     assert causal_plan(_plan(), mask, "other") is None
 
 
+@pytest.mark.slow
 def test_dot_product_attention_mask_and_causal_two_layers():
     """``jax.nn.dot_product_attention(mask=..., is_causal=True)`` twice (the triangle is one
     shared value): both get the kernel's causal flag; lengths that span several blocks."""
@@ -278,6 +281,7 @@ def test_dot_product_attention_mask_and_causal_two_layers():
     assert all(n.attrs["plan"].causal for n in kernel_nodes(fast, args))
 
 
+@pytest.mark.slow
 def test_exact_triangle_only_for_the_causal_flag():
     """``tril(ones, -1)`` hides the diagonal too: not the kernel's triangle, so no flag (it
     is still causal: the kernel may skip blocks)."""

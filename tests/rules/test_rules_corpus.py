@@ -38,9 +38,9 @@ class Size(corpus.Size):
 
 
 SMALL = Size(hidden=64, heads=2)
-# Hugging Face models, scans and masked NNX attention take 10-20 s each (outputs and
+# Hugging Face models, scans and NNX attention take 10-20 s each (outputs and
 # gradients, kernels interpreted): `make test` runs them, `make test-fast` the other models.
-SLOW = {*corpus.HF_MODELS, "linen_scan", "linen_scan_remat", "nnx_mha_masked"}
+SLOW = {*corpus.HF_MODELS, "linen_scan", "linen_scan_remat", "nnx_mha", "nnx_mha_masked"}
 LLAMA = Size(hidden=128, heads=4)  # 4 query heads on the corpus's 2 kv heads
 BF16 = Size(hidden=64, heads=2, dtype="bfloat16")
 

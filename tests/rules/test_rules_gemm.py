@@ -91,6 +91,7 @@ def test_quick_gelu_needs_its_scale():
     check(dense, operands(), {}, what="y * sigmoid(1.7 y)")
 
 
+@pytest.mark.slow
 def test_flax_dense_gelu_gradients():
     import flax.linen as nn
 
