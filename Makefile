@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+LINT   := $(PY) -m ruff check pypm_jax pallas_kernels hlo tests benchmarks
+# One pytest worker per core (pytest-xdist); a test file stays on one worker, so the models
+# and compiled functions its tests share are built once.
+PYTEST := $(PY) -m pytest -q -n auto --dist loadfile
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,9 +19,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m pypm_jax.demo
 
+# Lint and the whole suite, the Hypothesis properties at CI's budget (what CI runs: .ci/run).
 test: $(STAMP)
-	$(PY) -m ruff check pypm_jax pallas_kernels hlo tests benchmarks
-	$(PY) -m pytest -q
+	$(LINT)
+	PYPM_HYPOTHESIS_PROFILE=ci $(PYTEST)
+
+# The edit-test loop: lint and every test not marked slow, with small Hypothesis budgets.
+test-fast: $(STAMP)
+	$(LINT)
+	PYPM_HYPOTHESIS_PROFILE=fast $(PYTEST) -m "not slow"
+
+lint: $(STAMP)
+	$(LINT)
 
 bench: $(STAMP)
 	$(PY) benchmarks/matcher.py

@@ -28,14 +28,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "jax"))
+sys.path.insert(0, str(ROOT / "tests"))  # the test helpers (pypm_testing)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from corpus import ALL_MODELS, SMALL, Size  # noqa: E402
 
 import pypm_jax as pm  # noqa: E402
 from pypm_jax.jax import OptimizationFallbackWarning  # noqa: E402
+from pypm_testing.corpus import ALL_MODELS, SMALL, Size  # noqa: E402
 
 SIZES = {
     "small": SMALL,

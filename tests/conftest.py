@@ -1,8 +1,22 @@
-"""Shared pytest configuration: GPU tests skip cleanly without a GPU backend."""
+"""Shared pytest configuration: the Hypothesis profile, the ``engine`` fixture, GPU tests
+that skip cleanly without a GPU."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+from pypm_testing import budget
+
+for _name, _n in budget.MAX_EXAMPLES.items():
+    settings.register_profile(
+        _name, max_examples=_n, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    )
+settings.load_profile(budget.profile())
+
+
+def pytest_report_header(config) -> str:
+    return f"hypothesis profile: {budget.profile()} (PYPM_HYPOTHESIS_PROFILE)"
 
 
 def _has_gpu() -> bool:
@@ -23,32 +37,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
-# Hypothesis: CI (CI=true, as `.ci/run` sets it) runs the full example counts the acceptance
-# criteria ask for; a developer's default run uses fewer. Tests that need an exact count
-# (the format fuzzer) set it explicitly.
-from hypothesis import HealthCheck, settings  # noqa: E402
-
-settings.register_profile(
-    "ci", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile(
-    "dev", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-import os  # noqa: E402
-
-settings.load_profile("ci" if os.environ.get("CI") else "dev")
+# pm's two engines: the paper's small-step machine and the fast matcher.
+ENGINES = ("reference", "fast")
 
 
-def _engines() -> list[str]:
-    import importlib.util
-
-    names = ["reference"]
-    if importlib.util.find_spec("pypm_jax._fast") is not None:
-        names.append("fast")
-    return names
-
-
-@pytest.fixture(params=_engines())
-def engine(request) -> str:
-    """Every matcher test runs against the paper's machine and against the fast engine."""
+@pytest.fixture(params=ENGINES, scope="module")
+def engine(request: pytest.FixtureRequest) -> str:
+    """Every matcher test runs against both engines: the ``engine=`` argument of ``pm.match``,
+    ``pm.rewrite`` and the private ``match_first``/``match_all``. Module-scoped (it holds no
+    state), so Hypothesis tests may use it too."""
     return request.param

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from core.paper import PTREE, UNARY_CHAIN, Div, Mul, Neg, Relu, Split, half, rank_is
 
 from pypm_jax._calculus import (
     PAlt,
@@ -21,6 +20,7 @@ from pypm_jax._calculus import (
 from pypm_jax._declarative import candidate_terms, holds, holds_def
 from pypm_jax._errors import PatternDefinitionError
 from pypm_jax._terms import const, leaf
+from pypm_testing.paper import PTREE, UNARY_CHAIN, Div, Mul, Neg, Relu, Split, half, rank_is
 
 a = leaf("a", shape=(2, 3), dtype="f32")
 b = leaf("b", shape=(3,), dtype="f32")

@@ -10,8 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from core.paper import Div, Mul, Neg, Relu, Split, half, rank_is
-from core.strategies import spine
 
 from pypm_jax import _machine as M
 from pypm_jax._calculus import (
@@ -28,6 +26,8 @@ from pypm_jax._calculus import (
 from pypm_jax._errors import PatternDefinitionError
 from pypm_jax._subst import FreshNames, unfold
 from pypm_jax._terms import const, leaf
+from pypm_testing.paper import Div, Mul, Neg, Relu, Split, half, rank_is
+from pypm_testing.strategies import spine
 
 a = leaf("a", shape=(2, 3), dtype="f32")
 b = leaf("b", shape=(3,), dtype="f32")

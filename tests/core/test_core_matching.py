@@ -8,25 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from core.paper import (
-    GELU,
-    MMXYT,
-    PTREE,
-    UNARY_CHAIN,
-    Concat,
-    Div,
-    Erf,
-    MatMul,
-    Mul,
-    Neg,
-    Plus,
-    Relu,
-    Split,
-    Trans,
-    half,
-    rank_is,
-)
-from core.strategies import unary_chain
+import pytest
 
 from pypm_jax._calculus import (
     ECall,
@@ -49,6 +31,25 @@ from pypm_jax._calculus import (
 from pypm_jax._declarative import holds_def
 from pypm_jax._engine import match_all, match_first
 from pypm_jax._terms import OpClass, const, leaf
+from pypm_testing.paper import (
+    GELU,
+    MMXYT,
+    PTREE,
+    UNARY_CHAIN,
+    Concat,
+    Div,
+    Erf,
+    MatMul,
+    Mul,
+    Neg,
+    Plus,
+    Relu,
+    Split,
+    Trans,
+    half,
+    rank_is,
+)
+from pypm_testing.strategies import unary_chain
 
 a = leaf("a", shape=(4, 8), dtype="f32")
 b = leaf("b", shape=(8, 8), dtype="f32")
@@ -351,6 +352,7 @@ def test_paper_p_on_a_leaf_is_the_last_alternate(engine):
     assert dict(match_first(PTREE, a, engine=engine)) == {"x": a, "f": None, "g": None}
 
 
+@pytest.mark.slow
 def test_deep_chain_does_not_recurse_on_the_python_stack(engine):
     t = a
     for _ in range(100_000):

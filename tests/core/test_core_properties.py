@@ -12,7 +12,7 @@ The paper's soundness theorem, both halves, plus what ``match_all`` promises:
 (e) ``match_all`` is complete: every declarative solution agrees with one it yields on the
     parameters that solution binds (a parameter left unbound may take any value).
 
-(b) and (e) need well-moded patterns (see core/strategies.py): SEMANTICS.md §3-4 make the
+(b) and (e) need well-moded patterns (see pypm_testing/strategies.py): SEMANTICS.md §3-4 make the
 machine backtrack on a variable that is not bound yet, where the declarative rules may
 choose it freely; test_core_matching.py shows both sides of that on small examples.
 Terms are small and patterns have at most three parameters, so the exhaustive enumeration
@@ -21,21 +21,18 @@ in (b) and (e) stays at a few hundred candidate bindings.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
-from core.strategies import pattern_and_term, subterms
 from hypothesis import event, given, note
 
 from pypm_jax._calculus import PatternDef, show
 from pypm_jax._declarative import holds_def
 from pypm_jax._engine import match_all, match_first
 from pypm_jax._match import Match
+from pypm_testing.strategies import pattern_and_term, subterms
 
-HAS_FAST = importlib.util.find_spec("pypm_jax._fast") is not None
 MAX_PARAMS = 3
 
 
@@ -103,7 +100,6 @@ def test_c_match_all_is_valid_distinct_and_starts_with_match_first(engine, pt):
         assert first.key() == found[0].key()
 
 
-@pytest.mark.skipif(not HAS_FAST, reason="pypm_jax._fast (the fast engine) does not exist yet")
 @given(pattern_and_term(well_moded=False))
 def test_d_fast_engine_agrees_with_the_reference_machine(pt):
     pdef, t = pt

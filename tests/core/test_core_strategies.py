@@ -7,15 +7,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from core.strategies import (
-    SQRT2_LITERAL,
-    G,
-    dag_terms,
-    free_vars,
-    pattern_and_term,
-    patterns,
-    subterms,
-)
 from hypothesis import HealthCheck, Phase, find, given, settings
 
 from pypm_jax import _machine
@@ -41,6 +32,15 @@ from pypm_jax._calculus import (
     PVar,
 )
 from pypm_jax._terms import Operator
+from pypm_testing.strategies import (
+    SQRT2_LITERAL,
+    G,
+    dag_terms,
+    free_vars,
+    pattern_and_term,
+    patterns,
+    subterms,
+)
 
 _PATTERN_TYPES = (PVar, PApp, PConst, PAlt, PGuard, PExists, PConstr, PFunVar, PMu, PCall)
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import itertools
 
-from core.strategies import pattern_and_term
-from engine_helpers import F1, LEAVES, OPS, SPLIT, A, B, dags, guards, pattern_defs, solution_key
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,6 +17,19 @@ from pypm_jax import _fast, _machine
 from pypm_jax._fast import CompiledPattern, Matcher, compile_guard
 from pypm_jax._graph import Graph
 from pypm_jax._guards import guard_holds
+from pypm_testing.engine import (
+    F1,
+    LEAVES,
+    OPS,
+    SPLIT,
+    A,
+    B,
+    dags,
+    guards,
+    pattern_defs,
+    solution_key,
+)
+from pypm_testing.strategies import pattern_and_term
 
 MAX_SOLUTIONS = 50
 TARGETS = [*LEAVES, F1(A), SPLIT(B)[1]]

@@ -7,8 +7,6 @@ import os
 import re
 import runpy
 
-from engine_helpers import F1, F2, G2, H2, A, B
-
 import pypm_jax as pm
 from pypm_jax._calculus import (
     EAttr,
@@ -30,6 +28,7 @@ from pypm_jax._errors import SourceLoc
 from pypm_jax._explain import explain
 from pypm_jax._graph import Graph
 from pypm_jax._terms import Operator, const, leaf
+from pypm_testing.engine import F1, F2, G2, H2, A, B
 
 X, Y = PVar("x"), PVar("y")
 GUARD_LOC = SourceLoc("attention_rules.py", 42, "    assert q.rank == 4")

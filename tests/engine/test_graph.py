@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from engine_helpers import F1, F2, F32, G2, SPLIT, A, B
 
 from pypm_jax._errors import PyPMError, SourceLoc
 from pypm_jax._graph import Graph, Node, Value
 from pypm_jax._terms import CONST, LEAF, Operator, const, leaf
+from pypm_testing.engine import F1, F2, F32, G2, SPLIT, A, B
 
 RNG = Operator("rng", 1, pure=False)
 
@@ -138,6 +138,7 @@ def test_printing():
     assert repr(s0) == "%3#0" and isinstance(s0, Value)
 
 
+@pytest.mark.slow
 def test_deep_graphs_need_no_recursion():
     t = A
     for _ in range(50_000):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import tracemalloc
 
 import pytest
-from engine_helpers import CAT, F1, F2, F32, G2, H2, SPLIT, A, B, C
 
 from pypm_jax import _fast
 from pypm_jax._calculus import (
@@ -33,6 +32,7 @@ from pypm_jax._errors import PatternDefinitionError
 from pypm_jax._fast import CompiledPattern, Matcher, compile_pattern
 from pypm_jax._graph import Graph
 from pypm_jax._terms import Operator, const, leaf
+from pypm_testing.engine import CAT, F1, F2, F32, G2, H2, SPLIT, A, B, C
 
 X, Y, Z = PVar("x"), PVar("y"), PVar("z")
 STR = GuardFn("str", str)
@@ -214,6 +214,7 @@ def test_graph_values_match_like_terms(engine):
 # ---------------------------------------------------------------------- deep recursion
 
 
+@pytest.mark.slow
 def test_100k_deep_chain_fast_engine_no_recursion_error():
     t = A
     for _ in range(100_000):
@@ -222,6 +223,7 @@ def test_100k_deep_chain_fast_engine_no_recursion_error():
     assert m is not None and m["x"] is A and m["f"] is F1
 
 
+@pytest.mark.slow
 def test_chain_memory_is_linear_in_depth():
     p = chain_pattern()
     peaks = []

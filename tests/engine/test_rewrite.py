@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from engine_helpers import F1, F2, F32, G2, H2, SPLIT, A, B, dags, guards, pattern_defs, same_type
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,6 +31,20 @@ from pypm_jax._errors import PyPMError, RewriteLimitError, SourceLoc
 from pypm_jax._graph import Graph
 from pypm_jax._rewrite import RewriteRecord, guarded_pattern, rewrite, rewrite_terms
 from pypm_jax._terms import Operator, const
+from pypm_testing.engine import (
+    F1,
+    F2,
+    F32,
+    G2,
+    H2,
+    SPLIT,
+    A,
+    B,
+    dags,
+    guards,
+    pattern_defs,
+    same_type,
+)
 
 X, Y = PVar("x"), PVar("y")
 FUSED = Operator("fused", 1, namespace="engine_tests", infer=same_type)
@@ -309,7 +322,7 @@ def test_graphs_whose_ids_do_not_follow_the_order():
 
 
 _DETERMINISM_SCRIPT = """
-from engine_helpers import F1, F2, G2, H2, A, B
+from pypm_testing.engine import F1, F2, G2, H2, A, B
 from pypm_jax._calculus import PApp, Param, PatternDef, PVar, RApp, RuleBranch, RuleDef, RVar
 from pypm_jax._calculus import EConst
 from pypm_jax._graph import Graph
@@ -339,13 +352,13 @@ def test_identical_across_processes_with_different_hash_seeds(tmp_path):
     import sys
     from pathlib import Path
 
-    here = Path(__file__).resolve().parent
+    tests = Path(__file__).resolve().parents[1]
     script = tmp_path / "determinism.py"
     script.write_text(_DETERMINISM_SCRIPT)
     outputs = []
     for seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        env["PYTHONPATH"] = os.pathsep.join([str(here), str(here.parent.parent)])
+        env["PYTHONPATH"] = os.pathsep.join([str(tests), str(tests.parent)])
         run = subprocess.run(
             [sys.executable, str(script)], env=env, capture_output=True, text=True, check=True
         )
@@ -364,7 +377,6 @@ COLLAPSE = rule(
 
 
 @pytest.mark.parametrize("depth", range(1, 8))
-@pytest.mark.parametrize("engine", ["fast", "reference"])
 def test_collapsing_a_chain_reaches_the_fixpoint(depth, engine):
     # f1(f1(x)) -> f1(x) on f1^n(a): replacing f1^2 by f1 turns the f1^3 above it into a
     # hash-cons duplicate of the f1^2 being replaced; the merged node must be revisited
@@ -397,7 +409,6 @@ def test_a_rewritten_graph_is_a_fixpoint(rules_, pool):
     assert str(g) == before
 
 
-@pytest.mark.parametrize("engine", ["fast", "reference"])
 def test_a_root_read_by_its_own_result_is_revisited_when_it_gains_a_reader(engine):
     # wrap: x → fused(x) leaves x in the graph, read by fused(x) only (then it is a fixpoint
     # for wrap); unwrap: fused(x) → f2(x) gives x a new reader, so wrap applies again, and
@@ -415,7 +426,6 @@ def test_a_root_read_by_its_own_result_is_revisited_when_it_gains_a_reader(engin
     assert "wrap" in str(info.value) and "unwrap" in str(info.value)
 
 
-@pytest.mark.parametrize("engine", ["fast", "reference"])
 def test_a_long_run_logs_its_progress(engine, monkeypatch, caplog):
     """A run still going after ``PROGRESS_SECONDS`` says how far it got (logger
     ``pypm_jax.rewrite``, INFO); here every 2 visits, the clock never waited for."""

@@ -26,10 +26,20 @@ import pypm_jax as pm
 from pypm_jax._calculus import PatternDef, RuleDef
 from pypm_jax._format import _EXPR_KINDS, _PATTERN_KINDS, _RHS_KINDS, deserialize, serialize
 from pypm_jax._terms import Operator
+from pypm_testing import budget
+from pypm_testing.format_samples import (
+    EVERYTHING,
+    FRESH,
+    ITEMS,
+    MMXYT,
+    RULE,
+    RULE2,
+    Concat,
+    MatMul,
+    Split,
+)
 
-from .samples import EVERYTHING, FRESH, ITEMS, MMXYT, RULE, RULE2, Concat, MatMul, Split
-
-FUZZ_EXAMPLES = 10_000 if os.environ.get("CI") else 1_000
+FUZZ_EXAMPLES = budget.examples(ci=10_000, dev=1_000, fast=200)
 
 CORPUS = [
     serialize([MMXYT]),
@@ -302,6 +312,7 @@ def test_fuzz_only_format_error_escapes(blob):
 # ---------------------------------------------------------------- deterministic sweeps
 
 
+@pytest.mark.slow
 def test_every_truncation_is_refused():
     for blob in CORPUS[:4]:
         for n in range(len(blob)):

@@ -1,22 +1,20 @@
 """Hypothesis round trips over random closed items (ours) and random matcher patterns
-(``core.strategies``), with matching compared before and after."""
+(``pypm_testing.strategies``), with matching compared before and after."""
 
 from __future__ import annotations
-
-import os
 
 from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
 from pypm_jax._engine import match_all, match_first
 from pypm_jax._format import deserialize, serialize
-
-from . import gen
-from .samples import FRESH, assert_same
+from pypm_testing import budget
+from pypm_testing import format_gen as gen
+from pypm_testing.format_samples import FRESH, assert_same
 
 # Generating random items costs more than round-tripping them; these two property tests run
 # fewer examples than the profile's default (the fuzzer runs its full 10,000 in CI).
-HEAVY = settings(max_examples=500 if os.environ.get("CI") else 100)
+HEAVY = settings(max_examples=budget.examples(ci=500, dev=100, fast=10))
 
 
 @HEAVY
@@ -79,7 +77,7 @@ def _matches(pdef, term, engine):
 @HEAVY
 @given(st.data())
 def test_core_strategy_patterns_round_trip_and_match_identically(data):
-    from core.strategies import OPERATORS, pattern_and_term
+    from pypm_testing.strategies import OPERATORS, pattern_and_term
 
     pdef, term = data.draw(pattern_and_term(well_moded=data.draw(st.booleans())))
     blob = serialize([pdef])

@@ -12,8 +12,7 @@ from pypm_jax._calculus import EAttr, ECall, ECmp, EConst, PApp, Param, PatternD
 from pypm_jax._format import VERSION, deserialize, serialize
 from pypm_jax._registry import GUARD_FNS
 from pypm_jax._terms import Operator
-
-from .samples import FRESH, IS_SQUARE, ITEMS, NS, Conv, MatMul, Relu
+from pypm_testing.format_samples import FRESH, IS_SQUARE, ITEMS, NS, Conv, MatMul, Relu
 
 
 def edit(blob: bytes, fn) -> bytes:

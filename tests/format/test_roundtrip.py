@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import time
 
 import pytest
 
@@ -26,8 +24,7 @@ from pypm_jax._calculus import (
 from pypm_jax._engine import match_all, match_first
 from pypm_jax._format import deserialize, serialize
 from pypm_jax._terms import Operator, leaf
-
-from .samples import (
+from pypm_testing.format_samples import (
     EVERYTHING,
     FRESH,
     ITEMS,
@@ -42,8 +39,6 @@ from .samples import (
     assert_same,
     loc,
 )
-
-ENGINES = ["reference"] + (["fast"] if importlib.util.find_spec("pypm_jax._fast") else [])
 
 
 def test_every_construct_round_trips_with_locations():
@@ -148,17 +143,16 @@ def test_rule_pattern_is_the_loaded_definition():
     assert isinstance(out[1], RuleDef) and out[1].single_use is True
 
 
+@pytest.mark.slow
 def test_deep_chain_round_trips_without_recursion():
     depth = 100_000
     p = PVar("x")
     for i in range(depth):
         p = PApp(Relu, (p,)) if i % 2 else PGuard(p, ECmp("==", EAttr("x", "rank"), EConst(2)))
     pdef = PatternDef("Deep", (Param("x"),), p, loc(1))
-    start = time.perf_counter()
     blob = serialize([pdef])
     out = deserialize(blob)
     assert serialize(out) == blob  # equality by bytes: `==` on the objects would recurse
-    assert time.perf_counter() - start < 30
     q = out[0].body
     for _ in range(depth // 2):
         assert isinstance(q, PApp) and q.op is Relu
@@ -168,6 +162,7 @@ def test_deep_chain_round_trips_without_recursion():
     assert q == PVar("x")
 
 
+@pytest.mark.slow
 def test_wide_variadic_application():
     pdef = PatternDef(
         "Wide", (Param("x"),), PApp(Concat, tuple(PApp(Exp, (PConst(i),)) for i in range(20_000)))
@@ -275,7 +270,6 @@ def _outcome(m):
     )
 
 
-@pytest.mark.parametrize("engine", ENGINES)
 def test_matching_is_identical_after_round_trip(engine):
     pdefs = [EVERYTHING, MMXYT, *(p.definition for p in (FmtChain, FmtBoth, FmtCalls))]
     loaded = deserialize(pm.serialize(pdefs), ops=[FRESH])

@@ -32,8 +32,7 @@ from pypm_jax._calculus import (
 )
 from pypm_jax._format import MAX_BLOB_BYTES, MAX_ENTRIES, deserialize, serialize
 from pypm_jax._terms import Shape
-
-from .samples import FRESH, ITEMS, NS, Concat, Conv, MatMul, Relu, Split
+from pypm_testing.format_samples import FRESH, ITEMS, NS, Concat, Conv, MatMul, Relu, Split
 
 OPS = [
     {"name": "MatMul", "namespace": NS, "n_in": 2, "n_out": 1, "attrs": [], "op_class": "matmul", "pure": True},
@@ -445,13 +444,13 @@ def test_duplicate_definition_parameters():
     refused(d, "distinct")
 
 
-def test_expansion_bombs_are_refused_quickly():
-    import time
-
+def test_expansion_bombs_are_refused_without_expanding():
+    # each document would expand to far more than 2**24 nodes (2**59 alternates, 2**60
+    # conjuncts, 2000 uses of a 2**24-node tree): a loader that built the expansion before
+    # counting it would never return
     patterns = [X, {"k": "app", "op": 0, "args": [0, 0], "index": 0}]
     for i in range(1, 60):
         patterns.append({"k": "alt", "left": i, "right": i})
-    start = time.perf_counter()
     refused(doc(patterns=patterns), "expand to more than")
     exprs = [{"k": "attr", "var": "x", "attr": "rank"}]
     for i in range(60):
@@ -461,7 +460,6 @@ def test_expansion_bombs_are_refused_quickly():
     many_defs = doc(patterns=patterns[:25])
     many_defs["defs"] = many_defs["defs"] * 2000  # 2000 uses of a 2**24-node tree
     refused(many_defs, "expand to more than")
-    assert time.perf_counter() - start < 5
 
 
 # ----------------------------------------------------------------- what cannot be written

@@ -2,8 +2,7 @@
 
 import pypm_jax as pm
 from pypm_jax._calculus import PGuard, show
-
-from .paper_patterns import Add, MatMul, Relu, Tanh
+from pypm_testing.paper_patterns import Add, MatMul, Relu, Tanh
 
 
 @pm.op

@@ -1,9 +1,8 @@
-"""Every example of the paper's figures, run (tests/frontend/paper_patterns.py)."""
+"""Every example of the paper's figures, run (tests/pypm_testing/paper_patterns.py)."""
 
 import pypm_jax as pm
 from pypm_jax._calculus import show
-
-from . import paper_patterns as pp
+from pypm_testing import paper_patterns as pp
 
 
 def L(name, shape=(4, 8), dtype="f32"):

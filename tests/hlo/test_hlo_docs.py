@@ -10,9 +10,12 @@ import re
 import runpy
 import warnings
 
+import pytest
+
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "HLO.md")
 
 
+@pytest.mark.slow
 def test_docs_examples_run(tmp_path, capsys):
     with open(DOC, encoding="utf-8") as fh:
         text = fh.read()

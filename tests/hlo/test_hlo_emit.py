@@ -3,7 +3,6 @@ and runs, and computes what the original computes (kernels in the Pallas interpr
 
 from __future__ import annotations
 
-import corpus
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -15,6 +14,7 @@ import hlo
 import pypm_jax as pm
 from pypm_jax.jax import prims
 from pypm_jax.rules import default_rules
+from pypm_testing import corpus
 
 MODELS = {
     "linen_mha_masked": (lambda: corpus.linen_mha(True, SIZE), {"attention_mask": 1}),
@@ -42,7 +42,9 @@ def _kernel_calls(text):
     ]
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "bert" else n for n in MODELS]
+)
 def test_emitted_module_runs_and_matches(name):
     build, counts = MODELS[name]
     if name == "bert" and not corpus.has_transformers():
@@ -67,6 +69,7 @@ def test_emitted_module_runs_and_matches(name):
     _assert_runs_like(lowered, result.text, jax.tree.leaves(args), desc)
 
 
+@pytest.mark.slow
 def test_a_rule_refining_a_kernel_is_part_of_its_site(monkeypatch):
     """GPT-2: ``attention_causal_bias`` rewrites the kernel ``attention_bias`` made (the plan
     learns the bias is causal). The two rewrites are one site: one kernel call, whose plan
@@ -123,6 +126,7 @@ def test_a_refinement_of_a_site_not_emitted_is_skipped_with_the_reason(monkeypat
 WIDER = ["llama", "bart", *corpus.MORE_HF_MODELS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", WIDER)
 def test_every_site_of_the_wider_corpus_is_emitted(name):
     """Every site the rules find in the other Hugging Face models (causal decoders, GQA,
@@ -188,6 +192,7 @@ def kernel_impl(request, monkeypatch):
     return request.param
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", [False, True], ids=["scan", "scan_remat"])
 def test_sites_inside_a_scan_are_emitted_in_the_while_body(remat, kernel_impl):
     fn, args, desc = corpus.linen_scan(remat, SIZE)
@@ -247,6 +252,7 @@ def _branch_args(p):
     return [np.int32(p), *qkv, w, jax.random.normal(ks[4], (64,), jnp.float32)]
 
 
+@pytest.mark.slow
 def test_sites_inside_cond_switch_and_nested_regions_are_emitted(kernel_impl):
     lowered = jax.jit(_branches, keep_unused=True).lower(*_branch_args(1))
     result = hlo.emit(lowered)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 
-import corpus
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -21,6 +20,7 @@ import hlo
 import pypm_jax as pm
 from pypm_jax.jax import lift, prims, rewrite_nested
 from pypm_jax.rules import default_rules
+from pypm_testing import corpus
 
 HERE = os.path.abspath(__file__)
 SIZE = corpus.Size(hidden=64, heads=2)  # head dim 32

@@ -11,12 +11,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-from hlo_helpers import both, op_names, same_graph
 from jax import lax
 
 import hlo
 import pypm_jax as pm
 from pypm_jax.jax import primitives, prims
+from pypm_testing.hlo import both, op_names, same_graph
 
 X = jnp.linspace(-1.0, 1.0, 24, dtype=jnp.float32).reshape(2, 3, 4)
 I = jnp.arange(24, dtype=jnp.int32).reshape(2, 3, 4)  # noqa: E741

@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from corpus import ALL_MODELS, HF_MODELS, MORE_HF_MODELS, has_transformers
 
 from pypm_jax.jax import optimize
 from pypm_jax.jax.report import OptimizationFallbackWarning
+from pypm_testing.corpus import ALL_MODELS, HF_MODELS, MORE_HF_MODELS, has_transformers
 
 
 def _model(name):
@@ -39,7 +39,18 @@ def _assert_close(a, b, rtol, atol, what):
         )
 
 
-@pytest.mark.parametrize("name", [*ALL_MODELS, *MORE_HF_MODELS])
+# Hugging Face models, scans and NNX attention take 5-20 s each: `make test` runs them, `make test-fast`
+# the other Flax models.
+SLOW = {*HF_MODELS, *MORE_HF_MODELS, "linen_scan", "linen_scan_remat", "nnx_mha"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
+        for n in [*ALL_MODELS, *MORE_HF_MODELS]
+    ],
+)
 def test_lift_lower_is_identity(name):
     apply, inputs, desc = _model(name)
     with warnings.catch_warnings():

@@ -12,6 +12,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import pypm_jax as pm
 from pypm_jax.jax import optimize, prims, register_impl
@@ -48,6 +49,7 @@ print(json.dumps({"seen": seen, "rewrites": rewrites}))
 """
 
 
+@pytest.mark.slow
 def test_pallas_is_imported_only_when_a_pallas_kernel_is_built():
     env = {k: v for k, v in os.environ.items() if k != "PYPM_KERNEL_IMPL"}
     env["JAX_PLATFORMS"] = "cpu"

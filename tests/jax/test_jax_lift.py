@@ -8,15 +8,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from corpus import has_transformers, hf_bert, linen_mha, linen_scan
 from jax import lax
 
 import pypm_jax as pm
 from pypm_jax._terms import CONST
 from pypm_jax.jax import lift, lower, optimize, prims, register_impl, rewrite_nested
+from pypm_testing import corpus
+from pypm_testing.corpus import has_transformers, hf_bert, linen_mha, linen_scan
 
 HERE = os.path.abspath(__file__)
-CORPUS = os.path.join(os.path.dirname(HERE), "corpus.py")
+CORPUS = os.path.abspath(corpus.__file__)
 
 # ------------------------------------------------------------------------------ rules
 
@@ -438,6 +439,7 @@ def test_gradients_through_rewritten_scan():
     np.testing.assert_allclose(jax.grad(fast)(xs, c), jax.grad(f)(xs, c), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_deep_graphs_lower_without_recursion():
     def f(x):
         for _ in range(3000):

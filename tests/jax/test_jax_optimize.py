@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from corpus import linen_mha, nnx_mha
 
 import pypm_jax as pm
 from pypm_jax.jax import (
@@ -20,6 +19,7 @@ from pypm_jax.jax import (
     prims,
     register_impl,
 )
+from pypm_testing.corpus import linen_mha, nnx_mha
 
 HERE = os.path.abspath(__file__)
 
@@ -365,6 +365,7 @@ def test_linen_apply_and_module_helper():
     assert r.rule == "exp_kernel" and r.module_path == "Attn/attention"
 
 
+@pytest.mark.slow
 def test_nnx_module_wrapper():
     from flax import nnx
 

@@ -8,7 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernels_testutil import (
+
+from pallas_kernels import attention_reference, flash_attention
+from pallas_kernels._attention import AttentionBlocks
+from pypm_testing.kernels import (
     GRAD_TOL,
     assert_close,
     attention_inputs,
@@ -16,9 +19,6 @@ from kernels_testutil import (
     padding_mask,
     rnd,
 )
-
-from pallas_kernels import attention_reference, flash_attention
-from pallas_kernels._attention import AttentionBlocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +134,23 @@ FWD_CASES = [
 ]
 
 
-@pytest.mark.parametrize("c", FWD_CASES, ids=str)
+# The larger or masked cases take 5-10 s each in the interpreter: `make test-fast` leaves
+# them and the gradient cases to `make test`.
+SLOW_CASES = {
+    "bshd_f32_left_padding_causal_fully_masked_rows",
+    "bhsd_f32_causal_sq_lt_skv_mask_bias",
+    "bshd_f16_int_mask_decode_sq1",
+    "bshd_bf16_gqa_causal_padmask_ragged",
+    "bhsd_bf16_gqa_d64_full_mask",
+    "bshd_f32_causal_sq_gt_skv",
+}
+
+
+def _params(cases, slow):
+    return [pytest.param(c, marks=pytest.mark.slow) if c.name in slow else c for c in cases]
+
+
+@pytest.mark.parametrize("c", _params(FWD_CASES, SLOW_CASES), ids=str)
 def test_forward_matches_reference(c: Case) -> None:
     q, k, v, bias, mask = _operands(c)
     kw = dict(scale=c.scale, causal=c.causal, layout=c.layout)
@@ -159,6 +175,7 @@ def test_fully_masked_rows_average_all_values() -> None:
     )
 
 
+@pytest.mark.slow
 def test_gpu_block_defaults_in_interpret() -> None:
     """The GPU tile configuration (clamped to the shape) is also correct."""
     c = Case("gpu_blocks", sq=70, skv=130, hq=4, hkv=2, d=64, causal=True, mask="pad")
@@ -216,7 +233,7 @@ def _f32(x):
     return None if x is None else x.astype(jnp.float32)
 
 
-@pytest.mark.parametrize("c", GRAD_CASES, ids=str)
+@pytest.mark.parametrize("c", _params(GRAD_CASES, {c.name for c in GRAD_CASES}), ids=str)
 def test_gradients_match_reference(c: Case) -> None:
     q, k, v, bias, mask = _operands(c, seed=3)
     kw = dict(scale=c.scale, causal=c.causal, layout=c.layout)
@@ -239,6 +256,7 @@ def test_gradients_match_reference(c: Case) -> None:
         assert_close(g, w, c.dtype, tol_table=GRAD_TOL, what=f"{c.name}: d{name}")
 
 
+@pytest.mark.slow
 def test_jit_and_vmap_compose() -> None:
     c = Case("compose", sq=20, skv=20, causal=True)
     q, k, v, _, _ = _operands(c)
@@ -282,6 +300,7 @@ CAUSAL_PROMISES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, sq, skv, dtype", CAUSAL_PROMISES)
 def test_mask_is_causal_forward_and_gradients_are_the_reference(kind, sq, skv, dtype):
     q, k, v, bias, mask = _causal_operands(kind, sq, skv, dtype)

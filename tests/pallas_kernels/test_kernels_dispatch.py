@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernels_testutil import has_pallas_call, rnd
 
 import pallas_kernels as pk
+from pypm_testing.kernels import has_pallas_call, rnd
 
 
 def test_public_api() -> None:

@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernels_testutil import GRAD_TOL, assert_close, rnd
 
 from pallas_kernels import (
     ACTIVATIONS,
@@ -16,6 +15,7 @@ from pallas_kernels import (
     gemm_fused_reference,
 )
 from pallas_kernels._gemm import GemmBlocks, erf
+from pypm_testing.kernels import GRAD_TOL, assert_close, rnd
 
 # M=37, K=50, N=45: none divides the 16-wide interpret tiles.
 RAGGED = ((3, 37 // 3 + 1, 50), (50, 45))
@@ -52,6 +52,7 @@ def test_dtypes_accumulate_in_f32(dtype: str, activation: str, with_bias: bool) 
     assert_close(out, ref, dtype, what=f"{dtype}/{activation}")
 
 
+@pytest.mark.slow
 def test_leading_dims_and_vector_input() -> None:
     w = rnd(6, (24, 40))
     b = rnd(7, (40,))
@@ -67,6 +68,7 @@ def test_leading_dims_and_vector_input() -> None:
     assert_close(out, gemm_epilogue_reference(x1, w, b, activation="relu"), "float32")
 
 
+@pytest.mark.slow
 def test_templated_epilogue_custom_chains() -> None:
     x = rnd(10, (37, 50))
     w = rnd(11, (50, 45), scale=0.2)
@@ -120,6 +122,7 @@ def test_larger_tiles_and_k_loop() -> None:
     assert_close(out, gemm_epilogue_reference(x, w, b, activation="gelu"), "float32")
 
 
+@pytest.mark.slow
 def test_gradients_through_gemm_epilogue() -> None:
     x, w, b = rnd(22, (2, 19, 30)), rnd(23, (30, 21), scale=0.3), rnd(24, (21,))
     cot = rnd(25, (2, 19, 21))

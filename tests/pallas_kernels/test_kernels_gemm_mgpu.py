@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from kernels_testutil import GRAD_TOL, assert_close, rnd
 
 from pallas_kernels import (
     ACTIVATIONS,
@@ -21,12 +20,14 @@ from pallas_kernels import (
 from pallas_kernels import _dispatch as dsp
 from pallas_kernels import _gemm as g
 from pallas_kernels import _gemm_mgpu as gm
+from pypm_testing.kernels import GRAD_TOL, assert_close, rnd
 
 # M=100, K=96, N=200 against the interpreted 64x(2x64) CTA tiles and tile_k=64: two row
 # tiles, two column tiles, two K steps, all padded; two programs share the four tiles.
 X_SHAPE, W_SHAPE = (100, 96), (96, 200)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_every_activation_with_bias_bf16(activation: str) -> None:
     x = rnd(0, X_SHAPE, "bfloat16")
@@ -38,6 +39,7 @@ def test_every_activation_with_bias_bf16(activation: str) -> None:
     assert_close(out, ref, "bfloat16", what=activation)
 
 
+@pytest.mark.slow
 def test_f16_no_bias_batched_leading_dims() -> None:
     x = rnd(3, (2, 3, 21, 96), "float16")
     w = rnd(4, W_SHAPE, "float16", scale=0.2)
@@ -47,6 +49,7 @@ def test_f16_no_bias_batched_leading_dims() -> None:
     assert_close(out, ref, "float16")
 
 
+@pytest.mark.slow
 def test_templated_epilogue_two_columns() -> None:
     x = rnd(5, X_SHAPE, "bfloat16")
     w = rnd(6, W_SHAPE, "bfloat16", scale=0.2)
@@ -60,6 +63,7 @@ def test_templated_epilogue_two_columns() -> None:
     assert_close(out, gemm_fused_reference(x, w, affine_leaky, s, t), "bfloat16")
 
 
+@pytest.mark.slow
 def test_exact_values_when_products_are_exact() -> None:
     # Small integers: every product and sum is exact in bf16 x bf16 -> f32, so the kernel
     # must agree bit for bit (a tile or padding mix-up cannot hide in a tolerance).
@@ -71,6 +75,7 @@ def test_exact_values_when_products_are_exact() -> None:
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
 
 
+@pytest.mark.slow
 def test_columns_loaded_in_the_epilogue_instead_of_before_the_loop() -> None:
     x = rnd(20, X_SHAPE, "bfloat16")
     w = rnd(21, W_SHAPE, "bfloat16", scale=0.2)
@@ -81,6 +86,7 @@ def test_columns_loaded_in_the_epilogue_instead_of_before_the_loop() -> None:
     assert_close(out, ref, "bfloat16")
 
 
+@pytest.mark.slow
 def test_gradients_through_the_mosaic_forward() -> None:
     x = rnd(11, (64, 96), "bfloat16")
     w = rnd(12, (96, 128), "bfloat16", scale=0.2)
@@ -227,6 +233,7 @@ def test_prefer_mosaic_in_the_environment_is_the_auto_policy(monkeypatch) -> Non
     assert g.resolve_gemm_backend(None, "pallas", jnp.bfloat16, (jnp.bfloat16,), relu) == "triton"
 
 
+@pytest.mark.slow
 def test_env_override_routes_to_mosaic(monkeypatch) -> None:
     calls = []
     real = gm.gemm_mosaic

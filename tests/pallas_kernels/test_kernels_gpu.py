@@ -12,7 +12,10 @@ import contextlib
 import jax
 import jax.numpy as jnp
 import pytest
-from kernels_testutil import (
+
+import pallas_kernels as pk
+from pallas_kernels import _dispatch as dsp
+from pypm_testing.kernels import (
     GRAD_TOL,
     assert_close,
     attention_inputs,
@@ -21,9 +24,6 @@ from kernels_testutil import (
     padding_mask,
     rnd,
 )
-
-import pallas_kernels as pk
-from pallas_kernels import _dispatch as dsp
 
 pytestmark = pytest.mark.gpu
 

@@ -1,16 +1,8 @@
-"""Rule-library tests: kernels run in the Pallas interpreter; the corpus is importable."""
+"""Rule-library tests: kernels run in the Pallas interpreter."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
-
-_HERE = os.path.dirname(__file__)
-for _p in (_HERE, os.path.join(os.path.dirname(_HERE), "jax")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
 
 
 @pytest.fixture(autouse=True)

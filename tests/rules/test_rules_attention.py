@@ -12,7 +12,8 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
-from rules_helpers import check, kernel_nodes
+
+from pypm_testing.rules import check, kernel_nodes
 
 B, S, H, D = 2, 8, 2, 32  # the kernel takes head dims 32..256
 SKV = 12
@@ -38,6 +39,7 @@ def padding(skv=S):
 # --------------------------------------------------------------------- plain attention
 
 
+@pytest.mark.slow
 def test_flax_style_bshd_scale_on_q():
     """linen/HF: q / sqrt(d) (a runtime sqrt of a literal), einsum, jax.nn.softmax."""
 
@@ -51,6 +53,7 @@ def test_flax_style_bshd_scale_on_q():
     assert node.attrs["plan"].layout == "BSHD"
 
 
+@pytest.mark.slow
 def test_bhsd_matmul_scale_on_k():
     def attn(q, k, v):
         s = q @ jnp.swapaxes(k * (1 / math.sqrt(D)), -1, -2)
@@ -108,6 +111,7 @@ def test_cross_attention_longer_keys():
 # ------------------------------------------------------------------------ softmax forms
 
 
+@pytest.mark.slow
 def test_custom_jvp_softmax():
     def attn(q, k, v):
         s = jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k)
@@ -174,6 +178,7 @@ def test_subtracted_bias_distilbert():
     assert node.attrs["plan"].bias == -1
 
 
+@pytest.mark.slow
 def test_causal_mask_with_where():
     def attn(q, k, v):
         s = jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k)
@@ -194,6 +199,7 @@ def test_inverted_mask_equal_zero():
     check(attn, (*qkv("BHSD"), padding()), {"attention_mask": 1})
 
 
+@pytest.mark.slow
 def test_flax_dot_product_attention_with_bias_and_mask():
     import flax.linen as nn
 
@@ -218,6 +224,7 @@ def test_scaled_scores_with_bias_and_mask():
 # ------------------------------------------------------------------ grouped kv, dtypes
 
 
+@pytest.mark.slow
 def test_grouped_kv_heads_by_repeat():
     def attn(q, k, v):
         k, v = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
@@ -245,6 +252,7 @@ def test_bf16_attention_probabilities_cast():
 # ---------------------------------------------------------- jax.nn.dot_product_attention
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("masked", [False, True])
 def test_jax_nn_dot_product_attention_xla(masked):
     q, k, v = qkv(kv_heads=1)
@@ -269,6 +277,7 @@ def _bias(heads=H, seed=7, skv=S, dtype=jnp.float32):
     return jax.random.normal(jax.random.PRNGKey(seed), (B, heads, S, skv), dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv_heads", [H, 1])
 def test_jax_nn_dot_product_attention_causal(kv_heads):
     def attn(q, k, v):
@@ -283,6 +292,7 @@ def test_jax_nn_dot_product_attention_causal(kv_heads):
     assert node.attrs["plan"].mask_is_causal
 
 
+@pytest.mark.slow
 def test_jax_nn_dot_product_attention_causal_longer_keys():
     def attn(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
@@ -291,6 +301,7 @@ def test_jax_nn_dot_product_attention_causal_longer_keys():
     check(attn, qkv(skv=SKV), counts, grad=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bias_heads", [H, 1])
 def test_jax_nn_dot_product_attention_bias(bias_heads):
     def attn(q, k, v, bias):
@@ -299,6 +310,7 @@ def test_jax_nn_dot_product_attention_bias(bias_heads):
     check(attn, (*qkv(), _bias(bias_heads)), {"attention_dpa_bias": 1}, grad=True)
 
 
+@pytest.mark.slow
 def test_jax_nn_dot_product_attention_bias_grouped_kv_heads():
     def attn(q, k, v, bias):
         return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation="xla")
@@ -306,6 +318,7 @@ def test_jax_nn_dot_product_attention_bias_grouped_kv_heads():
     check(attn, (*qkv(kv_heads=1), _bias()), {"attention_dpa_bias": 1}, grad=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [False, True])
 def test_jax_nn_dot_product_attention_bias_and_mask(causal):
     if causal:
@@ -327,6 +340,7 @@ def test_jax_nn_dot_product_attention_bias_and_mask(causal):
     check(attn, args, counts, grad=True)
 
 
+@pytest.mark.slow
 def test_jax_nn_dot_product_attention_bf16_bias():
     def attn(q, k, v, bias):  # the bias is converted to the f32 logits' dtype first
         return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation="xla")
@@ -335,6 +349,7 @@ def test_jax_nn_dot_product_attention_bf16_bias():
     check(attn, args, {"attention_dpa_bias": 1})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kv_heads, skv, with_bias", [(H, S, False), (1, SKV, False), (H, S, True), (1, SKV, True)]
 )
@@ -356,6 +371,7 @@ def test_jax_nn_dot_product_attention_mask_and_causal(kv_heads, skv, with_bias):
     assert node.attrs["plan"].causal and node.attrs["plan"].kernel_shapes[4] == (B, 1, 1, skv)
 
 
+@pytest.mark.slow
 def test_jax_nn_dot_product_attention_layers_sharing_a_mask():
     """Two layers pass the same mask: their regrouped masks are one value, read by both
     attentions. It is mask plumbing (pm.optimize's ``shareable``), so it does not stop the

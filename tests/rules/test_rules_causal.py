@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax import lax
-from rules_helpers import check, kernel_nodes
 
 from pallas_kernels._attention import _FULLY_MASKED_THRESHOLD
 from pypm_jax.rules._plans import AttentionPlan, causal_plan, has_rows
 from pypm_jax.rules.causal import CAUSAL_FILL_MAX
+from pypm_testing.rules import check, kernel_nodes
 
 B, S, H, D = 2, 40, 2, 32
 SKV = 56
@@ -39,6 +39,7 @@ def causal_of(fast, args):
     return node.attrs["plan"].mask_is_causal
 
 
+@pytest.mark.slow
 def test_flax_make_causal_mask():
     def attn(q, k, v):
         mask = nn.make_causal_mask(jnp.ones(q.shape[:2]))
@@ -48,6 +49,7 @@ def test_flax_make_causal_mask():
     assert causal_of(fast, qkv())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("left", [False, True])
 def test_flax_causal_and_padding_masks(left):
     """``combine_masks(padding, causal)``; left padding leaves whole query rows masked (the
@@ -65,6 +67,7 @@ def test_flax_causal_and_padding_masks(left):
     assert causal_of(fast, args)
 
 
+@pytest.mark.slow
 def test_longer_keys_top_left():
     """``make_attention_mask(q_idx, k_idx, ge)`` with more keys than queries: top-left, as
     the kernel's flag."""
@@ -80,6 +83,7 @@ def test_longer_keys_top_left():
     assert causal_of(fast, args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k, causal", [(0, True), (-2, True), (1, False)])
 def test_jnp_tril(k, causal):
     """``jnp.tril(ones, k)``: causal for k <= 0; k = 1 lets query i see key i + 1."""
@@ -93,6 +97,7 @@ def test_jnp_tril(k, causal):
     assert causal_of(fast, qkv()) is causal
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "make",
     [
@@ -115,6 +120,7 @@ def test_masks_that_are_not_causal_stay_masks(make):
     assert not causal_of(fast, qkv())
 
 
+@pytest.mark.slow
 def test_sliced_table_is_causal():
     """Hugging Face's decoders: a ``[1, 1, P, P]`` table sliced ``[:, :, :T, :S]``."""
 
@@ -133,6 +139,7 @@ def _hf_bias(mask, fill, dtype=jnp.float32):
     return lax.select(mask > 0, zero, jnp.full(mask.shape, fill).astype(dtype))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "dtype, cast", [(jnp.float32, False), (jnp.bfloat16, False), (jnp.bfloat16, True)]
 )
@@ -161,6 +168,7 @@ def test_hugging_face_causal_bias(dtype, cast):
     assert plan.mask_is_causal and not plan.mask and plan.bias == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fill", [-1e4, -1e9, -1e38])
 def test_a_bias_above_the_kernels_threshold_makes_no_promise(fill):
     """A row whose keys such a fill masks would not look fully masked to the kernel, which
@@ -256,6 +264,7 @@ def test_causal_plan_checks_axes_lengths_and_dtypes():
     assert causal_plan(_plan(), mask, "other") is None
 
 
+@pytest.mark.slow
 def test_dot_product_attention_mask_and_causal_two_layers():
     """``jax.nn.dot_product_attention(mask=..., is_causal=True)`` twice (the triangle is one
     shared value): both get the kernel's causal flag; lengths that span several blocks."""
@@ -272,6 +281,7 @@ def test_dot_product_attention_mask_and_causal_two_layers():
     assert all(n.attrs["plan"].causal for n in kernel_nodes(fast, args))
 
 
+@pytest.mark.slow
 def test_exact_triangle_only_for_the_causal_flag():
     """``tril(ones, -1)`` hides the diagonal too: not the kernel's triangle, so no flag (it
     is still causal: the kernel may skip blocks)."""
@@ -285,6 +295,7 @@ def test_exact_triangle_only_for_the_causal_flag():
     assert node.attrs["plan"].mask_is_causal and not node.attrs["plan"].causal
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "compare",
     [

@@ -1,6 +1,6 @@
 """Acceptance on real models: every attention and every dense + activation site rewritten.
 
-The corpus (``tests/jax/corpus.py``) is built at head dim 32 -- the flash-attention kernel's
+The corpus (``tests/pypm_testing/corpus.py``) is built at head dim 32 -- the flash-attention kernel's
 smallest -- so every site is one the kernels take. For each model the report must count
 exactly the model's sites, the optimized outputs must match the original (f32: 1e-5 relative
 to each output's scale; bf16: 3e-2), and ``jax.grad`` of a loss through the optimized model
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import corpus
 import pytest
-from rules_helpers import (
+
+from pypm_testing import corpus
+from pypm_testing.rules import (
     CORPUS_BF16,
     CORPUS_SITES,
     MORE_SITES,
@@ -37,6 +38,9 @@ class Size(corpus.Size):
 
 
 SMALL = Size(hidden=64, heads=2)
+# Hugging Face models, scans and NNX attention take 10-20 s each (outputs and
+# gradients, kernels interpreted): `make test` runs them, `make test-fast` the other models.
+SLOW = {*corpus.HF_MODELS, "linen_scan", "linen_scan_remat", "nnx_mha", "nnx_mha_masked"}
 LLAMA = Size(hidden=128, heads=4)  # 4 query heads on the corpus's 2 kv heads
 BF16 = Size(hidden=64, heads=2, dtype="bfloat16")
 
@@ -46,12 +50,13 @@ def _build(name, size=None):
     return fn, args, desc, CORPUS_SITES[name]
 
 
-@pytest.mark.parametrize("name", corpus_params(CORPUS_SITES))
+@pytest.mark.parametrize("name", corpus_params(CORPUS_SITES, slow=SLOW))
 def test_every_site_rewritten_outputs_and_gradients_match(name):
     fn, args, desc, counts = _build(name)
     check(fn, args, counts, what=desc, grad=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MORE_SITES))
 def test_wider_corpus_every_site_outputs_and_gradients(name):
     """Thirteen more Hugging Face Flax models: ALiBi, relative position bias, local attention,
@@ -60,7 +65,7 @@ def test_wider_corpus_every_site_outputs_and_gradients(name):
     check(fn, args, MORE_SITES[name], what=desc, grad=True)
 
 
-@pytest.mark.parametrize("name", corpus_params(CORPUS_BF16))
+@pytest.mark.parametrize("name", corpus_params(CORPUS_BF16, slow=SLOW))
 def test_bf16_models(name):
     fn, args, desc, counts = _build(name, BF16)
     check(fn, args, counts, what=desc)
@@ -81,6 +86,7 @@ def test_report_names_the_user_source_and_module():
     assert record.source is not None
 
 
+@pytest.mark.slow
 def test_llama_kernel_reads_grouped_kv_heads():
     fn, args, _desc, _counts = _build("llama")
     fast, _, _ = rewrite(fn, args)

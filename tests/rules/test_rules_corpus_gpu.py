@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import contextlib
 
-import corpus
 import jax
 import pytest
-from rules_helpers import (
+
+from pypm_testing import corpus
+from pypm_testing.rules import (
     CORPUS_BF16,
     CORPUS_SITES,
     assert_kernels_run_as,

@@ -7,9 +7,9 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
-from rules_helpers import check, kernel_nodes
 
 from pypm_jax.rules import gemm_rules
+from pypm_testing.rules import check, kernel_nodes
 
 K, N = 64, 32
 
@@ -91,6 +91,7 @@ def test_quick_gelu_needs_its_scale():
     check(dense, operands(), {}, what="y * sigmoid(1.7 y)")
 
 
+@pytest.mark.slow
 def test_flax_dense_gelu_gradients():
     import flax.linen as nn
 

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import warnings
 
-import corpus
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from rules_helpers import assert_kernels_run_as, rel_close
 
 from pypm_jax.jax import optimize
 from pypm_jax.jax.report import OptimizationFallbackWarning
+from pypm_testing import corpus
+from pypm_testing.rules import assert_kernels_run_as, rel_close
+
+# Every test decodes with a Hugging Face model (up to a minute each).
+pytestmark = pytest.mark.slow
 
 B, PROMPT, MAX, STEPS = 2, 8, 32, 3
 

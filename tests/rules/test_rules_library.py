@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from rules_helpers import check
 
 import pypm_jax as pm
 import pypm_jax.rules as R
 from pypm_jax.jax.optimize import default_rules as optimize_default_rules
+from pypm_testing.rules import check
 
 
 def test_default_rules_attention_first_then_epilogues():

@@ -7,7 +7,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from rules_helpers import check, kernel_nodes, rewrite
+import pytest
+
+from pypm_testing.rules import check, kernel_nodes, rewrite
 
 B, S, H, D = 2, 8, 2, 32
 
@@ -25,6 +27,7 @@ def attn(q, k, v):
     return jnp.einsum("bhqk,bkhd->bqhd", w, v)
 
 
+@pytest.mark.slow
 def test_head_dim_the_kernel_does_not_take():
     check(attn, qkv(d=8), {})  # flash attention takes head dims 32..256
     check(attn, qkv(d=16), {})

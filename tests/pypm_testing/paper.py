@@ -1,6 +1,6 @@
 """The paper's running examples written directly in the core calculus.
 
-Import as ``from core.paper import ...``. Operators are plain :class:`Operator` objects
+Import as ``from pypm_testing.paper import ...``. Operators are plain :class:`Operator` objects
 (namespace "paper"); patterns are :class:`PatternDef` values, so these tests depend on no
 frontend. Figures: MMxyT (cuBLAS example), Half / Gelu (pattern alternates), UnaryChain
 (recursive function pattern), P(x, f, g) (local variables and match constraints).
@@ -9,8 +9,6 @@ frontend. Figures: MMxyT (cuBLAS example), Half / Gelu (pattern alternates), Una
 from __future__ import annotations
 
 from typing import Any
-
-from core.strategies import ptree, unary_chain
 
 from pypm_jax._calculus import (
     EAnd,
@@ -28,6 +26,7 @@ from pypm_jax._calculus import (
     PVar,
 )
 from pypm_jax._terms import Operator, Term
+from pypm_testing.strategies import ptree, unary_chain
 
 
 def _same(x: Term, *rest: Term) -> tuple[Any, Any]:

@@ -1,6 +1,6 @@
 """Hypothesis strategies for random *closed* items of the calculus: pattern definitions
 (every construct, lexically scoped, recursion under applications), rules and operators,
-with random literals and source locations. Complements ``core.strategies`` (which builds
+with random literals and source locations. Complements ``pypm_testing.strategies`` (which builds
 patterns by abstracting terms, for matching) with what the format must carry: all literal
 kinds, all expression kinds, locations, rules, operator items.
 """
@@ -48,8 +48,7 @@ from pypm_jax._dtypes import DTYPES
 from pypm_jax._errors import SourceLoc
 from pypm_jax._registry import GUARD_FNS
 from pypm_jax._terms import OpClass
-
-from .samples import FRESH, OPS
+from pypm_testing.format_samples import FRESH, OPS
 
 ALL_OPS = (*OPS, FRESH)
 TERM_NAMES = ("x", "y", "z", "w", "μ", "a#1")

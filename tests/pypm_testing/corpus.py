@@ -4,8 +4,7 @@ Each builder takes an optional :class:`Size` (default :data:`SMALL`: 2 layers, h
 seq 8) and returns ``(apply_fn, example_inputs, description)``: ``apply_fn(*example_inputs)``
 is a pure function of arrays (parameters first) returning a pytree of arrays, suitable for
 ``pm.optimize``/``jax.jit``/``jax.grad``. Builders are cached: a model is built once per test
-session. Reused by the rule library's tests (``from tests.jax.corpus import ...``, or
-``import corpus`` with ``tests/jax`` on the path).
+process (``from pypm_testing import corpus``; the benchmarks put ``tests/`` on the path).
 """
 
 from __future__ import annotations

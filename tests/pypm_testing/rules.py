@@ -7,7 +7,6 @@ import functools
 import warnings
 from typing import Any
 
-import corpus
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +16,7 @@ import pypm_jax as pm
 from pypm_jax.jax import _compat, optimize
 from pypm_jax.jax.report import OptimizationFallbackWarning
 from pypm_jax.rules import FlashAttention, GemmEpilogue, default_rules
+from pypm_testing import corpus
 
 # Output tolerances (relative to the largest magnitude of each output, plus elementwise):
 # f32 programs match to 1e-5; bf16 programs differ by bf16 rounding of intermediates the
@@ -145,7 +145,7 @@ def driver_counts_shared_constants(chain: bool = False) -> bool:
 
 # ------------------------------------------------------------------------------ the corpus
 
-# Sites per corpus model (tests/jax/corpus.py, 2 layers each) -- the same on CPU
+# Sites per corpus model (pypm_testing/corpus.py, 2 layers each) -- the same on CPU
 # (test_rules_corpus.py) and GPU (test_rules_corpus_gpu.py). BERT and ViT return the pooler
 # too (dense + tanh). BART: encoder self, decoder self and cross attention per layer.
 # A decoder's self-attention is rewritten twice: attention_bias, then attention_causal_bias
@@ -204,20 +204,25 @@ def _driver_strict() -> tuple[bool, bool]:
     return driver_counts_shared_constants(), driver_counts_shared_constants(chain=True)
 
 
-def corpus_params(names: Any) -> list[Any]:
-    """pytest params for corpus models, strict-xfail where the driver is known to miss sites."""
+def corpus_params(names: Any, slow: Any = ()) -> list[Any]:
+    """pytest params for corpus models, strict-xfail where the driver is known to miss sites,
+    marked slow for the models in ``slow``."""
     strict_literals, strict_nodes = _driver_strict()
     out = []
     for n in names:
         strict = (n in SHARES_LITERALS and strict_literals) or (
             n in SHARES_CONSTANT_NODES and strict_nodes
         )
-        mark = pytest.mark.xfail(
-            strict,
-            reason="rewrite driver: single_use counts shared constants as interior values",
-            strict=True,
-        )
-        out.append(pytest.param(n, marks=mark) if strict else n)
+        marks = [pytest.mark.slow] if n in slow else []
+        if strict:
+            marks.append(
+                pytest.mark.xfail(
+                    strict,
+                    reason="rewrite driver: single_use counts shared constants as interior values",
+                    strict=True,
+                )
+            )
+        out.append(pytest.param(n, marks=marks) if marks else n)
     return out
 
 

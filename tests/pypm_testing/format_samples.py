@@ -69,7 +69,7 @@ IS_SQUARE: GuardFn = register_guard_fn(
 
 
 def loc(line: int, text: str = "") -> SourceLoc:
-    return SourceLoc("tests/format/samples.py", line, text or f"line {line}")
+    return SourceLoc("tests/pypm_testing/format_samples.py", line, text or f"line {line}")
 
 
 # Every literal kind, with the awkward floats and strings.

@@ -1,7 +1,6 @@
 """Hypothesis strategies for terms and core patterns, shared by every matcher test.
 
-Import them as ``from core.strategies import ...`` (``tests/`` is on ``sys.path`` because
-``tests/conftest.py`` lives there and ``tests/`` has no ``__init__.py``).
+Import them as ``from pypm_testing.strategies import ...``.
 
 The signature
     Leaves ``A`` (2x3 f32), ``B`` (3, f32), ``C`` (scalar i32), ``D`` (no shape, no dtype:

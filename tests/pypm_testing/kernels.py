@@ -1,5 +1,4 @@
-"""Shared helpers for the pallas_kernels tests (module name kept unique: this
-directory has no __init__.py, so pytest imports it top-level)."""
+"""Shared helpers of the pallas_kernels tests: random inputs and tolerance checks."""
 
 from __future__ import annotations
 
