@@ -4,9 +4,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 LINT   := $(PY) -m ruff check pypm_jax pallas_kernels hlo tests benchmarks
-# One pytest worker per core (pytest-xdist); a test file stays on one worker, so the models
-# and compiled functions its tests share are built once.
-PYTEST := $(PY) -m pytest -q -n auto --dist loadfile
+# One pytest worker per core (pytest-xdist); an idle worker steals queued tests. Models and
+# compiled functions a file shares are cached per worker process (built at most once each).
+PYTEST := $(PY) -m pytest -q -n auto --dist worksteal
 
 .PHONY: demo test test-fast lint bench clean
 

@@ -219,8 +219,10 @@ def _compact(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def check(blob: bytes, must_load: bool) -> bool:
-    """The property; returns whether the input loaded."""
+def check(blob: bytes, must_load: bool, fixpoint: bool = True) -> bool:
+    """The property; returns whether the input loaded. ``fixpoint`` also checks that the
+    reserialized blob is a fixpoint of load + serialize (the test asks it of every eighth
+    loaded input: the round trip costs twice the load, and test_roundtrip checks it too)."""
     try:
         out = deserialize(blob)
     except pm.FormatError:
@@ -229,7 +231,8 @@ def check(blob: bytes, must_load: bool) -> bool:
     assert isinstance(out, list)
     assert all(isinstance(x, Operator | PatternDef | RuleDef) for x in out)
     again = serialize(out)  # what loads is valid: it serializes (and that checks it loads)
-    assert serialize(deserialize(again)) == again
+    if fixpoint:
+        assert serialize(deserialize(again)) == again
     return True
 
 
@@ -249,7 +252,7 @@ def test_loader_fuzz_100k():
             if rng.random() < 0.3:
                 blob = mutate_bytes(rng, blob)
         try:
-            ok = check(blob, must_load)
+            ok = check(blob, must_load, fixpoint=loaded % 8 == 0)
         except Exception as exc:  # name the input, so it can be replayed
             raise AssertionError(
                 f"input {n} (PYPM_FUZZ_SEED={SEED}): {type(exc).__name__}: {exc}"

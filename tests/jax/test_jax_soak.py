@@ -1,13 +1,12 @@
 """Soak: one optimized function called from 8 threads over 500 call signatures.
 
 Every signature is traced, lifted, rewritten and lowered once (the per-signature cache is
-shared by the threads), the user's rule fires in each, and every result is ``jax.jit``'s.
+shared by the threads), the user's rule fires in each, and every result is the program's (computed in NumPy).
 """
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -44,7 +43,6 @@ def program(x):
 @pytest.mark.slow
 def test_eight_threads_five_hundred_shapes():
     fast = pm.optimize(program, rules=[*pm.jax.default_rules(), soak_scaled_exp])
-    reference = jax.jit(program)
     shapes = [(1 + i % 25, 1 + i // 25) for i in range(SHAPES)]  # 500 distinct signatures
     order = shapes * 2  # each signature twice: the second call is a cache hit
     rng = np.random.default_rng(0)
@@ -56,7 +54,7 @@ def test_eight_threads_five_hundred_shapes():
         x = np.linspace(-2.0, 2.0, shape[0] * shape[1], dtype=np.float32).reshape(shape)
         try:
             got = np.asarray(fast(x))
-            want = np.asarray(reference(x))
+            want = np.tanh(np.exp(x / 8.0)).sum(axis=-1)  # the program, in NumPy
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
             report = fast.report(x)
             assert report.fallback is None, report.fallback
