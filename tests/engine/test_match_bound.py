@@ -18,6 +18,7 @@ from pypm_jax import _fast, _machine, _rewrite
 from pypm_jax._calculus import PApp, Param, PatternDef, PMu, PVar
 from pypm_jax._fast import MatchRun, compile_pattern
 from pypm_jax._rewrite import guarded_pattern
+from pypm_testing.paper_patterns import P  # the paper's P(x, f, g): locals, constraints
 
 
 @pm.op
@@ -65,27 +66,6 @@ def never(x):
 def at_input(x):
     assert x.rank == 1
     return Done(x)
-
-
-# the paper's P(x, f, g) (local variables and match constraints)
-@pm.pattern
-def P(x, f, g):
-    y = pm.var()
-    x <= f(P(y, f, g))
-    return x
-
-
-@pm.pattern
-def P(x, f, g):  # noqa: F811
-    y = pm.var()
-    z = pm.var()
-    x <= g(P(y, f, g), P(z, f, g))
-    return x
-
-
-@pm.pattern
-def P(x, f, g):  # noqa: F811
-    return x
 
 
 @pm.rule(P)
