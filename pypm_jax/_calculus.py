@@ -585,30 +585,56 @@ def _show_arg(a: Arg) -> str:
     return a if isinstance(a, str) else a.name
 
 
-def show(p: Pattern) -> str:
-    """A pattern in the paper's notation."""
+def show(p: Pattern, width: int | None = None) -> str:
+    """A pattern in the paper's notation; with ``width``, only its first ``width + 1``
+    characters, rendered in O(width). A loop, not a recursion: a pattern 10 000 levels deep
+    is shown like a shallow one."""
+    out: list[str] = []
+    size = 0
+    todo: list[Pattern | str] = [p]
+    while todo and (width is None or size <= width):
+        q = todo.pop()
+        if isinstance(q, str):
+            out.append(q)
+            size += len(q)
+        else:
+            todo.extend(reversed(_show_parts(q)))
+    text = "".join(out)
+    return text if width is None else text[: width + 1]
+
+
+def _show_parts(p: Pattern) -> list[Pattern | str]:
+    """``p``'s printed form as text and sub-patterns still to print, in order."""
     match p:
         case PVar(name):
-            return name
+            return [name]
         case PApp(op, args, index):
-            idx = f"#{index}" if op.n_out > 1 else ""
-            return f"{op.name}({', '.join(show(a) for a in args)}){idx}"
+            return [f"{op.name}(", *_joined(args), f"){f'#{index}' if op.n_out > 1 else ''}"]
         case PConst(value):
-            return repr(value)
+            return [repr(value)]
         case PAlt(left, right):
-            return f"({show(left)} ‖ {show(right)})"
+            return ["(", left, " ‖ ", right, ")"]
         case PGuard(pat, guard):
-            return f"{show(pat)} ; guard({show_expr(guard)})"
+            return [pat, f" ; guard({show_expr(guard)})"]
         case PExists(var, body, _):
-            return f"∃{var}. {show(body)}"
+            return [f"∃{var}. ", body]
         case PConstr(pat, var, constraint):
-            return f"{show(pat)} ; ({var} ≈ {show(constraint)})"
+            return [pat, f" ; ({var} ≈ ", constraint, ")"]
         case PFunVar(var, args, index, _):
-            return f"{var}({', '.join(show(a) for a in args)}){f'#{index}' if index else ''}"
+            return [f"{var}(", *_joined(args), f"){f'#{index}' if index else ''}"]
         case PMu(name, params, args, body):
             ps = ", ".join(x.name for x in params)
             ys = ", ".join(_show_arg(a) for a in args)
-            return f"μ{name}({ps})[{ys}]. {show(body)}"
+            return [f"μ{name}({ps})[{ys}]. ", body]
         case PCall(name, args):
-            return f"{name}({', '.join(_show_arg(a) for a in args)})"
+            return [f"{name}({', '.join(_show_arg(a) for a in args)})"]
     raise TypeError(f"not a pattern: {p!r}")
+
+
+def _joined(args: tuple[Pattern, ...]) -> list[Pattern | str]:
+    parts: list[Pattern | str] = []
+    for i, a in enumerate(args):
+        if i:
+            parts.append(", ")
+        parts.append(a)
+    return parts

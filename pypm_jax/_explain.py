@@ -72,82 +72,8 @@ def _clip(text: str, width: int = _WIDTH) -> str:
 
 
 def _shown(p: Pattern, width: int) -> str:
-    """``_clip(show(p), width)``, rendering only the first ``width + 1`` characters, with a
-    loop (a pattern 10 000 levels deep is shown like a shallow one, and in O(width))."""
-    out: list[str] = []
-    size = 0
-    todo: list[Any] = [p]
-    while todo and size <= width:
-        q = todo.pop()
-        if isinstance(q, str):
-            out.append(q)
-            size += len(q)
-            continue
-        parts: list[Any]
-        match q:
-            case PVar(name):
-                parts = [name]
-            case PApp(op, args, index):
-                idx = f"#{index}" if op.n_out > 1 else ""
-                parts = [f"{op.name}(", *_joined(args), f"){idx}"]
-            case PConst(value):
-                parts = [repr(value)]
-            case PAlt(left, right):
-                parts = ["(", left, " ‖ ", right, ")"]
-            case PGuard(pat, guard):
-                parts = [pat, " ; guard(", _GuardText(guard), ")"]
-            case PExists(var, body, _):
-                parts = [f"∃{var}. ", body]
-            case PConstr(pat, var, constraint):
-                parts = [pat, f" ; ({var} ≈ ", constraint, ")"]
-            case PFunVar(var, args, index, _):
-                parts = [f"{var}(", *_joined(args), f"){f'#{index}' if index else ''}"]
-            case PMu() | PCall():
-                parts = [_MuHead(q)]
-            case _GuardText(guard):
-                parts = [show_expr(guard)]
-            case _MuHead():
-                parts = _mu_parts(q.p)
-            case _:
-                raise TypeError(f"not a pattern: {q!r}")
-        todo.extend(reversed(parts))
-    return _clip("".join(out)[: width + 1], width)
-
-
-class _GuardText:
-    """A guard, shown when reached (``show_expr``: guards are shallow)."""
-
-    __match_args__ = ("guard",)
-    __slots__ = ("guard",)
-
-    def __init__(self, guard: Expr):
-        self.guard = guard
-
-
-class _MuHead:
-    """A definition or a reference, shown when reached."""
-
-    __slots__ = ("p",)
-
-    def __init__(self, p: PMu | PCall):
-        self.p = p
-
-
-def _mu_parts(p: PMu | PCall) -> list[Any]:
-    ys = ", ".join(a if isinstance(a, str) else a.name for a in p.args)
-    if isinstance(p, PCall):
-        return [f"{p.name}({ys})"]
-    ps = ", ".join(x.name for x in p.params)
-    return [f"μ{p.name}({ps})[{ys}]. ", p.body]
-
-
-def _joined(args: tuple[Pattern, ...]) -> list[Any]:
-    parts: list[Any] = []
-    for i, a in enumerate(args):
-        if i:
-            parts.append(", ")
-        parts.append(a)
-    return parts
+    """``p`` shown, clipped to ``width`` (rendering only what is shown)."""
+    return _clip(show(p, width), width)
 
 
 def describe(t: Any) -> str:
