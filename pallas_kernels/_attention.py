@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -192,6 +193,99 @@ def _validate_arrays(
         )
 
 
+MASKED_ROWS: tuple[str, ...] = ("uniform", "zero")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mods:
+    """The validated modifier arguments of one call (see the module docstring)."""
+
+    score_mod: Callable[..., Any] | None
+    mask_mod: Callable[..., Any] | None
+    captures: tuple[jax.Array, ...]
+    band: tuple[int | None, int | None] | None
+    sinks: jax.Array | None
+    masked_rows: str
+
+
+def _band_bound(x: Any, name: str) -> int | None:
+    if x is None:
+        return None
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"flash_attention: {name} must be an int or None, got {x!r}")
+    return int(x)
+
+
+def _check_band(band: Any) -> tuple[int | None, int | None] | None:
+    if band is None:
+        return None
+    if not isinstance(band, (tuple, list)) or len(band) != 2:
+        raise TypeError(f"flash_attention: band must be a pair (lo, hi), got {band!r}")
+    lo, hi = _band_bound(band[0], "band[0]"), _band_bound(band[1], "band[1]")
+    if lo is not None and hi is not None and lo > hi:
+        raise ValueError(f"flash_attention: band=({lo}, {hi}) is empty (lo > hi)")
+    return None if lo is None and hi is None else (lo, hi)
+
+
+def _check_mods(
+    q: jax.Array,
+    k: jax.Array,
+    layout: str,
+    bias: jax.Array | None,
+    mask: jax.Array | None,
+    causal: bool,
+    mask_is_causal: bool,
+    score_mod: Any,
+    mask_mod: Any,
+    captures: Any,
+    band: Any,
+    sinks: Any,
+    masked_rows: Any,
+) -> _Mods:
+    """Validate the modifier keywords; errors name the argument at fault."""
+    b, sq, hq, _ = _split(q.shape, layout)
+    skv = _split(k.shape, layout)[1]
+    score = (b, hq, sq, skv)
+    if score_mod is not None:
+        dsp.as_callable(score_mod, "flash_attention: score_mod")
+    if mask_mod is not None:
+        dsp.as_callable(mask_mod, "flash_attention: mask_mod")
+    if not isinstance(captures, (tuple, list)):
+        raise TypeError(
+            f"flash_attention: captures must be a tuple of arrays, got {type(captures).__name__}"
+        )
+    caps = tuple(jnp.asarray(c) for c in captures)
+    if caps and score_mod is None and mask_mod is None:
+        raise ValueError("flash_attention: captures need a score_mod or a mask_mod to read them")
+    for i, c in enumerate(caps):
+        if not dsp.broadcastable(c.shape, score):
+            raise ValueError(
+                f"flash_attention: captures[{i}] shape {c.shape} is not broadcastable to "
+                f"[B, Hq, Sq, Skv] = {score}"
+            )
+    masked_by_something = bias is not None or mask is not None or mask_mod is not None
+    if mask_is_causal and not masked_by_something:
+        raise ValueError("flash_attention: mask_is_causal=True needs a bias, a mask or a mask_mod")
+    band = _check_band(band)
+    if band is not None and not (masked_by_something or (causal and band[0] is None)):
+        raise ValueError(
+            f"flash_attention: band={band} promises keys outside it are masked, but nothing "
+            "masks them (pass a mask, mask_mod or bias)"
+        )
+    if sinks is not None:
+        sinks = jnp.asarray(sinks)
+        if sinks.shape != (hq,) or not jnp.issubdtype(sinks.dtype, jnp.floating):
+            raise ValueError(
+                f"flash_attention: sinks must be a float array of shape [Hq] = ({hq},), got "
+                f"{sinks.dtype}{list(sinks.shape)}"
+            )
+    if masked_rows not in MASKED_ROWS:
+        raise ValueError(
+            f"flash_attention: masked_rows must be one of {MASKED_ROWS}, got {masked_rows!r}"
+        )
+    return _Mods(score_mod, mask_mod, caps, band, sinks, masked_rows)
+
+
 # --------------------------------------------------------------------------- #
 # Reference
 # --------------------------------------------------------------------------- #
@@ -206,19 +300,42 @@ def attention_reference(
     *,
     scale: float | None = None,
     causal: bool = False,
+    mask_is_causal: bool = False,
     layout: str = "BSHD",
+    score_mod: Callable[..., Any] | None = None,
+    mask_mod: Callable[..., Any] | None = None,
+    captures: Sequence[jax.Array] = (),
+    band: tuple[int | None, int | None] | None = None,
+    sinks: jax.Array | None = None,
+    masked_rows: str = "uniform",
 ) -> jax.Array:
-    """Plain-JAX attention (einsum + f32 softmax) with the module's semantics.
+    """Plain-JAX attention (einsum + f32 softmax): the definition of the module's semantics.
 
     This is also the ``impl="xla"`` fallback, so it is written the way XLA compiles
     best (plain 4-D einsums, one fused scale/bias/mask/softmax pass): on CPU it is
-    at least as fast as the usual Flax-style original program.
+    at least as fast as the usual Flax-style original program.  ``mask_is_causal`` and
+    ``band`` are promises about the masks that only let the kernels skip work; the
+    reference checks them for consistency and otherwise ignores them.
     """
-    _check_layout(layout)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     bias = None if bias is None else jnp.asarray(bias)
     mask = None if mask is None else jnp.asarray(mask)
     _validate_arrays(q, k, v, bias, mask, layout)
+    mods = _check_mods(
+        q,
+        k,
+        layout,
+        bias,
+        mask,
+        causal,
+        mask_is_causal,
+        score_mod,
+        mask_mod,
+        captures,
+        band,
+        sinks,
+        masked_rows,
+    )
     b, sq, hq, d = _split(q.shape, layout)
     _, skv, hkv, _ = _split(k.shape, layout)
     g = hq // hkv
@@ -232,23 +349,79 @@ def attention_reference(
     f32 = jnp.float32
     eq = "bqhd,bkhd->bhqk" if layout == "BSHD" else "bhqd,bhkd->bhqk"
     logits = jnp.einsum(eq, q, k, preferred_element_type=f32) * f32(scale)
+    idx = _score_indices(b, hq, sq, skv)
+    caps = tuple(_capture_value(c) for c in mods.captures)
+    if mods.score_mod is not None:
+        logits = _apply_score_mod(mods.score_mod, logits, idx, caps)
     if bias is not None:
         logits = logits + bias.astype(f32)
     keep = None
     if mask is not None:
         keep = mask if mask.dtype == jnp.bool_ else mask != 0
+    if mods.mask_mod is not None:
+        kept = _apply_mask_mod(mods.mask_mod, logits.shape, idx, caps)
+        keep = kept if keep is None else jnp.logical_and(keep, kept)
     if causal:
         tri = jnp.arange(sq)[:, None] >= jnp.arange(skv)[None, :]
         keep = tri if keep is None else jnp.logical_and(keep, tri)
     if keep is not None:
         logits = jnp.where(keep, logits, MASK_VALUE)
-    weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    weights = _softmax_with_sinks(logits, mods.sinks)
+    if mods.masked_rows == "zero":
+        alive = jnp.max(logits, axis=-1, keepdims=True) > _FULLY_MASKED_THRESHOLD
+        weights = jnp.where(alive, weights, 0.0)
+    weights = weights.astype(v.dtype)
     eq = "bhqk,bkhd->bqhd" if layout == "BSHD" else "bhqk,bhkd->bhqd"
     out = jnp.einsum(eq, weights, v, preferred_element_type=f32)
     return out.astype(q.dtype)
 
 
-_reference_jit = jax.jit(attention_reference, static_argnames=("scale", "causal", "layout"))
+def _score_indices(b: int, hq: int, sq: int, skv: int) -> tuple[jax.Array, ...]:
+    """(batch, head, query, key) positions as int32 arrays broadcastable to the scores."""
+    return tuple(
+        jnp.arange(n, dtype=jnp.int32).reshape(tuple(n if i == ax else 1 for i in range(4)))
+        for ax, n in enumerate((b, hq, sq, skv))
+    )
+
+
+def _capture_value(x: jax.Array) -> jax.Array:
+    """A captured operand as the modifiers see it: rank 4 in score layout, f32 if float."""
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    return x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+
+def _apply_score_mod(
+    fn: Callable[..., Any], s: jax.Array, idx: tuple[Any, ...], caps: tuple[Any, ...]
+) -> jax.Array:
+    out = jnp.asarray(fn(s, *idx, *caps))
+    if not jnp.issubdtype(out.dtype, jnp.floating):
+        raise TypeError(f"flash_attention: score_mod must return floats, got {out.dtype}")
+    return jnp.broadcast_to(out.astype(jnp.float32), s.shape)
+
+
+def _apply_mask_mod(
+    fn: Callable[..., Any], shape: tuple[int, ...], idx: tuple[Any, ...], caps: tuple[Any, ...]
+) -> jax.Array:
+    out = jnp.asarray(fn(*idx, *caps))
+    if out.dtype != jnp.bool_:
+        raise TypeError(f"flash_attention: mask_mod must return booleans, got {out.dtype}")
+    return jnp.broadcast_to(out, shape)
+
+
+def _softmax_with_sinks(logits: jax.Array, sinks: jax.Array | None) -> jax.Array:
+    """Softmax over keys; with ``sinks`` ([Hq]) each row also counts the logit ``sinks[h]``."""
+    if sinks is None:
+        return jax.nn.softmax(logits, axis=-1)
+    sink = sinks.astype(jnp.float32)[None, :, None, None]
+    m = lax.stop_gradient(jnp.maximum(jnp.max(logits, axis=-1, keepdims=True), sink))
+    e = jnp.exp(logits - m)
+    return e / (jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - m))
+
+
+_reference_jit = jax.jit(
+    attention_reference,
+    static_argnames=("scale", "causal", "layout", "score_mod", "mask_mod", "masked_rows"),
+)
 
 
 # --------------------------------------------------------------------------- #
@@ -897,7 +1070,13 @@ def _prep_score_operand(
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "scale", "causal", "mask_is_causal", "layout", "interpret", "blocks", "precision"
+        "scale",
+        "causal",
+        "mask_is_causal",
+        "layout",
+        "interpret",
+        "blocks",
+        "precision",
     ),
 )
 def _flash_pallas(
@@ -983,29 +1162,41 @@ def flash_attention(
     mask_is_causal: bool = False,
     layout: str = "BSHD",
     impl: str | None = None,
+    score_mod: Callable[..., Any] | None = None,
+    mask_mod: Callable[..., Any] | None = None,
+    captures: Sequence[jax.Array] = (),
+    band: tuple[int | None, int | None] | None = None,
+    sinks: jax.Array | None = None,
+    masked_rows: str = "uniform",
     _blocks: AttentionBlocks | None = None,
 ) -> jax.Array:
     """Memory-efficient attention; same semantics as :func:`attention_reference`.
 
     Args:
-      q: ``[B, Sq, Hq, D]`` ("BSHD") or ``[B, Hq, Sq, D]`` ("BHSD").
+      q: ``[B, Sq, Hq, D]`` ("BSHD") or ``[B, Hq, Sq, D]`` ("BHSD"), any ``D`` in 1..256.
       k, v: same layout with ``Skv`` and ``Hkv`` (``Hq % Hkv == 0``).
-      bias: additive float array broadcastable to ``[B, Hq, Sq, Skv]``.
+      bias: additive float array broadcastable to ``[B, Hq, Sq, Skv]`` (0-d too).
       mask: boolean array broadcastable to ``[B, Hq, Sq, Skv]``, True = attend.
       scale: score scale, default ``1/sqrt(D)`` (a Python number).
       causal: top-left aligned causal mask (query i attends keys j <= i).
-      mask_is_causal: a promise that ``bias``/``mask`` already mask out every key above
-        that diagonal (mask False, or bias <= ``MASK_VALUE / 2``). The result is the same
-        as without it; the kernel skips the blocks above the diagonal, and visits them
-        only for rows that have no key left (which the reference averages over all keys).
-        Unlike ``causal``, nothing is masked by it, so a score the bias masks keeps its
-        gradient. Needs a bias or a mask.
+      mask_is_causal: a promise that ``bias``/``mask``/``mask_mod`` already mask out every
+        key above that diagonal (mask False, or bias <= ``MASK_VALUE / 2``): the same as
+        ``band=(None, 0)``. Unlike ``causal``, nothing is masked by it, so a score the
+        bias masks keeps its gradient.
       layout: "BSHD" or "BHSD".
       impl: None (auto), "xla", "interpret" or "pallas"; see ``pallas_kernels``.
+      score_mod: ``score_mod(s, b, h, qi, ki, *captures) -> s'``, elementwise, applied to
+        the scaled f32 scores before the bias (a static, hashable callable).
+      mask_mod: ``mask_mod(b, h, qi, ki, *captures) -> bool`` (True = attend).
+      captures: arrays broadcastable to ``[B, Hq, Sq, Skv]`` that the modifiers read.
+      band: ``(lo, hi)`` (ints or None): a promise that every key outside
+        ``qi + lo <= ki <= qi + hi`` is masked; the kernel skips the kv blocks outside it.
+      sinks: ``[Hq]`` float logits, one per head, counted in each row's softmax.
+      masked_rows: "uniform" (a fully masked row averages all of v) or "zero" (outputs 0).
 
     Returns:
       Array in q's layout and dtype.  Differentiable (``custom_vjp`` on the kernel
-      path) w.r.t. q, k, v and bias; the mask gets no gradient.
+      path) w.r.t. q, k, v, bias, the float captures and sinks; masks get no gradient.
     """
     layout = _check_layout(layout)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
@@ -1013,8 +1204,21 @@ def flash_attention(
     mask = None if mask is None else jnp.asarray(mask)
     _validate_arrays(q, k, v, bias, mask, layout)
     causal, mask_is_causal = bool(causal), bool(mask_is_causal)
-    if mask_is_causal and bias is None and mask is None:
-        raise ValueError("flash_attention: mask_is_causal=True needs a bias or a mask")
+    mods = _check_mods(
+        q,
+        k,
+        layout,
+        bias,
+        mask,
+        causal,
+        mask_is_causal,
+        score_mod,
+        mask_mod,
+        captures,
+        band,
+        sinks,
+        masked_rows,
+    )
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else dsp.static_float(scale, "scale")
     reason = _kernel_error(
@@ -1029,8 +1233,30 @@ def flash_attention(
     if reason is None and not (q.dtype == k.dtype == v.dtype):
         reason = f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
     impl = dsp.resolve_impl(impl, reason, "flash_attention")
-    if impl == "xla":
-        return _reference_jit(q, k, v, bias, mask, scale=scale, causal=causal, layout=layout)
+    modified = (
+        mods.score_mod is not None
+        or mods.mask_mod is not None
+        or mods.band is not None
+        or mods.sinks is not None
+        or mods.masked_rows != "uniform"
+    )
+    # Until the kernels implement the modifiers, calls that use them run the reference.
+    if impl == "xla" or modified:
+        return _reference_jit(
+            q,
+            k,
+            v,
+            bias,
+            mask,
+            scale=scale,
+            causal=causal,
+            layout=layout,
+            score_mod=mods.score_mod,
+            mask_mod=mods.mask_mod,
+            captures=mods.captures,
+            sinks=mods.sinks,
+            masked_rows=mods.masked_rows,
+        )
     return _flash_pallas(
         q,
         k,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels import attention_reference, flash_attention
-from pallas_kernels._attention import AttentionBlocks
+from pallas_kernels._attention import MASK_VALUE, AttentionBlocks
 from pypm_testing.kernels import (
     GRAD_TOL,
     assert_close,
@@ -343,3 +343,84 @@ def test_mask_is_causal_needs_a_mask_or_bias():
     q, k, v = attention_inputs(1, "BSHD", 1, 8, 8, 2, 2, 32, "float32")
     with pytest.raises(ValueError, match="mask_is_causal"):
         flash_attention(q, k, v, mask_is_causal=True, impl="interpret")
+
+
+# ------------------------------------------------------------------ modifiers (reference)
+#
+# The reference defines the semantics of score_mod / mask_mod / captures / sinks /
+# masked_rows; these tests pin it against independent plain-JAX spellings of the same
+# attention (the way model code writes it).
+
+
+def _plain_attention(q, k, v, logits_fn):
+    """BSHD attention whose f32 logits [B, H, Sq, Skv] come from ``logits_fn(s)``."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits_fn(s), axis=-1), v)
+
+
+def _softcap(s, b, h, qi, ki, cap):
+    return jnp.tanh(s / cap) * cap
+
+
+def test_reference_score_mod_is_applied_before_bias_and_masks():
+    q, k, v = attention_inputs(2, "BSHD", 2, 12, 20, 2, 2, 8, "float32")
+    bias = rnd(3, (2, 1, 1, 20))
+    cap = jnp.float32(0.7)
+
+    def mask_mod(b, h, qi, ki, cap):  # every modifier receives every capture
+        return ki <= qi + 4
+
+    out = attention_reference(q, k, v, bias, score_mod=_softcap, mask_mod=mask_mod, captures=(cap,))
+    keep = jnp.arange(20)[None, :] <= jnp.arange(12)[:, None] + 4
+    want = _plain_attention(
+        q, k, v, lambda s: jnp.where(keep, jnp.tanh(s / cap) * cap + bias, MASK_VALUE)
+    )
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_sinks_equal_a_concatenated_sink_logit():
+    """GPT-OSS spelling: a per-head logit concatenated before the softmax, sliced off after."""
+    q, k, v = attention_inputs(4, "BSHD", 1, 9, 9, 3, 3, 8, "float32")
+    sinks = jnp.asarray([0.5, -1.0, 3.0])
+    out = attention_reference(q, k, v, causal=True, sinks=sinks)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(8)
+    s = jnp.where(jnp.tril(jnp.ones((9, 9), bool)), s, MASK_VALUE)
+    sink_col = jnp.broadcast_to(sinks[None, :, None, None], s.shape[:3] + (1,))
+    p = jax.nn.softmax(jnp.concatenate([s, sink_col], axis=-1), axis=-1)[..., :-1]
+    np.testing.assert_allclose(out, jnp.einsum("bhqk,bkhd->bqhd", p, v), rtol=1e-5, atol=1e-5)
+
+
+def test_reference_zero_rows_are_keras_rezeroing():
+    """masked_rows="zero" is Keras's ``where(mask, softmax, 0)``: only fully masked rows
+    change (to 0)."""
+    c = Case("left", sq=12, skv=12, causal=True, mask="left")
+    q, k, v, _, mask = _operands(c)
+    uniform = attention_reference(q, k, v, mask=mask, causal=True)
+    zero = attention_reference(q, k, v, mask=mask, causal=True, masked_rows="zero")
+    keep = jnp.logical_and(mask, jnp.tril(jnp.ones((12, 12), bool)))
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    p = jnp.where(keep, jax.nn.softmax(jnp.where(keep, s, MASK_VALUE), axis=-1), 0.0)
+    np.testing.assert_allclose(zero, jnp.einsum("bhqk,bkhd->bqhd", p, v), atol=1e-6)
+    assert float(jnp.max(jnp.abs(zero[0, :5]))) == 0.0 and float(jnp.max(jnp.abs(zero[1]))) == 0.0
+    np.testing.assert_allclose(zero[0, 5:], uniform[0, 5:], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(band=(3, 1), causal=True), "band=.3, 1. is empty"),
+        (dict(band=(-2, 2)), "nothing masks them"),
+        (dict(band=(0.5, None), causal=True), "band.0. must be an int"),
+        (dict(sinks=jnp.zeros(3)), "sinks must be a float array of shape"),
+        (dict(masked_rows="nan"), "masked_rows must be one of"),
+        (dict(captures=(jnp.zeros(3),)), "captures need a score_mod"),
+        (dict(score_mod=_softcap, captures=(jnp.zeros((5, 1)),)), "captures.0. shape"),
+        (dict(score_mod=3), "score_mod must be callable"),
+        (dict(mask_is_causal=True), "mask_is_causal"),
+    ],
+)
+def test_modifier_arguments_are_validated(kwargs, match):
+    q, k, v = attention_inputs(1, "BSHD", 1, 8, 8, 2, 2, 16, "float32")
+    for fn in (attention_reference, flash_attention):
+        with pytest.raises((ValueError, TypeError), match=match):
+            fn(q, k, v, **kwargs)
