@@ -1195,7 +1195,8 @@ def _score_grads(
                 vals[i] = c
             return _apply_score_mod(cfg.score_mod, s, idx, tuple(vals))
 
-        s, caps_vjp = jax.vjp(modded, tuple(capv[i] for i in floats))
+        fcaps = tuple(capv[i] for i in floats)
+        s, caps_vjp = jax.vjp(modded, fcaps) if floats else (modded(fcaps), None)
     if bias is not None:
         s = s + bias.astype(jnp.float32)
     keep = None if mask is None else (mask != 0)
@@ -1218,7 +1219,7 @@ def _score_grads(
         axes = tuple(i for i, full in enumerate(cfg.bias_full) if not full)
         dbias = ds.sum(axis=axes, keepdims=True).astype(bias.dtype)
     dcaps = list(no_caps)
-    if caps_vjp is not None and floats:
+    if caps_vjp is not None:
         (grads,) = caps_vjp(ds)
         for i, gr in zip(floats, grads, strict=True):
             dcaps[i] = gr.astype(caps[i].dtype)
