@@ -501,6 +501,14 @@ class Optimized:
         entry, _, _ = self._entry(args, kwargs)
         return entry.report()
 
+    def missed(self, *args: Any, **kwargs: Any) -> Any:
+        """The attention-like and GEMM+activation-like sites of this signature's program
+        that no rule rewrote, each with the deepest check that stopped the rules, in words
+        (a :class:`~pypm_jax.jax.missed.MissedReport`)."""
+        from .missed import missed_sites
+
+        return missed_sites(self.lifted(*args, **kwargs), self._rule_defs())
+
     def lifted(self, *args: Any, **kwargs: Any) -> LiftedProgram:
         """The lifted program for this signature, rewritten with this function's rules."""
         entry, key, flat = self._entry(args, kwargs)
