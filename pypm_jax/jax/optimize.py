@@ -51,6 +51,10 @@ from .report import (
 
 log = logging.getLogger("pypm_jax.optimize")
 
+# Every optimized function verifies (as with ``verify=True``) when this is true: set by
+# ``PYPM_VERIFY=1`` at import, or by the pytest plugin's ``--pypm-verify``.
+VERIFY_ALL = os.environ.get("PYPM_VERIFY", "") not in ("", "0")
+
 # ------------------------------------------------------------------------------ rewriting
 
 
@@ -472,7 +476,7 @@ class Optimized:
             if not self._recover(args, kwargs, exc):
                 raise
             out = jitted(*args, **kwargs)
-        if self.verify:
+        if self.verify or VERIFY_ALL:
             self._maybe_verify(args, kwargs, out)
         return out
 
