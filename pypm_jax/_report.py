@@ -73,16 +73,21 @@ def _is_kernel(b: Built) -> bool:
     return b.op in _DESCRIBERS or not b.op.namespace.startswith("jax")
 
 
+def _typed(text: str) -> str:
+    """A printed type, empty when nothing of it is known (``?[?]``)."""
+    return "" if text == "?[?]" else text
+
+
 def describe_record(r: RewriteRecord) -> KernelInfo:
     """The kernel a rewrite made, described by its operator's describer; ``-`` when the rule
     built JAX primitives only (a normalization), with the type of what it built."""
     kernels = [b for b in r.built if _is_kernel(b)]
     if not kernels:
-        return KernelInfo("-", r.built[-1].type if r.built else "")
+        return KernelInfo("-", _typed(r.built[-1].type) if r.built else "")
     b = kernels[-1]  # the outermost: a rule builds a result's inputs first
     fn = _DESCRIBERS.get(b.op)
     if fn is None:
-        return KernelInfo(b.op.name, b.type)
+        return KernelInfo(b.op.name, _typed(b.type))
     try:
         return fn(b.attrs, b.type)
     except Exception as exc:  # noqa: BLE001 - a report must print: say what went wrong
@@ -209,24 +214,65 @@ def _cut(cell: str, w: int, path: bool) -> str:
     return "..." + (tail[slash:] if 0 <= slash < len(tail) - 1 else tail)
 
 
+def _common_dir(cells: Sequence[str]) -> str:
+    """The leading ``/``-separated components every cell shares (each keeps at least its
+    last component), with the trailing ``/``; empty when there are none."""
+    parts = [c.split("/")[:-1] for c in cells if c != "-"]
+    if not parts:
+        return ""
+    common = []
+    for names in zip(*parts, strict=False):
+        if any(n != names[0] for n in names):
+            break
+        common.append(names[0])
+    return "/".join(common) + "/" if common else ""
+
+
+def _strip_common(
+    header: Sequence[str], body: list[tuple[str, ...]]
+) -> tuple[list[tuple[str, ...]], list[str]]:
+    """The rows with the module paths' and sources' shared leading components taken out,
+    and a line per column saying what they were."""
+    notes = []
+    for name in _PATHS:
+        if name not in header:
+            continue
+        c = header.index(name)
+        prefix = _common_dir([r[c] for r in body])
+        if prefix:
+            label = f"{name}s under "
+            notes.append(label + _cut(prefix, WIDTH - len(label), True))
+            n = len(prefix)
+            body = [(*r[:c], r[c][n:] if r[c] != "-" else r[c], *r[c + 1 :]) for r in body]
+    return body, notes
+
+
+def _natural(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[int]:
+    return [max(len(r[c]) for r in [header, *body]) for c in range(len(header))]
+
+
 def table(rows: Sequence[Mapping[str, Any]], printable: Callable[[str], str]) -> str:
     """The :func:`final` rows as a table at most :data:`WIDTH` columns wide (without the
-    module column when no row has a module path)."""
+    module column when no row has a module path). When the rows are too wide, the leading
+    components all module paths (or all sources) share are said once above the table."""
     body = [_cells(d, printable) for _, d in final(rows)]
     keep = [
         c for c, name in enumerate(_HEADER) if name != "module" or any(r[c] != "-" for r in body)
     ]
     header = tuple(_HEADER[c] for c in keep)
     body = [tuple(r[c] for c in keep) for r in body]
-    natural = [max(len(r[c]) for r in [header, *body]) for c in range(len(header))]
-    widths = _fit(header, natural, WIDTH)
+    notes: list[str] = []
+    if sum(_natural(header, body)) + 2 * (len(header) - 1) > WIDTH:
+        body, notes = _strip_common(header, body)
+    widths = _fit(header, _natural(header, body), WIDTH)
     paths = [name in _PATHS for name in header]
-    return "\n".join(
+    lines = [
         "  ".join(
             _cut(cell, w, path).ljust(w) for cell, w, path in zip(r, widths, paths, strict=True)
         ).rstrip()
         for r in [header, *body]
-    )
+    ]
+    return "\n".join([*notes, *lines])
 
 
 def _module_group(path: str | None) -> str:
@@ -238,6 +284,8 @@ def _module_group(path: str | None) -> str:
 
 
 def _kernel_key(d: Mapping[str, Any]) -> str:
+    if d["kernel"] == "-":
+        return "no kernel"
     flags = ",".join(d["flags"])
     return f"{d['kernel']}[{flags}]" if flags else d["kernel"]
 

@@ -36,6 +36,9 @@ def test_the_report_names_kernels_shapes_and_flags_one_row_per_kernel_that_runs(
     text = str(report)
     lines = text.splitlines()
     assert all(len(line) <= 100 for line in lines), text
+    # too wide with the whole path: the sources' shared directory is said once, above
+    assert lines[0].startswith("sources under ") and lines[0].endswith("tests/jax/"), text
+    lines = lines[1:]
     # the attention was rewritten twice (the causal mask folded in): one row, the last rule
     rows = [line.split() for line in lines[1:3]]
     assert [r[:5] for r in rows] == [
@@ -81,10 +84,11 @@ def test_long_cells_are_cut_to_fit_and_layers_group_as_one_module():
     text = str(report)
     lines = text.splitlines()
     assert all(len(line) <= 100 for line in lines), text
-    assert "model.py:21" in lines[12] and lines[12].split()[-2].endswith(
-        "query"
-    )  # paths keep their ends
-    assert "a_rule_with_a_rather_long_name" in lines[1]
+    assert lines[0] == "modules under FlaxBertForMaskedLMModule/bert/encoder/layer/"
+    assert lines[1].startswith("sources under ...") and lines[1].endswith("_name/")
+    last = lines[14].split()
+    assert last[-1] == "model.py:21" and last[-2].endswith("query")  # paths keep their ends
+    assert "a_rule_with_a_rather_long_name" in lines[3]
     assert "by module: FlaxBertForMaskedLMModule/bert/encoder/layer/*/attention/self/query x12" in (
         text.replace("\n  ", " ")
     )
