@@ -79,3 +79,20 @@ def test_a_guard_functions_refusal_reaches_the_explanation():
     assert e.best.failure.reason == "last axis 16 is over 8"
     assert "is false: last axis 16 is over 8" in str(e)
     assert bool(pm.Refusal("no")) is False and pm.Refusal("a") == pm.Refusal("a")
+
+
+def test_an_nnx_module_says_what_it_missed():
+    from flax import nnx
+
+    from pypm_jax.jax import nnx_optimize
+
+    class Mlp(nnx.Module):
+        def __init__(self):
+            self.dense = nnx.Linear(64, 128, rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            h = self.dense(x)
+            return jnp.tanh(h), h  # the product is read twice: the epilogue refuses
+
+    (site,) = nnx_optimize(Mlp()).missed(X)
+    assert site.kind == "gemm" and "single-use" in site.reason
