@@ -2,8 +2,9 @@
 rewrote, each with the deepest check that stopped the rules, in words.
 
 A site is found by its shape in the rewritten program, whatever the spelling: *attention-like*
-is a ``dot_general`` whose operand comes, through elementwise ops and reductions only, from an
-``exp`` normalized by a ``reduce_sum`` (a softmax) that itself reads another ``dot_general``;
+is a ``dot_general`` of matrices whose operand comes, through elementwise ops, reductions and
+products with vectors (a head mask), from an ``exp`` normalized by a ``reduce_sum`` (a softmax)
+of another such ``dot_general``;
 *GEMM+activation-like* is a ``dot_general`` whose value reaches a nonlinear pointwise op
 (``tanh``, ``logistic``, ``erf``, ``max``, ...) through a few elementwise ops. Sites the rules
 rewrote are gone from the rewritten program, so every site found was missed.
@@ -109,6 +110,16 @@ def _users(n: Node) -> Iterator[Node]:
         yield from list(v._users)  # (a list or a dict of readers)
 
 
+def _contraction(n: Node) -> bool:
+    """A ``dot_general`` of two matrices or more: a GEMM or an attention product (a product
+    with a vector, such as a per-head mask ``einsum("bhqk,h->bhqk")``, only scales)."""
+    return (
+        n.op.name == "dot_general"
+        and n.op.namespace == "jax"
+        and all(v.shape is not None and len(v.shape) >= 2 for v in n.inputs)
+    )
+
+
 def _softmax_source(d2: Node) -> Node | None:
     """The scores' ``dot_general`` behind the softmax one of ``d2``'s operands is, or None."""
     seen: set[int] = set()
@@ -120,11 +131,11 @@ def _softmax_source(d2: Node) -> Node | None:
             continue
         seen.add(n.id)
         name = n.op.name
-        if name == "dot_general":
+        if _contraction(n):
             if {"exp", "reduce_sum"} <= ops:
                 return n
             continue
-        if name in _THROUGH:
+        if name in _THROUGH or name == "dot_general":
             ops.add(name)
             stack.extend(_producers(n))
     return None
@@ -151,7 +162,7 @@ def _sites(g: Graph) -> list[tuple[str, Node, list[Node]]]:
     """(kind, anchor, starts) of the attention-like and GEMM+activation-like sites: the
     anchor is the site's (values') ``dot_general``; a rule for the site starts at a start
     or below it (the values' ``dot_general``, the activation)."""
-    dots = [n for n in g.nodes() if n.op.name == "dot_general" and n.op.namespace == "jax"]
+    dots = [n for n in g.nodes() if _contraction(n)]
     out: list[tuple[str, Node, list[Node]]] = []
     in_attention: set[int] = set()
     for d2 in dots:

@@ -96,3 +96,18 @@ def test_an_nnx_module_says_what_it_missed():
 
     (site,) = nnx_optimize(Mlp()).missed(X)
     assert site.kind == "gemm" and "single-use" in site.reason
+
+
+def _head_masked(q, k, v, head_mask):
+    p = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k), -1)
+    p = jnp.einsum("bhqk,h->bhqk", p, head_mask)  # a product with a vector only scales
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+def test_the_site_is_the_values_product_not_a_head_mask_product_on_the_way():
+    small = jnp.ones((2, 16, 4, 16))
+    (site,) = pm.optimize(_head_masked).missed(small, small, small, jnp.ones(4))
+    assert site.kind == "attention" and site.source.line == 104
+    # the rules take a head mask of ones only (what Hugging Face passes for none): that stops
+    # them before the head dim is looked at
+    assert "head_mask_identity" in site.reason and "rules/attention.py:" in site.reason
