@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -123,3 +125,16 @@ def test_pypm_verify_turns_verification_on_for_a_whole_run(pytester):
         ["*VerificationError: the rewritten program differs*", "*twice (Exp)*"]
     )
     assert optimize_module.VERIFY_ALL is False  # the inner run left the outer as it was
+
+
+def test_pypm_verify_in_the_environment_turns_verification_on():
+    import subprocess
+    import sys
+
+    code = "import importlib; print(importlib.import_module('pypm_jax.jax.optimize').VERIFY_ALL)"
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    env = {**os.environ, "PYPM_VERIFY": "1", "PYTHONPATH": os.path.abspath(root)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "True"
