@@ -3,6 +3,8 @@
 * :func:`flash_attention` / :func:`attention_reference` / :func:`supports_attention`
 * :func:`gemm_epilogue` (``act(x @ w + b)``), :func:`gemm_fused` (any elementwise
   epilogue), their references, :func:`supports_gemm` and :data:`ACTIVATIONS`.
+* :func:`attention_unsupported` / :func:`gemm_unsupported`: why ``supports_*`` is False,
+  in words (what ``pm.explain`` shows when a rule does not fire for that reason).
 
 Implementation selection (``impl`` argument of every kernel):
 
@@ -23,6 +25,8 @@ the override) that cannot run raises ``ValueError``; nothing falls back silently
 
 from __future__ import annotations
 
+from typing import Any
+
 from ._attention import attention_reference, flash_attention, supports_attention
 from ._dispatch import ENV_VAR, IMPLS
 from ._gemm import (
@@ -36,6 +40,8 @@ from ._gemm import (
 
 __all__ = [
     "ACTIVATIONS",
+    "attention_unsupported",
+    "gemm_unsupported",
     "ENV_VAR",
     "IMPLS",
     "attention_reference",
@@ -47,3 +53,29 @@ __all__ = [
     "supports_attention",
     "supports_gemm",
 ]
+
+
+def attention_unsupported(
+    q_shape: Any,
+    k_shape: Any,
+    v_shape: Any,
+    dtype: Any,
+    *,
+    layout: str = "BSHD",
+    bias_shape: Any = None,
+    mask_shape: Any = None,
+) -> str | None:
+    """Why :func:`supports_attention` is False for these arguments (e.g. ``head dim 300
+    outside the supported range [1, 256]``); None when it is True."""
+    from ._attention import _kernel_error
+
+    return _kernel_error(q_shape, k_shape, v_shape, dtype, layout, bias_shape, mask_shape)
+
+
+def gemm_unsupported(
+    x_shape: Any, w_shape: Any, dtype: Any, *, bias_shape: Any = None
+) -> str | None:
+    """Why :func:`supports_gemm` is False for these arguments; None when it is True."""
+    from ._gemm import _kernel_error
+
+    return _kernel_error(x_shape, w_shape, dtype, () if bias_shape is None else (bias_shape,))

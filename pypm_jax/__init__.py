@@ -24,6 +24,7 @@ from ._errors import (
 from ._frontend import Op, PatternFunction, Rule, op, opclass, pattern, rule, var
 from ._frontend import as_pattern_def as _as_pattern_def
 from ._frontend import as_rule_def as _as_rule_def
+from ._guards import Refusal
 from ._match import Match
 from ._registry import guard_fn
 from ._terms import OpClass, Operator, Term, const, leaf
@@ -37,6 +38,7 @@ __all__ = [
     "Op",
     "opclass",
     "guard_fn",
+    "Refusal",
     "const",
     "leaf",
     "Operator",

@@ -58,7 +58,7 @@ from ._engine import match_all
 from ._errors import PatternDefinitionError, SourceLoc
 from ._fast import compile_pattern, root_operators
 from ._graph import Graph, Value
-from ._guards import Undefined, eval_expr, guard_holds
+from ._guards import Refusal, Undefined, eval_expr, guard_holds
 from ._match import Match
 from ._rewrite import _Driver
 from ._subst import FreshNames, unfold
@@ -135,6 +135,7 @@ class Failure:
     guard: str | None = None  # the guard in the calculus' notation
     loc: SourceLoc | None = None  # where the user wrote it
     values: tuple[tuple[str, str], ...] = ()  # what the guard read: ("x.rank", "3")
+    reason: str | None = None  # why, in words, where a guard function said (pm.Refusal)
 
     def __str__(self) -> str:
         lines = [self.message]
@@ -526,16 +527,28 @@ def _refusal(rule: RuleDef, m: Match, theta: dict, phi: dict) -> tuple[tuple[Ste
     false = _first_false(cond, theta, phi)
     reads = _reads(false, theta, phi)
     several = f" (no branch of {len(rule.branches)} applies)" if len(rule.branches) > 1 else ""
+    reason = _reason(false, theta, phi)
+    because = f": {reason}" if reason is not None else ""
     failure = Failure(
         "guard_failed",
-        f"rule {rule.name}: guard {_clip(show_expr(false))} is false{several}",
+        f"rule {rule.name}: guard {_clip(show_expr(false))} is false{several}{because}",
         fragment=false,
         term=m.root,
         guard=show_expr(false),
         loc=loc,
         values=reads,
+        reason=reason,
     )
     return steps, failure
+
+
+def _reason(e: Expr, theta: dict, phi: dict) -> str | None:
+    """The words of a false guard that is a guard function's :class:`Refusal`, else None."""
+    try:
+        value = eval_expr(e, theta, phi)
+    except Undefined:
+        return None
+    return value.reason if isinstance(value, Refusal) else None
 
 
 def _single_use_refusal(rule: RuleDef, driver: _Driver, root: Value, region: list) -> Failure:

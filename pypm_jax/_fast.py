@@ -89,8 +89,8 @@ from ._calculus import (
 )
 from ._dtypes import DType
 from ._errors import PatternDefinitionError
+from ._guards import Refusal, guard_holds, op_attr
 from ._guards import binary as guard_binary
-from ._guards import guard_holds, op_attr
 from ._match import Match
 from ._subst import FreshNames, unfold
 from ._terms import CONST, UNDEFINED, Operator, const_equal, term_attr
@@ -178,6 +178,8 @@ def _truth(v: Any) -> bool:
         return False
     if isinstance(v, bool | int | np.bool_ | np.integer):
         return bool(v)
+    if isinstance(v, Refusal):
+        return False
     raise _Undef
 
 

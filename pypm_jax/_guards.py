@@ -13,6 +13,7 @@ once, rather than computing a 10-million-digit number.
 from __future__ import annotations
 
 __all__ = [
+    "Refusal",
     "Undefined",
     "TooLarge",
     "MAX_RESULT_BITS",
@@ -153,9 +154,34 @@ def op_attr(op: Operator, attr: str) -> Any:
     return value
 
 
+class Refusal:
+    """A false truth value that says why: what a guard function returns instead of
+    ``False`` (``return pm.Refusal(f"head dim {d} is outside 1..256")``) so that
+    ``pm.explain`` and ``missed`` can say, in words, what stopped a rule."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = str(reason)
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Refusal) and other.reason == self.reason
+
+    def __hash__(self) -> int:
+        return hash(("Refusal", self.reason))
+
+    def __repr__(self) -> str:
+        return f"Refusal({self.reason!r})"
+
+
 def _truth(value: Any) -> bool:
     if isinstance(value, bool | np.bool_ | int | np.integer):
         return bool(value)
+    if isinstance(value, Refusal):
+        return False
     raise Undefined(f"{value!r} is not a truth value")
 
 

@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import _report
 from ._calculus import (
     ECall,
     EConst,
@@ -99,6 +100,7 @@ from ._graph import _NO_ATTRS, Graph, Node, Value, _show_type
 from ._guards import Undefined, eval_expr, guard_holds
 from ._match import Match
 from ._registry import collect_guard_failures
+from ._report import Built
 from ._subst import FreshNames, unfold
 from ._terms import CONST, LEAF, Term
 
@@ -146,6 +148,8 @@ class RewriteRecord:
     module_path: str | None  # e.g. the Flax module of the root node
     op: str = ""  # the root node's operator
     created: tuple[int, ...] = ()  # ids of the nodes the rewrite added
+    # the nodes the rewrite added (operator, attributes, type), for the report's kernel columns
+    built: tuple[Built, ...] = dataclasses.field(default=(), compare=False)
 
     def __str__(self) -> str:
         where = f" at {self.source}" if self.source is not None else ""
@@ -156,7 +160,13 @@ class RewriteRecord:
 
 
 class RewriteReport(list[RewriteRecord]):
-    """The rewrites in the order they fired; ``str()`` is a table."""
+    """The rewrites in the order they fired.
+
+    ``str()`` is a table at most 100 columns wide: rule, kernel, its shape/dtype and flags,
+    the number of nodes replaced, the module path and the source line (see
+    :mod:`pypm_jax._report`), followed, for two rewrites or more, by :meth:`summary`.
+    ``to_dict()`` is the same as plain data (``json.dumps`` takes it).
+    """
 
     def counts(self) -> dict[str, int]:
         """How many times each rule fired, in order of first firing."""
@@ -165,31 +175,29 @@ class RewriteReport(list[RewriteRecord]):
             out[r.rule] = out.get(r.rule, 0) + 1
         return out
 
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per rewrite: on (the index of the earlier rewrite whose result it
+        rewrote, or None), rule, pattern, kernel, shape, flags, replaced (how many nodes), op
+        (the root's operator), module, source (file relative to the working directory or its
+        package, and line)."""
+        return _report.rows(self)
+
+    def summary(self) -> str:
+        """The rewrites counted by kernel (with flags) and by module (layer numbers as ``*``)."""
+        return _report.summary(self.rows(), printable)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"rewrites": rows(), "by_kernel": {...}, "by_module": {...}}``."""
+        rows = self.rows()
+        by = _report.groups(rows)
+        return {"rewrites": rows, "by_kernel": by["kernels"], "by_module": by["modules"]}
+
     def __str__(self) -> str:
         if not self:
             return "no rewrites"
-        header = ("#", "rule", "pattern", "root", "replaced", "source", "module")
-        rows = [
-            tuple(
-                printable(cell)
-                for cell in (
-                    str(i),
-                    r.rule,
-                    r.pattern,
-                    f"%{r.root} {r.op}",
-                    " ".join(f"%{n}" for n in r.replaced),
-                    str(r.source) if r.source is not None else "-",
-                    r.module_path or "-",
-                )
-            )
-            for i, r in enumerate(self)
-        ]
-        widths = [max(len(row[c]) for row in [header, *rows]) for c in range(len(header))]
-        lines = [
-            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-            for row in [header, *rows]
-        ]
-        return "\n".join(lines)
+        rows = self.rows()
+        text = _report.table(rows, printable)
+        return f"{text}\n\n{_report.summary(rows, printable)}" if len(rows) > 1 else text
 
 
 @dataclass(frozen=True, slots=True)
@@ -691,6 +699,11 @@ class _Driver:
             module_path=rnode._meta.get("module_path") if rnode._meta else None,
             op=rnode.op.name,
             created=tuple(n.id for n in created.values() if n._alive),
+            built=tuple(
+                Built(n.op, n.attrs, _show_type(n.outputs[0].shape, n.outputs[0].dtype))
+                for n in created.values()
+                if n._alive and n.outputs
+            ),
         )
         self.report.append(record)
         self.parents.append(self.made_by.get(rnode.id))
@@ -894,9 +907,7 @@ def rewrite(
         raise ValueError(f"unknown engine {engine!r}: expected one of {ENGINES}")
     limit = 4 * len(graph) + 1000 if max_iterations is None else max_iterations
     budget = MATCH_BUDGET if isinstance(match_budget, _Default) else match_budget
-    driver = _Driver(
-        graph, rules, engine, limit, shareable, check_types, weak_type, budget
-    )
+    driver = _Driver(graph, rules, engine, limit, shareable, check_types, weak_type, budget)
     with collect_guard_failures() as failures:
         if graph._journal is not None:  # (inside a caller's undoable change: theirs to undo)
             driver.run()

@@ -2,7 +2,8 @@
 
 ``from pypm_jax.jax import prims`` gives the JAX primitive operators (``prims.dot_general``,
 ``prims.exp``, ...; see :mod:`pypm_jax.jax.primitives` for how params become attrs);
-``register_impl(op, fn)`` gives a replacement operator its implementation;
+``register_impl(op, fn)`` gives a replacement operator its implementation and
+``register_describe(op, fn)`` what reports say about it (a :class:`KernelInfo`);
 ``optimize(fn)`` is ``pm.optimize``; ``optimize_module`` / ``nnx_optimize`` are the Flax
 helpers (:mod:`pypm_jax.jax.flax`). The core language never imports this package.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._report import KernelInfo, register_describe
 from . import primitives
 from . import primitives as prims
 from .impls import KERNEL_IMPLS, register_impl
@@ -31,6 +33,8 @@ __all__ = [
     "OPS",
     "KERNEL_IMPLS",
     "register_impl",
+    "register_describe",
+    "KernelInfo",
     "lift",
     "LiftedProgram",
     "lower",

@@ -83,6 +83,11 @@ class NNXOptimized:
         graphdef, state = self._nnx.split(self.module)
         return self.optimized.report(graphdef, state, *args, **kwargs)
 
+    def missed(self, *args: Any, **kwargs: Any) -> Any:
+        """The sites no rule rewrote, and why (see :meth:`Optimized.missed`)."""
+        graphdef, state = self._nnx.split(self.module)
+        return self.optimized.missed(graphdef, state, *args, **kwargs)
+
 
 def nnx_optimize(
     module: Any,

@@ -51,6 +51,10 @@ from .report import (
 
 log = logging.getLogger("pypm_jax.optimize")
 
+# Every optimized function verifies (as with ``verify=True``) when this is true: set by
+# ``PYPM_VERIFY=1`` at import, or by the pytest plugin's ``--pypm-verify``.
+VERIFY_ALL = os.environ.get("PYPM_VERIFY", "") not in ("", "0")
+
 # ------------------------------------------------------------------------------ rewriting
 
 
@@ -472,7 +476,7 @@ class Optimized:
             if not self._recover(args, kwargs, exc):
                 raise
             out = jitted(*args, **kwargs)
-        if self.verify:
+        if self.verify or VERIFY_ALL:
             self._maybe_verify(args, kwargs, out)
         return out
 
@@ -500,6 +504,14 @@ class Optimized:
         """The rewrites for this call signature (traces and rewrites it if needed)."""
         entry, _, _ = self._entry(args, kwargs)
         return entry.report()
+
+    def missed(self, *args: Any, **kwargs: Any) -> Any:
+        """The attention-like and GEMM+activation-like sites of this signature's program
+        that no rule rewrote, each with the deepest check that stopped the rules, in words
+        (a :class:`~pypm_jax.jax.missed.MissedReport`)."""
+        from .missed import missed_sites
+
+        return missed_sites(self.lifted(*args, **kwargs), self._rule_defs())
 
     def lifted(self, *args: Any, **kwargs: Any) -> LiftedProgram:
         """The lifted program for this signature, rewritten with this function's rules."""

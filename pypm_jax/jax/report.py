@@ -10,6 +10,7 @@ __all__ = [
     "tolerance",
 ]
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,9 +46,11 @@ class OptimizeReport(RewriteReport):
     """The rewrites in firing order (outer program first, then scan/while/cond bodies).
 
     ``fallback`` is the reason the original program runs instead, or None; ``disabled`` why
-    each rule left out for this signature was. ``str()`` is a table: rule, pattern, root,
-    replaced nodes, the user's source line, the Flax module path (names escaped: one line
-    per row whatever they hold).
+    each rule left out for this signature was. ``str()`` is a table at most 100 columns
+    wide, one row per kernel that runs: rule, kernel, its shapes/dtype and flags, the number
+    of nodes replaced, the Flax module path, the user's source line (names escaped: one line
+    per row whatever they hold), then counts by kernel and by module. ``to_dict()`` /
+    ``to_json()`` give every rewrite as data.
     """
 
     fallback: str | None = None
@@ -64,6 +67,14 @@ class OptimizeReport(RewriteReport):
         out.fallback = fallback
         out.disabled = tuple(disabled)
         return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rewrites, counts by kernel and module, ``fallback`` and ``disabled``."""
+        return {**super().to_dict(), "fallback": self.fallback, "disabled": list(self.disabled)}
+
+    def to_json(self, **kwargs: Any) -> str:
+        """:meth:`to_dict` as JSON (``kwargs`` go to ``json.dumps``, e.g. ``indent=2``)."""
+        return json.dumps(self.to_dict(), **kwargs)
 
     def __str__(self) -> str:
         lines = [f"rule left out: {printable(why)}" for why in self.disabled]

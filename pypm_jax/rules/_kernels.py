@@ -15,10 +15,14 @@ from __future__ import annotations
 
 __all__ = ["FlashAttention", "GemmEpilogue"]
 
+from collections.abc import Mapping
+from math import prod
 from typing import Any
 
 import pypm_jax as pm
 
+from .._dtypes import as_dtype
+from .._report import KernelInfo, register_describe
 from ..jax import register_impl
 from ._plans import AttentionPlan, GemmPlan
 
@@ -103,3 +107,48 @@ def gemm_epilogue_impl(x: Any, w: Any, bias: Any, *, plan: GemmPlan) -> Any:
     b = jnp.reshape(bias, (plan.n,)) if plan.bias else None
     out = gemm_epilogue(x, w, b, activation=plan.activation)
     return out.astype(plan.out_dtype)
+
+
+# ------------------------------------------------------------------- report describers
+
+
+def _short_dtype(name: str) -> str:
+    dt = as_dtype(name)
+    return dt.name if dt is not None else name
+
+
+@register_describe(FlashAttention)
+def describe_attention(attrs: Mapping[str, Any], _type: str) -> KernelInfo:
+    """``attention  f32 B2 H8/2 S128x256 D64  causal,bias``: batch, query/kv heads (one
+    number without GQA), query x key lengths (one when equal), head dim; the flags say which
+    kernel features the site uses."""
+    plan: AttentionPlan = attrs["plan"]
+    q, k = plan.kernel_shapes[0], plan.kernel_shapes[1]
+    axes = {"BHSD": (0, 1, 2), "BSHD": (0, 2, 1)}[plan.layout]  # B, H, S
+    b, hq, sq = (q[a] for a in axes)
+    hk, sk = k[axes[1]], k[axes[2]]
+    heads = f"H{hq}" if hq == hk else f"H{hq}/{hk}"
+    seq = f"S{sq}" if sq == sk else f"S{sq}x{sk}"
+    flags = [
+        name
+        for name, on in (
+            ("causal", plan.causal or plan.mask_is_causal),
+            ("mask", plan.mask),
+            ("bias", plan.bias),
+        )
+        if on
+    ]
+    return KernelInfo(
+        "attention", f"{_short_dtype(plan.dtype)} B{b} {heads} {seq} D{q[-1]}", tuple(flags)
+    )
+
+
+@register_describe(GemmEpilogue)
+def describe_gemm(attrs: Mapping[str, Any], _type: str) -> KernelInfo:
+    """``gemm  f32 256x512x1024  gelu,bias``: M x K x N (M all rows of x)."""
+    plan: GemmPlan = attrs["plan"]
+    m = prod(plan.out_shape[:-1])
+    flags = tuple(
+        f for f, on in ((plan.activation, plan.activation != "none"), ("bias", plan.bias)) if on
+    )
+    return KernelInfo("gemm", f"{_short_dtype(plan.dtype)} {m}x{plan.k}x{plan.n}", flags)

@@ -48,6 +48,7 @@ __all__ = [
 
 from typing import Any, NamedTuple
 
+from .._guards import Refusal
 from .._registry import guard_fn
 
 # --------------------------------------------------------------------------- helpers
@@ -571,16 +572,18 @@ def dpa_plan(
 
 
 @guard_fn("rules.attention_supported")
-def attention_supported(plan: Any) -> bool:
-    """Does ``pallas_kernels.flash_attention`` take this plan's shapes and dtype?"""
+def attention_supported(plan: Any) -> bool | Refusal:
+    """Does ``pallas_kernels.flash_attention`` take this plan's shapes and dtype? (A
+    :class:`~pypm_jax.Refusal` saying why not, for ``pm.explain``.)"""
     if not isinstance(plan, AttentionPlan):
-        return False
-    from pallas_kernels import supports_attention  # pure Python; no JAX tracing
+        return Refusal("no attention plan: the operands do not form [B, H, S, D] attention")
+    from pallas_kernels import attention_unsupported  # pure Python; no JAX tracing
 
     q, k, v, bias, mask = plan.kernel_shapes
-    return supports_attention(
+    why = attention_unsupported(
         q, k, v, plan.dtype, layout=plan.layout, bias_shape=bias, mask_shape=mask
     )
+    return True if why is None else Refusal(f"the attention kernel does not take it: {why}")
 
 
 # --------------------------------------------------------------------- causal masks
@@ -804,18 +807,22 @@ def gemm_plan(
 
 
 @guard_fn("rules.gemm_supported")
-def gemm_supported(plan: Any, x_shape: Any) -> bool:
-    """Does ``pallas_kernels.gemm_epilogue`` take this plan's shapes and dtype?"""
+def gemm_supported(plan: Any, x_shape: Any) -> bool | Refusal:
+    """Does ``pallas_kernels.gemm_epilogue`` take this plan's shapes and dtype? (A
+    :class:`~pypm_jax.Refusal` saying why not, for ``pm.explain``.)"""
     if not isinstance(plan, GemmPlan):
-        return False
-    from pallas_kernels import supports_gemm
+        return Refusal(
+            "no GEMM plan: not x[..., K] @ w[K, N] with one dtype, no batch axes, a bias of N"
+        )
+    from pallas_kernels import gemm_unsupported
 
     x = _ints(x_shape)
     if x is None:
-        return False
-    return supports_gemm(
+        return Refusal("x has no static shape")
+    why = gemm_unsupported(
         x, (plan.k, plan.n), plan.dtype, bias_shape=(plan.n,) if plan.bias else None
     )
+    return True if why is None else Refusal(f"the GEMM kernel does not take it: {why}")
 
 
 @guard_fn("rules.bias_vector")
