@@ -6,7 +6,8 @@ fails loudly in one test instead of silently degrading lifting (e.g. losing sour
 
 Used here: ``jax.extend.core`` (Jaxpr, ClosedJaxpr, Literal, Var, Primitive, the primitive
 objects), ``Primitive.get_bind_params`` (how ``eval_jaxpr`` re-binds call primitives),
-``jax._src.source_info_util`` (user frames, name stacks),
+``jax._src.source_info_util`` (user frames, name stacks), ``jax._src.core.auto_insert_reshard``
+(operands of one varying type in a ``shard_map`` body),
 ``jax._src.interpreters.partial_eval.convert_constvars_jaxpr`` (hoisting a body's consts), and
 the params of control-flow equations, whose form changes between JAX versions.
 
@@ -49,6 +50,7 @@ __all__ = [
     "CONTROL_PARAMS",
     "absent_params",
     "adapt_params",
+    "vary_alike",
 ]
 
 import importlib.util
@@ -60,6 +62,7 @@ from typing import Any
 import jax
 import jax.extend.core as _jex
 import jax.extend.core.primitives as _jex_prims
+from jax._src import core as _core
 from jax._src import source_info_util as _siu
 from jax._src.interpreters import partial_eval as _pe
 
@@ -283,11 +286,13 @@ CONTROL_PARAMS: dict[str, tuple[str, ...]] = {
     "scan": ("reverse", "length", "jaxpr", "num_consts", "num_carry", "unroll"),
     "while": ("cond_jaxpr", "body_jaxpr", "cond_nconsts", "body_nconsts"),
     "cond": ("branches",),
+    "shard_map": ("jaxpr", "mesh", "in_specs", "out_specs", "check_vma", "newly_manual_axes"),
 }
 
 
 def control_params(prim_name: str, params: dict[str, Any]) -> dict[str, Any]:
-    """A ``scan``/``while``/``cond`` equation's params in the form :data:`CONTROL_PARAMS` names.
+    """A ``scan``/``while``/``cond``/``shard_map`` equation's params in the form
+    :data:`CONTROL_PARAMS` names.
 
     ``scan``: jax 0.10 has ``num_consts``/``num_carry``; jax 0.11 replaced them by ``ft_in``
     (a flat tree of the (consts, carry, xs) inputs) and ``ft_out`` ((carry, ys)). The body's
@@ -338,3 +343,14 @@ def adapt_params(prim_name: str, params: dict[str, Any]) -> dict[str, Any]:
     """``params`` without the ones the installed JAX does not take for ``prim_name``."""
     absent = absent_params(prim_name)
     return {k: v for k, v in params.items() if k not in absent} if absent else params
+
+
+# ------------------------------------------------------------------------------ shard_map
+
+
+def vary_alike(args: Sequence[Any]) -> list[Any]:
+    """Operands of one operation in a ``shard_map`` body (``check_vma``) made varying over
+    the same manual mesh axes, as JAX's own ``jnp`` operations do before binding: lifting
+    drops the ``pvary`` casts JAX put there, and most primitives demand operands of one
+    varying-axes type. ``jax._src.core.auto_insert_reshard`` is what ``jnp`` calls."""
+    return list(_core.auto_insert_reshard(*args))
