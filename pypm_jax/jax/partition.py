@@ -41,6 +41,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.custom_batching import custom_vmap
 from jax.experimental.custom_partitioning import (
     ArrayMapping,
     CompoundFactor,
@@ -305,8 +306,10 @@ def partitioned(fn: Callable[..., Any], spec: Partitioning, args: Sequence[Any])
     if all(d is None for dims in site.dims for d in dims):
         return fn(*args)  # nothing can be split: the plain call, replicated by XLA
     floats = tuple(i for i, a in enumerate(args) if _is_float(a))
-    fwd = _forward(fn, site, shapes, tuple(out.shape))
-    bwd = _backward(fn, site, shapes, tuple(out.shape), floats)
+    fwd = _batchable(_forward(fn, site, shapes, tuple(out.shape)), _vmapped_forward(fn, spec))
+    bwd = _batchable(
+        _backward(fn, site, shapes, tuple(out.shape), floats), _vmapped_backward(fn, spec, floats)
+    )
 
     @jax.custom_vjp
     def call(*xs: Any) -> Any:
@@ -321,6 +324,62 @@ def partitioned(fn: Callable[..., Any], spec: Partitioning, args: Sequence[Any])
 
     call.defvjp(call_fwd, call_bwd)
     return call(*args)
+
+
+# ------------------------------------------------------------------------------ vmap
+# ``custom_partitioning`` has no batching rule: under ``jax.vmap`` the call is rebuilt as the
+# partitioned call of the vmapped function, the mapped axis one more (splittable) factor.
+
+
+def _batchable(f: Callable[..., Any], rule: Callable[..., Any]) -> Callable[..., Any]:
+    g = custom_vmap(_positional(f))
+    g.def_vmap(rule)
+    return g
+
+
+def _vmapped(spec: Partitioning) -> Partitioning:
+    v = f"vmap{len(spec.output)}"  # nested vmaps: one factor per level
+    return Partitioning(
+        tuple((v, *d) for d in spec.inputs),
+        (v, *spec.output),
+        None if spec.partial is None else jax.vmap(spec.partial),
+        None if spec.finish is None else jax.vmap(spec.finish),
+    )
+
+
+def _all_mapped(axis_size: int, in_batched: Sequence[bool], xs: Sequence[Any]) -> list[Any]:
+    """Every operand with the mapped axis first (per-example gradients need it everywhere)."""
+    return [
+        x if b else jax.numpy.broadcast_to(x, (axis_size, *np.shape(x)))
+        for x, b in zip(xs, in_batched, strict=True)
+    ]
+
+
+def _vmapped_forward(fn: Callable[..., Any], spec: Partitioning) -> Callable[..., Any]:
+    def rule(axis_size: int, in_batched: Sequence[bool], *xs: Any) -> tuple[Any, bool]:
+        xs = _all_mapped(axis_size, in_batched, xs)
+        return partitioned(jax.vmap(fn), _vmapped(spec), xs), True
+
+    return rule
+
+
+def _vmapped_backward(
+    fn: Callable[..., Any], spec: Partitioning, floats: tuple[int, ...]
+) -> Callable[..., Any]:
+    def rule(axis_size: int, in_batched: Sequence[bool], *xs_ct: Any) -> tuple[Any, Any]:
+        *xs, ct = _all_mapped(axis_size, in_batched, xs_ct)
+
+        def on_floats(*fl: Any) -> Any:
+            full = list(xs)
+            for i, x in zip(floats, fl, strict=True):
+                full[i] = x
+            return partitioned(jax.vmap(fn), _vmapped(spec), full)
+
+        _, vjp = jax.vjp(on_floats, *(xs[i] for i in floats))
+        grads = tuple(vjp(ct))
+        return grads, (True,) * len(grads)
+
+    return rule
 
 
 def _positional(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -5,7 +5,10 @@ JAX starts): ``python tests/jax/sharded_cases.py CASE...`` prints one JSON line 
 what the test asserts. A case is ``model/mesh``: models ``mha`` (a linen attention block with
 an MLP), ``gqa`` (a Llama-style block with grouped kv heads, causal, gated SiLU MLP),
 ``bert`` (Hugging Face FlaxBertModel, one layer); meshes ``data`` (batch on ``data``),
-``tensor`` (heads and MLP columns on ``model``), ``both``; on a 2 x 4 mesh.
+``tensor`` (heads and MLP columns on ``model``), ``both``; on a 2 x 4 mesh. Options after
+them: ``/gspmd`` partitions with GSPMD instead of Shardy (JAX's default); ``/xla`` runs the
+kernels' plain-JAX reference (cheaper to compile) instead of the Pallas interpreter, inside
+the same partitioned calls.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import os
 import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-os.environ.setdefault("PYPM_KERNEL_IMPL", "interpret")
 
 import json  # noqa: E402
 import re  # noqa: E402
@@ -146,9 +148,14 @@ def _rel(got: Any, want: Any) -> float:
 
 
 def run_case(case: str) -> dict[str, Any]:
-    if case == "shard_map":
+    model, *options = case.split("/")
+    jax.config.update("jax_use_shardy_partitioner", "gspmd" not in options)
+    os.environ["PYPM_KERNEL_IMPL"] = "xla" if "xla" in options else "interpret"
+    if model == "shard_map":
         return shard_map_case()
-    model, mesh_kind = case.split("/")
+    if model == "vmap":
+        return vmap_case()
+    mesh_kind = options[0]
     fn, params, inputs = MODELS[model]()
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
     tensor = mesh_kind in ("tensor", "both")
@@ -163,12 +170,15 @@ def run_case(case: str) -> dict[str, Any]:
         return jax.grad(lambda p, *xs: jnp.sum(jnp.sin(f(p, *xs))))
 
     opt = pm.optimize(fn)
-    ref_fwd, opt_fwd = jax.jit(fn), jax.jit(opt)
-    ref_grad, opt_grad = jax.jit(loss(fn)), jax.jit(loss(opt))
+    programs = {
+        "jit": jax.jit(fn), "opt": jax.jit(opt),
+        "jit_grad": jax.jit(loss(fn)), "opt_grad": jax.jit(loss(opt)),
+    }  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a fallback to the original program fails the case
-        want, got = ref_fwd(*args), opt_fwd(*args)
-        g_want, g_got = ref_grad(*args), opt_grad(*args)
+        compiled = {k: p.lower(*args).compile() for k, p in programs.items()}
+        want, got = compiled["jit"](*args), compiled["opt"](*args)
+        g_want, g_got = compiled["jit_grad"](*args), compiled["opt_grad"](*args)
         rules = sorted({r.rule for r in opt.report(*args)})
 
     return {
@@ -181,10 +191,7 @@ def run_case(case: str) -> dict[str, Any]:
             a.sharding.is_equivalent_to(b.sharding, a.ndim)
             for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want), strict=True)
         ),  # fmt: skip
-        "jit": collectives(ref_fwd.lower(*args).compile().as_text()),
-        "opt": collectives(opt_fwd.lower(*args).compile().as_text()),
-        "jit_grad": collectives(ref_grad.lower(*args).compile().as_text()),
-        "opt_grad": collectives(opt_grad.lower(*args).compile().as_text()),
+        **{k: collectives(c.as_text()) for k, c in compiled.items()},
     }
 
 
@@ -217,6 +224,37 @@ def shard_map_case() -> dict[str, Any]:
         "out_rel": _rel(got, want),
         "grad_rel": _rel(g_got, g_want),
         "out_sharding": got.sharding.is_equivalent_to(want.sharding, got.ndim),
+    }
+
+
+def vmap_case() -> dict[str, Any]:
+    """``jax.vmap`` of an optimized attention, the mapped axis sharded: the vmapped kernel
+    call is partitioned along it too."""
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+
+    def attend(q: Any, k: Any, v: Any) -> Any:
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(32.0)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
+
+    spec = NamedSharding(mesh, P("model", "data"))
+    args = [jax.device_put(jax.random.normal(jax.random.key(i), (4, 2, 8, 4, 32)), spec)
+            for i in range(3)]  # fmt: skip
+    opt = pm.optimize(attend)
+    loss = lambda f: jax.grad(lambda *a: jnp.sum(jnp.sin(jax.vmap(f)(*a))), (0, 1, 2))  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fwd = {k: jax.jit(jax.vmap(f)).lower(*args).compile() for k, f in
+               (("jit", attend), ("opt", opt))}  # fmt: skip
+        want, got = fwd["jit"](*args), fwd["opt"](*args)
+        g_want, g_got = jax.jit(loss(attend))(*args), jax.jit(loss(opt))(*args)
+        rules = sorted({r.rule for r in opt.report(*(a[0] for a in args))})
+    return {
+        "case": "vmap",
+        "rules": rules,
+        "out_rel": _rel(got, want),
+        "grad_rel": _rel(g_got, g_want),
+        "out_sharding": got.sharding.is_equivalent_to(want.sharding, got.ndim),
+        **{k: collectives(c.as_text()) for k, c in fwd.items()},
     }
 
 
