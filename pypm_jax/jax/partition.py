@@ -11,7 +11,7 @@ shards of whatever the operands are sharded by, with no collective of its own.
 
 Declared in terms of a :class:`Partitioning`:
 
-* each dimension of an operand or of the result is a factor name, a tuple of names (a
+* each dimension of an operand or of the result is a factor name, a pair of names (a
   *compound* dimension, major first: GQA's query heads are ``("g", "r")``, the kv heads
   ``"g"``; only the major factor is ever split), or None: a dimension the kernel needs whole
   (a sequence the softmax reduces over, a head dimension);
@@ -27,7 +27,9 @@ Gradients: the kernel's own ``custom_vjp`` runs per shard inside a second partit
 forward from the operands; gradients of operands that lack a split factor (a bias broadcast
 over the batch) are summed over it with ``psum``, as XLA does for the original program.
 
-With one device nothing is wrapped: the kernel is called as registered.
+Under ``jax.vmap`` (``custom_partitioning`` has no batching rule) the call becomes the
+partitioned call of the vmapped function, the mapped axis one more factor. With one device
+nothing is wrapped: the kernel is called as registered.
 """
 
 from __future__ import annotations

@@ -122,6 +122,8 @@ def _dims(perm: tuple[int, ...], labels: Any) -> tuple[Any, ...]:
 
 @register_partitioning(FlashAttention)
 def flash_attention_partitioning(*shapes: Any, plan: AttentionPlan) -> Partitioning | None:
+    """Batch ``b`` and heads split; query heads are kv heads ``g`` times the group ``r``;
+    sequences, head dims, the scale and any further operand stay whole."""
     if any(len(p) != 4 for p in (plan.perm_q, plan.perm_k, plan.perm_v, plan.perm_out)):
         return None
     q = tuple(_KERNEL_AXES[c] for c in plan.layout)
@@ -135,7 +137,7 @@ def flash_attention_partitioning(*shapes: Any, plan: AttentionPlan) -> Partition
             _dims(plan.perm_v, kv),
             _dims(plan.perm_scores, scores) if len(shapes[3]) == 4 else (None,) * len(shapes[3]),
             _dims(plan.perm_scores, scores) if len(shapes[4]) == 4 else (None,) * len(shapes[4]),
-            (None,) * len(shapes[5]),
+            *((None,) * len(s) for s in shapes[5:]),
         ),
         output=tuple(q[axis] for axis in plan.perm_out),  # the result is out.transpose(perm_out)
     )
@@ -143,6 +145,8 @@ def flash_attention_partitioning(*shapes: Any, plan: AttentionPlan) -> Partition
 
 @register_partitioning(GemmEpilogue)
 def gemm_epilogue_partitioning(x: Any, w: Any, bias: Any, *, plan: GemmPlan) -> Partitioning | None:
+    """Rows ``m*`` and columns ``n`` split; a split ``k`` sums the f32 accumulators of the
+    devices (``partial``) before the reference epilogue (``finish``)."""
     import jax.numpy as jnp
 
     from pallas_kernels import epilogue_reference
