@@ -155,6 +155,8 @@ def run_case(case: str) -> dict[str, Any]:
         return shard_map_case()
     if model == "vmap":
         return vmap_case()
+    if model == "counter":
+        return counter_case()
     mesh_kind = options[0]
     fn, params, inputs = MODELS[model]()
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
@@ -225,6 +227,15 @@ def shard_map_case() -> dict[str, Any]:
         "grad_rel": _rel(g_got, g_want),
         "out_sharding": got.sharding.is_equivalent_to(want.sharding, got.ndim),
     }
+
+
+def counter_case() -> dict[str, Any]:
+    """What :func:`collectives` counts in a program that must gather (a sharded input
+    returned replicated): the counts the other cases compare can be nonzero."""
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+    x = jax.device_put(jnp.ones((8, 8)), NamedSharding(mesh, P("data", "model")))
+    gather = jax.jit(lambda x: x + 1, out_shardings=NamedSharding(mesh, P()))
+    return {"case": "counter", "gather": collectives(gather.lower(x).compile().as_text())}
 
 
 def vmap_case() -> dict[str, Any]:

@@ -41,12 +41,16 @@ ROOT = Path(__file__).resolve().parents[2]
 def results() -> dict[str, dict]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *CASES, "shard_map", "vmap/xla"],
+        [sys.executable, str(SCRIPT), *CASES, "shard_map", "vmap/xla", "counter"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return {r["case"]: r for r in rows}
+
+
+def test_the_collective_count_sees_an_all_gather(results: dict[str, dict]) -> None:
+    assert results["counter"]["gather"]["all-gather"] >= 1
 
 
 @pytest.mark.parametrize("case", CASES)
