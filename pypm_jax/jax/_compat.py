@@ -8,6 +8,7 @@ Used here: ``jax.extend.core`` (Jaxpr, ClosedJaxpr, Literal, Var, Primitive, the
 objects), ``Primitive.get_bind_params`` (how ``eval_jaxpr`` re-binds call primitives),
 ``jax._src.source_info_util`` (user frames, name stacks), ``jax._src.core.auto_insert_reshard``
 (operands of one varying type in a ``shard_map`` body),
+``jax._src.sharding_impls.parse_flatten_op_sharding`` (an XLA sharding as mesh axes),
 ``jax._src.interpreters.partial_eval.convert_constvars_jaxpr`` (hoisting a body's consts), and
 the params of control-flow equations, whose form changes between JAX versions.
 
@@ -51,6 +52,7 @@ __all__ = [
     "absent_params",
     "adapt_params",
     "vary_alike",
+    "mesh_axes",
 ]
 
 import importlib.util
@@ -63,6 +65,7 @@ import jax
 import jax.extend.core as _jex
 import jax.extend.core.primitives as _jex_prims
 from jax._src import core as _core
+from jax._src import sharding_impls as _sharding_impls
 from jax._src import source_info_util as _siu
 from jax._src.interpreters import partial_eval as _pe
 
@@ -354,3 +357,16 @@ def vary_alike(args: Sequence[Any]) -> list[Any]:
     drops the ``pvary`` casts JAX put there, and most primitives demand operands of one
     varying-axes type. ``jax._src.core.auto_insert_reshard`` is what ``jnp`` calls."""
     return list(_core.auto_insert_reshard(*args))
+
+
+def mesh_axes(sharding: Any, mesh: Any, ndim: int) -> tuple[tuple[str, ...], ...] | None:
+    """The mesh axes splitting each dimension of an array with ``sharding`` (an XLA sharding
+    a partitioner chose), or None when no mesh axes express it: Shardy may split an axis
+    into sub-axes (``model:(1)2``), which JAX's own decoding rejects with an error."""
+    try:
+        hlo = sharding._to_xla_hlo_sharding(ndim)
+        (spec,) = _sharding_impls.parse_flatten_op_sharding(hlo, mesh)
+    except Exception:  # not expressible on the mesh's axes
+        return None
+    entries = tuple(spec) + (None,) * (ndim - len(spec))
+    return tuple(() if e is None else tuple(e) if isinstance(e, tuple) else (e,) for e in entries)

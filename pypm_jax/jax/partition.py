@@ -216,16 +216,11 @@ def _sharding_rule(site: _Site) -> SdyShardingRule:
 # ------------------------------------------------------------------------------ partitioning
 
 
-def _axes(entry: Any) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return tuple(entry) if isinstance(entry, tuple) else (entry,)
-
-
-def _spec_of(sharding: Any, ndim: int) -> tuple[tuple[str, ...], ...]:
-    spec = tuple(getattr(sharding, "spec", ()) or ())
-    spec = spec + (None,) * (ndim - len(spec))
-    return tuple(_axes(e) for e in spec)
+def _spec_of(sharding: Any, mesh: Any, ndim: int) -> tuple[tuple[str, ...], ...]:
+    """Mesh axes per dimension; a sharding no mesh axes express counts as unsplit (the
+    site then asks for its operands unsplit along the factors it cannot read)."""
+    axes = _compat.mesh_axes(sharding, mesh, ndim)
+    return axes if axes is not None else ((),) * ndim
 
 
 def _assign(
@@ -409,7 +404,7 @@ def _bound(
 
 def _forward(fn: Callable[..., Any], site: _Site, shapes: Any, out_shape: Any) -> Any:
     def lower(mesh: Any, arg_infos: Any, _result: Any) -> Any:
-        specs = [_spec_of(a.sharding, len(s)) for a, s in zip(arg_infos, shapes, strict=True)]
+        specs = [_spec_of(a.sharding, mesh, len(s)) for a, s in zip(arg_infos, shapes, strict=True)]
         axes = _assign(site, mesh, specs)
         summed = _summed_axes(site, axes)
 
@@ -423,11 +418,12 @@ def _forward(fn: Callable[..., Any], site: _Site, shapes: Any, out_shape: Any) -
         return mesh, local, _named(mesh, site.out, axes), arg_sh
 
     def infer(mesh: Any, arg_infos: Any, _result: Any) -> Any:
-        specs = [_spec_of(a.sharding, len(s)) for a, s in zip(arg_infos, shapes, strict=True)]
+        specs = [_spec_of(a.sharding, mesh, len(s)) for a, s in zip(arg_infos, shapes, strict=True)]
         return _named(mesh, site.out, _assign(site, mesh, specs))
 
     cp = custom_partitioning(_positional(fn))
     cp.def_partition(
+        decode_shardings=False,  # read by _spec_of, which survives sub-axes
         partition=lower,
         infer_sharding_from_operands=infer,
         sharding_rule=_sharding_rule(site),
@@ -481,7 +477,7 @@ def _backward(
 
     def lower(mesh: Any, arg_infos: Any, _result: Any) -> Any:
         specs = [
-            _spec_of(a.sharding, len(s))
+            _spec_of(a.sharding, mesh, len(s))
             for a, s in zip(arg_infos, (*shapes, out_shape), strict=True)
         ]
         axes = _assign(bsite, mesh, specs)
@@ -495,7 +491,7 @@ def _backward(
 
     def infer(mesh: Any, arg_infos: Any, _result: Any) -> Any:
         specs = [
-            _spec_of(a.sharding, len(s))
+            _spec_of(a.sharding, mesh, len(s))
             for a, s in zip(arg_infos, (*shapes, out_shape), strict=True)
         ]
         axes = _assign(bsite, mesh, specs)
@@ -503,6 +499,7 @@ def _backward(
 
     cp = custom_partitioning(_positional(grads))
     cp.def_partition(
+        decode_shardings=False,  # read by _spec_of, which survives sub-axes
         partition=lower,
         infer_sharding_from_operands=infer,
         sharding_rule=_bwd_rule(site, floats),

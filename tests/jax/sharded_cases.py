@@ -4,7 +4,8 @@ Run as a script by ``test_jax_sharded.py`` in a subprocess (the device count is 
 JAX starts): ``python tests/jax/sharded_cases.py CASE...`` prints one JSON line per case with
 what the test asserts. A case is ``model/mesh``: models ``mha`` (a linen attention block with
 an MLP), ``gqa`` (a Llama-style block with grouped kv heads, causal, gated SiLU MLP),
-``bert`` (Hugging Face FlaxBertModel, one layer); meshes ``data`` (batch on ``data``),
+``bert`` (Hugging Face FlaxBertModel, one layer), ``llama`` (Hugging Face FlaxLlama, 2 kv
+heads); meshes ``data`` (batch on ``data``),
 ``tensor`` (heads and MLP columns on ``model``), ``both``; on a 2 x 4 mesh. Options after
 them: ``/gspmd`` partitions with GSPMD instead of Shardy (JAX's default); ``/xla`` runs the
 kernels' plain-JAX reference (cheaper to compile) instead of the Pallas interpreter, inside
@@ -119,8 +120,16 @@ def bert_model() -> tuple[Any, Any, Any]:
     return apply, model.params, (ids, mask)
 
 
+def hf_llama_model() -> tuple[Any, Any, Any]:
+    """Hugging Face FlaxLlama: 8 query heads over 2 kv heads, fewer than the model axis."""
+    from pypm_testing import corpus
+
+    fn, (params, ids), _ = corpus.hf_llama(corpus.Size(hidden=256, heads=8, ffn=512, layers=1))
+    return fn, params, (ids,)
+
+
 MODELS = {"mha": lambda: linen_model(MHABlock()), "gqa": lambda: linen_model(GQABlock()),
-          "bert": bert_model}  # fmt: skip
+          "bert": bert_model, "llama": hf_llama_model}  # fmt: skip
 
 
 def param_spec(path: Any, leaf: Any, tensor: bool) -> P:
