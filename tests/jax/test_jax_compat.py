@@ -256,3 +256,16 @@ def test_vary_alike_matches_operands_in_a_shard_map_body():
     out = f(jnp.ones((2, 3)), jnp.ones((3, 4)))
     assert seen == [(frozenset({"x"}), frozenset({"x"}))]
     np.testing.assert_allclose(out, 3.0)
+
+
+def test_mesh_axes_reads_a_sharding_as_mesh_axes():
+    """``sharding._to_xla_hlo_sharding`` and ``sharding_impls.parse_flatten_op_sharding``
+    (the partitioning callbacks read operand shardings with them); the sub-axis case that
+    returns None runs on 8 devices in test_jax_sharded.py."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
+    axes = _compat.mesh_axes(NamedSharding(mesh, P("data", None, "model")), mesh, 3)
+    assert axes == ((), (), ())  # size-1 axes split nothing
+    assert _compat.mesh_axes(NamedSharding(mesh, P()), mesh, 2) == ((), ())
