@@ -436,13 +436,7 @@ def _backward(
 ) -> Any:
     """The gradients of the float operands, per shard, from the operands and the cotangent."""
     n = len(shapes)
-    bsite = _Site(
-        (*site.dims, site.out),
-        tuple(site.dims[i] for i in floats),
-        site.sizes,
-        site.summed,
-        site.spec,
-    )
+    bsite = _with_cotangent(site)
 
     def grads(*xs_ct: Any, summed: tuple[str, ...] = (), axes: Any = None) -> tuple[Any, ...]:
         xs, ct = list(xs_ct[:n]), xs_ct[n]
@@ -463,9 +457,11 @@ def _backward(
         else:
             acc, pvjp = jax.vjp(on_floats(site.spec.partial), *fl)
             acc = _psum(acc, summed)
-            _, fvjp = jax.vjp(
-                lambda a, *f: on_floats(lambda *x: site.spec.finish(a, *x))(*f), acc, *fl
-            )
+
+            def finish(a: Any, *f: Any) -> Any:
+                return on_floats(lambda *x: site.spec.finish(a, *x))(*f)
+
+            _, fvjp = jax.vjp(finish, acc, *fl)
             d_acc, *g_fin = fvjp(ct)
             gs = [a + b for a, b in zip(g_fin, pvjp(d_acc), strict=True)]
         if axes is not None:
@@ -507,10 +503,15 @@ def _backward(
     return cp
 
 
+def _with_cotangent(site: _Site) -> _Site:
+    """The backward call's operands: the forward's and the result's cotangent."""
+    return _Site((*site.dims, site.out), (), site.sizes, site.summed, site.spec)
+
+
 def _bwd_rule(site: _Site, floats: tuple[int, ...]) -> SdyShardingRule:
-    bsite = _Site((*site.dims, site.out), (), site.sizes, site.summed, site.spec)
-    fwd = _sharding_rule(bsite)
-    # results: the float operands' mappings, which the forward rule's operands already name
+    """The forward rule over the operands and the cotangent; results: the float operands'
+    gradients, each mapped like its operand."""
+    fwd = _sharding_rule(_with_cotangent(site))
     return SdyShardingRule(
         fwd.operand_mappings,
         tuple(fwd.operand_mappings[i] for i in floats),
