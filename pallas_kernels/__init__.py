@@ -31,6 +31,7 @@ from ._attention import attention_reference, flash_attention, supports_attention
 from ._dispatch import ENV_VAR, IMPLS
 from ._gemm import (
     ACTIVATIONS,
+    epilogue_reference,
     gemm_epilogue,
     gemm_epilogue_reference,
     gemm_fused,
@@ -45,6 +46,7 @@ __all__ = [
     "ENV_VAR",
     "IMPLS",
     "attention_reference",
+    "epilogue_reference",
     "flash_attention",
     "gemm_epilogue",
     "gemm_epilogue_reference",

@@ -561,3 +561,16 @@ def gemm_epilogue(
         _blocks=_blocks,
         _backend=_backend,
     )
+
+
+def epilogue_reference(
+    acc: jax.Array, bias: jax.Array | None = None, *, activation: str = "none"
+) -> jax.Array:
+    """The epilogue of :func:`gemm_epilogue_reference` alone: ``act(acc + bias)`` in f32.
+
+    For a caller that forms the f32 accumulator itself, e.g. one device's share of a matmul
+    whose contraction is split across devices, summed before the epilogue.
+    """
+    _check_activation(activation)
+    cols = () if bias is None else (bias,)
+    return _apply_epilogue(_REF_EPILOGUES[(activation, bias is not None)], acc, cols, jnp.float32)

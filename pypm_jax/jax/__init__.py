@@ -3,7 +3,8 @@
 ``from pypm_jax.jax import prims`` gives the JAX primitive operators (``prims.dot_general``,
 ``prims.exp``, ...; see :mod:`pypm_jax.jax.primitives` for how params become attrs);
 ``register_impl(op, fn)`` gives a replacement operator its implementation and
-``register_describe(op, fn)`` what reports say about it (a :class:`KernelInfo`);
+``register_describe(op, fn)`` what reports say about it (a :class:`KernelInfo`),
+``register_partitioning(op, fn)`` how it splits across devices (:class:`Partitioning`);
 ``optimize(fn)`` is ``pm.optimize``; ``optimize_module`` / ``nnx_optimize`` are the Flax
 helpers (:mod:`pypm_jax.jax.flax`). The core language never imports this package.
 """
@@ -19,6 +20,7 @@ from .impls import KERNEL_IMPLS, register_impl
 from .lift import LiftedProgram, lift
 from .lower import LoweringError, lower
 from .optimize import Optimized, default_rules, optimize, rewrite_nested
+from .partition import Partitioning, register_partitioning
 from .primitives import OPS
 from .report import (
     OptimizationFallbackWarning,
@@ -35,6 +37,8 @@ __all__ = [
     "register_impl",
     "register_describe",
     "KernelInfo",
+    "register_partitioning",
+    "Partitioning",
     "lift",
     "LiftedProgram",
     "lower",

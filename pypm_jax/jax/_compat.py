@@ -6,7 +6,9 @@ fails loudly in one test instead of silently degrading lifting (e.g. losing sour
 
 Used here: ``jax.extend.core`` (Jaxpr, ClosedJaxpr, Literal, Var, Primitive, the primitive
 objects), ``Primitive.get_bind_params`` (how ``eval_jaxpr`` re-binds call primitives),
-``jax._src.source_info_util`` (user frames, name stacks),
+``jax._src.source_info_util`` (user frames, name stacks), ``jax._src.core.auto_insert_reshard``
+(operands of one varying type in a ``shard_map`` body),
+``jax._src.sharding_impls.parse_flatten_op_sharding`` (an XLA sharding as mesh axes),
 ``jax._src.interpreters.partial_eval.convert_constvars_jaxpr`` (hoisting a body's consts), and
 the params of control-flow equations, whose form changes between JAX versions.
 
@@ -49,6 +51,8 @@ __all__ = [
     "CONTROL_PARAMS",
     "absent_params",
     "adapt_params",
+    "vary_alike",
+    "mesh_axes",
 ]
 
 import importlib.util
@@ -60,6 +64,8 @@ from typing import Any
 import jax
 import jax.extend.core as _jex
 import jax.extend.core.primitives as _jex_prims
+from jax._src import core as _core
+from jax._src import sharding_impls as _sharding_impls
 from jax._src import source_info_util as _siu
 from jax._src.interpreters import partial_eval as _pe
 
@@ -283,11 +289,13 @@ CONTROL_PARAMS: dict[str, tuple[str, ...]] = {
     "scan": ("reverse", "length", "jaxpr", "num_consts", "num_carry", "unroll"),
     "while": ("cond_jaxpr", "body_jaxpr", "cond_nconsts", "body_nconsts"),
     "cond": ("branches",),
+    "shard_map": ("jaxpr", "mesh", "in_specs", "out_specs", "check_vma", "newly_manual_axes"),
 }
 
 
 def control_params(prim_name: str, params: dict[str, Any]) -> dict[str, Any]:
-    """A ``scan``/``while``/``cond`` equation's params in the form :data:`CONTROL_PARAMS` names.
+    """A ``scan``/``while``/``cond``/``shard_map`` equation's params in the form
+    :data:`CONTROL_PARAMS` names.
 
     ``scan``: jax 0.10 has ``num_consts``/``num_carry``; jax 0.11 replaced them by ``ft_in``
     (a flat tree of the (consts, carry, xs) inputs) and ``ft_out`` ((carry, ys)). The body's
@@ -338,3 +346,27 @@ def adapt_params(prim_name: str, params: dict[str, Any]) -> dict[str, Any]:
     """``params`` without the ones the installed JAX does not take for ``prim_name``."""
     absent = absent_params(prim_name)
     return {k: v for k, v in params.items() if k not in absent} if absent else params
+
+
+# ------------------------------------------------------------------------------ shard_map
+
+
+def vary_alike(args: Sequence[Any]) -> list[Any]:
+    """Operands of one operation in a ``shard_map`` body (``check_vma``) made varying over
+    the same manual mesh axes, as JAX's own ``jnp`` operations do before binding: lifting
+    drops the ``pvary`` casts JAX put there, and most primitives demand operands of one
+    varying-axes type. ``jax._src.core.auto_insert_reshard`` is what ``jnp`` calls."""
+    return list(_core.auto_insert_reshard(*args))
+
+
+def mesh_axes(sharding: Any, mesh: Any, ndim: int) -> tuple[tuple[str, ...], ...] | None:
+    """The mesh axes splitting each dimension of an array with ``sharding`` (an XLA sharding
+    a partitioner chose), or None when no mesh axes express it: Shardy may split an axis
+    into sub-axes (``model:(1)2``), which JAX's own decoding rejects with an error."""
+    try:
+        hlo = sharding._to_xla_hlo_sharding(ndim)
+        (spec,) = _sharding_impls.parse_flatten_op_sharding(hlo, mesh)
+    except (ValueError, NotImplementedError):  # IndivisibleError: not the mesh's axes
+        return None
+    entries = tuple(spec) + (None,) * (ndim - len(spec))
+    return tuple(() if e is None else tuple(e) if isinstance(e, tuple) else (e,) for e in entries)

@@ -5,7 +5,7 @@ What each equation becomes is decided by its primitive's table entry
 (``jit``); an inlined body remembered as a :class:`Region` (``custom_jvp_call``,
 ``custom_vjp_call``, ``remat2``) so lowering can re-emit the original call, with its custom
 derivative rule, when no rewrite touched the region; a node holding lifted sub-programs
-(``scan``, ``while``, ``cond``) that rewriting reaches into; or an opaque, impure node for
+(``scan``, ``while``, ``cond``, ``shard_map``) that rewriting reaches into; or an opaque, impure node for
 unknown or effectful primitives.
 
 Every node carries the user's source line (``node.loc``, JAX/Flax/pypm frames skipped) and
@@ -50,6 +50,7 @@ NESTED_PARAMS: dict[str, tuple[str, ...]] = {
     "scan": ("jaxpr",),
     "while": ("cond_jaxpr", "body_jaxpr"),
     "cond": ("branches",),
+    "shard_map": ("jaxpr",),
 }
 
 # Where a region's body is in its params, and whether it is closed (has consts).
@@ -320,6 +321,8 @@ class _Lifter:
             if kind == "inline":
                 jaxpr, consts = _compat.body_parts(eqn.params[_INLINE_BODY[prim.name]])
                 outs = self._inline(prog, jaxpr, consts, ins, stack, regions, loc)
+            elif kind == "retype":  # pvary: the same values, re-typed
+                outs = ins
             elif kind == "region":
                 outs = self._region(prog, eqn, ins, stack, regions, loc)
             else:

@@ -7,9 +7,13 @@ explicit stack, so graph depth never meets Python's recursion limit. What each n
   node, or the attrs of a node a rule built, converted back and completed with defaults), under
   the equation's source info, so the re-jitted program keeps source lines in its metadata;
 * an op with an implementation in :data:`pypm_jax.jax.impls.KERNEL_IMPLS` (a kernel a rule
-  introduced): a call of that implementation with the node's attrs as keyword arguments;
+  introduced): a call of that implementation with the node's attrs as keyword arguments,
+  wrapped on several devices so XLA partitions it by the op's declared factors
+  (:mod:`pypm_jax.jax.partition`);
 * ``scan`` / ``while`` / ``cond``: ``lax.scan`` / ``lax.while_loop`` / ``lax.switch`` over
-  the lowered (possibly rewritten) bodies;
+  the lowered (possibly rewritten) bodies; ``shard_map``: ``jax.shard_map`` of the lowered
+  body with the equation's mesh, specs, manual axes and ``check_vma`` (its kernels run per
+  device, as the body does);
 * a :class:`~pypm_jax.jax.lift.Region` still intact (no rewrite reached inside: every node
   lifted from the body reads what it read when lifted, up to replaced region inputs): the
   original ``custom_jvp_call`` / ``custom_vjp_call`` / ``remat2`` equation, so gradients keep
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 __all__ = ["LoweringError", "lower", "infer_types", "lower_attrs", "numpy_dtype"]
 
+import contextvars
+import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -35,6 +41,7 @@ from .._terms import CONST, LEAF, Operator
 from . import _compat
 from .impls import KERNEL_IMPLS
 from .lift import NESTED_PARAMS, EqnInfo, LiftedProgram, Region, eqn_info
+from .partition import partitioned, partitioning_for
 from .primitives import DTYPE_PARAMS, SPECS, is_table_op
 
 
@@ -290,6 +297,8 @@ def _run_node(node: Any, env: dict[int, Any]) -> None:
         env[id(node.outputs[0])] = _const(node)
         return
     args = _args([env[id(v)] for v in node.inputs])
+    if _CHECK_VMA.get() and len(args) > 1:
+        args = _compat.vary_alike(args)
     impl = KERNEL_IMPLS.get(op)
     info = eqn_info(node)
     # a node a rule built carries a copy of the replaced root's meta: use its source line
@@ -346,7 +355,7 @@ def _args(args: list[Any]) -> list[Any]:
 
 
 def _call_impl(node: Any, impl: Callable[..., Any], args: list[Any]) -> list[Any]:
-    out = impl(*args, **node.attrs)
+    out = _kernel_call(node, impl, args)
     outs = list(out) if node.op.n_out > 1 else [out]
     for v, x in zip(node.outputs, outs, strict=False):
         shape = getattr(x, "shape", None)
@@ -362,6 +371,18 @@ def _call_impl(node: Any, impl: Callable[..., Any], args: list[Any]) -> list[Any
                 f"expects {v.dtype}"
             )
     return outs
+
+
+def _kernel_call(node: Any, impl: Callable[..., Any], args: list[Any]) -> Any:
+    """The implementation's call; on several devices, partitioned by the op's declaration
+    (:mod:`pypm_jax.jax.partition`) so XLA splits it like the program it replaced."""
+    declare = partitioning_for(node.op)
+    if declare is None or node.op.n_out != 1 or jax.device_count() == 1 or _PER_DEVICE.get():
+        return impl(*args, **node.attrs)
+    spec = declare(*(np.shape(_typed(a)) for a in args), **node.attrs)
+    if spec is None:
+        return impl(*args, **node.attrs)
+    return partitioned(functools.partial(impl, **node.attrs), spec, [_typed(a) for a in args])
 
 
 def _typed(x: Any) -> Any:
@@ -423,8 +444,42 @@ def _cond(node: Any, p: dict[str, Any], args: list[Any]) -> list[Any]:
     return list(lax.switch(index, fns, *ops))
 
 
+# Set while a shard_map body manual over its whole mesh is traced: its kernels already run
+# per device, so they are called as registered, never wrapped for partitioning.
+_PER_DEVICE: contextvars.ContextVar[bool] = contextvars.ContextVar("pypm_per_device", default=False)
+# Set while a shard_map body with check_vma is traced: operands are made varying alike.
+_CHECK_VMA: contextvars.ContextVar[bool] = contextvars.ContextVar("pypm_check_vma", default=False)
+
+
+def _shard_map(node: Any, p: dict[str, Any], args: list[Any]) -> list[Any]:
+    """``jax.shard_map`` of the lowered body with the equation's mesh, specs and checks."""
+    body = _body_fn(node.attrs["jaxpr"])
+    mesh, manual = p["mesh"], p["newly_manual_axes"]
+    per_device = frozenset(mesh.axis_names) <= frozenset(manual)
+
+    def run(*xs: Any) -> tuple[Any, ...]:
+        token = _PER_DEVICE.set(per_device or _PER_DEVICE.get())
+        vma = _CHECK_VMA.set(bool(p["check_vma"]))
+        try:
+            return tuple(body(*xs))
+        finally:
+            _CHECK_VMA.reset(vma)
+            _PER_DEVICE.reset(token)
+
+    mapped = jax.shard_map(
+        run,
+        mesh=mesh,
+        in_specs=tuple(p["in_specs"]),
+        out_specs=tuple(p["out_specs"]),
+        axis_names=frozenset(manual),
+        check_vma=p["check_vma"],
+    )
+    return list(mapped(*args))
+
+
 _NESTED: dict[str, Callable[[Any, dict[str, Any], list[Any]], list[Any]]] = {
     "scan": _scan,
     "while": _while,
     "cond": _cond,
+    "shard_map": _shard_map,
 }

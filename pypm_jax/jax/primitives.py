@@ -10,9 +10,11 @@ how lifting treats it (``kind``):
   lowering can re-emit the original call when no rewrite touched it (``custom_jvp_call``,
   ``custom_vjp_call``, ``remat2``): gradients keep their custom rules.
 * ``"nested"``  one node whose attrs hold lifted sub-graphs; rewriting reaches inside
-  (``scan``, ``while``, ``cond``).
+  (``scan``, ``while``, ``cond``, ``shard_map``).
 * ``"opaque"``  kept as one impure node, never merged, never rewritten through; lowered by
   binding the original primitive with its original params.
+* ``"retype"``  no node: the outputs are the operands (``pvary``, which only changes a
+  shard_map value's type; JAX inserts it again when the lowered body is traced).
 
 How guards see attributes: a lifted node's ``attrs`` are the equation's params under the same
 names (``dimension_numbers``, ``axes``, ``permutation``, ``new_sizes``, ``shape``,
@@ -56,7 +58,7 @@ DTYPE_PARAMS: frozenset[str] = frozenset(
     {"new_dtype", "preferred_element_type", "dtype", "index_dtype", "out_dtype"}
 )
 
-KINDS = ("plain", "inline", "region", "nested", "opaque")
+KINDS = ("plain", "inline", "region", "nested", "opaque", "retype")
 
 
 @dataclass(frozen=True)
@@ -283,6 +285,18 @@ _def(
     kind="nested",
 )
 _def("cond", None, "control", ("branches",), kind="nested")
+_def(
+    "shard_map",
+    None,
+    "control",
+    ("jaxpr", "mesh", "in_specs", "out_specs", "check_vma", "newly_manual_axes"),
+    kind="nested",
+)
+
+# ---------------------------------------------------------------- retyping only: no node
+# ``pvary`` marks values as varying across a shard_map's manual axes (``check_vma``); its
+# outputs are its operands. JAX inserts it again where needed when the lowered body is traced.
+_def("pvary", None, "retype", ("axes",), kind="retype")
 
 # ---------------------------------------------------------------- random: never merged
 for _n, _a in (

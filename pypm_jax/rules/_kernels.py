@@ -23,7 +23,7 @@ import pypm_jax as pm
 
 from .._dtypes import as_dtype
 from .._report import KernelInfo, register_describe
-from ..jax import register_impl
+from ..jax import Partitioning, register_impl, register_partitioning
 from ._plans import AttentionPlan, GemmPlan
 
 
@@ -104,7 +104,7 @@ def gemm_epilogue_impl(x: Any, w: Any, bias: Any, *, plan: GemmPlan) -> Any:
 
     if plan.transpose_w:
         w = jnp.transpose(w)
-    b = jnp.reshape(bias, (plan.n,)) if plan.bias else None
+    b = jnp.reshape(bias, (-1,)) if plan.bias else None  # (N elements; a shard's N/d)
     out = gemm_epilogue(x, w, b, activation=plan.activation)
     return out.astype(plan.out_dtype)
 
@@ -152,3 +152,72 @@ def describe_gemm(attrs: Mapping[str, Any], _type: str) -> KernelInfo:
         f for f, on in ((plan.activation, plan.activation != "none"), ("bias", plan.bias)) if on
     )
     return KernelInfo("gemm", f"{_short_dtype(plan.dtype)} {m}x{plan.k}x{plan.n}", flags)
+
+
+# ------------------------------------------------------------------------------ partitioning
+# How each kernel's operands split across devices (``pypm_jax.jax.partition``): attention
+# over batch and (kv) heads, GEMM epilogues over rows and columns and, summed, over K.
+
+_KERNEL_AXES = {"B": "b", "S": None, "H": ("g", "r"), "D": None}
+
+
+def _dims(perm: tuple[int, ...], labels: Any) -> tuple[Any, ...]:
+    """Dims in the caller's layout of an operand that ``perm`` transposes to ``labels``."""
+    dims: list[Any] = [None] * len(perm)
+    for label, axis in zip(labels, perm, strict=True):
+        dims[axis] = label
+    return tuple(dims)
+
+
+@register_partitioning(FlashAttention)
+def flash_attention_partitioning(*shapes: Any, plan: AttentionPlan) -> Partitioning | None:
+    """Batch ``b`` and heads split; query heads are kv heads ``g`` times the group ``r``;
+    sequences, head dims, the scale and any further operand stay whole."""
+    if any(len(p) != 4 for p in (plan.perm_q, plan.perm_k, plan.perm_v, plan.perm_out)):
+        return None
+    q = tuple(_KERNEL_AXES[c] for c in plan.layout)
+    kv = tuple("g" if c == "H" else _KERNEL_AXES[c] for c in plan.layout)
+    scores = ("b", ("g", "r"), None, None)
+    q_dims, k_dims = _dims(plan.perm_q, q), _dims(plan.perm_k, kv)
+    ab = (q_dims, k_dims) if plan.q_operand == 0 else (k_dims, q_dims)
+    return Partitioning(
+        inputs=(
+            *ab,
+            _dims(plan.perm_v, kv),
+            _dims(plan.perm_scores, scores) if len(shapes[3]) == 4 else (None,) * len(shapes[3]),
+            _dims(plan.perm_scores, scores) if len(shapes[4]) == 4 else (None,) * len(shapes[4]),
+            *((None,) * len(s) for s in shapes[5:]),
+        ),
+        output=tuple(q[axis] for axis in plan.perm_out),  # the result is out.transpose(perm_out)
+    )
+
+
+@register_partitioning(GemmEpilogue)
+def gemm_epilogue_partitioning(x: Any, w: Any, bias: Any, *, plan: GemmPlan) -> Partitioning | None:
+    """Rows ``m*`` and columns ``n`` split; a split ``k`` sums the f32 accumulators of the
+    devices (``partial``) before the reference epilogue (``finish``)."""
+    import jax.numpy as jnp
+
+    from pallas_kernels import epilogue_reference
+
+    rows = tuple(f"m{i}" for i in range(len(x) - 1))
+
+    def partial(x: Any, w: Any, bias: Any) -> Any:
+        return jnp.dot(
+            x, jnp.transpose(w) if plan.transpose_w else w, preferred_element_type=jnp.float32
+        )
+
+    def finish(acc: Any, x: Any, w: Any, bias: Any) -> Any:
+        b = jnp.reshape(bias, (-1,)) if plan.bias else None
+        return epilogue_reference(acc, b, activation=plan.activation).astype(plan.out_dtype)
+
+    return Partitioning(
+        inputs=(
+            (*rows, "k"),
+            ("n", "k") if plan.transpose_w else ("k", "n"),
+            tuple("n" if d == plan.n else None for d in bias),
+        ),
+        output=(*rows, "n"),
+        partial=partial,
+        finish=finish,
+    )

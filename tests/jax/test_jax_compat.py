@@ -236,3 +236,36 @@ def test_versioned_params_bind_on_the_installed_jax():
         assert (out[0] if isinstance(out, list | tuple) else out).shape[0] == 2
     assert _compat.adapt_params("add", {}) == {}
     assert _compat.has_tracers([1, jnp.ones(1)]) is False
+
+
+def test_vary_alike_matches_operands_in_a_shard_map_body():
+    """Lifting drops ``pvary``; lowering a shard_map body re-inserts it through
+    ``jax._src.core.auto_insert_reshard`` (the test of that private use)."""
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+    seen = []
+
+    def body(a, b):
+        a2, b2 = _compat.vary_alike([a, b])
+        seen.append((jax.typeof(a2).mat.varying, jax.typeof(b2).mat.varying))
+        return jax.lax.dot_general(a2, b2, (((1,), (0,)), ((), ())))
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"))
+    out = f(jnp.ones((2, 3)), jnp.ones((3, 4)))
+    assert seen == [(frozenset({"x"}), frozenset({"x"}))]
+    np.testing.assert_allclose(out, 3.0)
+
+
+def test_mesh_axes_reads_a_sharding_as_mesh_axes():
+    """``sharding._to_xla_hlo_sharding`` and ``sharding_impls.parse_flatten_op_sharding``
+    (the partitioning callbacks read operand shardings with them); the sub-axis case that
+    returns None runs on 8 devices in test_jax_sharded.py."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
+    axes = _compat.mesh_axes(NamedSharding(mesh, P("data", None, "model")), mesh, 3)
+    assert axes == ((), (), ())  # size-1 axes split nothing
+    assert _compat.mesh_axes(NamedSharding(mesh, P()), mesh, 2) == ((), ())

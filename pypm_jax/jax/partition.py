@@ -1,0 +1,520 @@
+"""Kernels that partition under SPMD like the program they replaced.
+
+XLA cannot look inside a kernel call (a Pallas call on GPU, its interpreter's loops on CPU),
+so on a mesh it would gather every operand onto every device. A replacement operator
+therefore declares, beside its implementation (:func:`~pypm_jax.jax.impls.register_impl`),
+how its operands' dimensions map onto shared *factors* -- batch, heads, rows, columns -- with
+:func:`register_partitioning`. Lowering then wraps the kernel call in JAX's
+``jax.experimental.custom_partitioning``: the factors become its Shardy sharding rule (and
+drive the GSPMD callbacks), and at partitioning time the kernel runs once per device on the
+shards of whatever the operands are sharded by, with no collective of its own.
+
+Declared in terms of a :class:`Partitioning`:
+
+* each dimension of an operand or of the result is a factor name, a pair of names (a
+  *compound* dimension, major first: GQA's query heads are ``("g", "r")``, the kv heads
+  ``"g"``; only the major factor is ever split), or None: a dimension the kernel needs whole
+  (a sequence the softmax reduces over, a head dimension);
+* a factor of the operands absent from the result is a contraction. Split (the operands come
+  sharded along it, as in a row-parallel matmul), the site runs as ``finish(psum(partial(
+  local operands)), local operands)`` -- the accumulation, XLA's own all-reduce of it, then
+  the epilogue -- when the declaration gives ``partial``/``finish``; without them the factor
+  is never split;
+* a dimension of size 1 in an operand (a broadcast mask or bias) is never split.
+
+Gradients: the kernel's own ``custom_vjp`` runs per shard inside a second partitioned call
+(``custom_partitioning`` has no derivative rules of its own), which recomputes the kernel's
+forward from the operands; gradients of operands that lack a split factor (a bias broadcast
+over the batch) are summed over it with ``psum``, as XLA does for the original program.
+
+Under ``jax.vmap`` (``custom_partitioning`` has no batching rule) the call becomes the
+partitioned call of the vmapped function, the mapped axis one more factor. With one device
+nothing is wrapped: the kernel is called as registered.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Partitioning", "register_partitioning", "partitioning_for", "partitioned"]
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from jax.custom_batching import custom_vmap
+from jax.experimental.custom_partitioning import (
+    ArrayMapping,
+    CompoundFactor,
+    SdyShardingRule,
+    custom_partitioning,
+)
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from .._terms import Operator
+from . import _compat
+
+Dim = str | tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class Partitioning:
+    """How an operator's operand and result dimensions map onto shared factors.
+
+    ``inputs`` has one tuple per operand (one entry per dimension), ``output`` one entry per
+    result dimension (see the module docstring for what an entry means). ``partial(*args)``
+    and ``finish(acc, *args)`` split the operator at its contraction (``partial`` on the
+    local operands gives the local accumulator, of the result's shape; ``finish`` the result
+    from the summed accumulator); both None when a contraction is never split.
+    """
+
+    inputs: tuple[tuple[Dim, ...], ...]
+    output: tuple[Dim, ...]
+    partial: Callable[..., Any] | None = None
+    finish: Callable[..., Any] | None = None
+
+
+PARTITIONINGS: dict[Operator, Callable[..., Partitioning | None]] = {}
+
+
+def register_partitioning(op: Operator, fn: Callable[..., Any] | None = None) -> Any:
+    """Register ``fn(*input_shapes, **attrs) -> Partitioning | None`` for ``op``.
+
+    Called with the operands' shapes and the node's attrs when the rewritten program is
+    lowered; None keeps that call whole (XLA then replicates its operands). Usable as a
+    decorator, like :func:`~pypm_jax.jax.impls.register_impl`.
+    """
+    if not isinstance(op, Operator):
+        raise TypeError(f"register_partitioning needs a pm operator, got {op!r}")
+
+    def deco(f: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(f):
+            raise TypeError(f"the partitioning of {op.name} must be callable, got {f!r}")
+        PARTITIONINGS[op] = f
+        return f
+
+    return deco(fn) if fn is not None else deco
+
+
+def partitioning_for(op: Operator) -> Callable[..., Partitioning | None] | None:
+    """The registered partitioning declaration of ``op``, or None."""
+    return PARTITIONINGS.get(op)
+
+
+# ------------------------------------------------------------------------------ factors
+
+
+def _factors(dim: Dim) -> tuple[str, ...]:
+    if dim is None:
+        return ()
+    return (dim,) if isinstance(dim, str) else tuple(dim)
+
+
+def _major(dim: Dim) -> str | None:
+    """The factor a dimension is split by: the only one, or a compound's major one."""
+    fs = _factors(dim)
+    return fs[0] if fs else None
+
+
+@dataclass(frozen=True)
+class _Site:
+    """One call's declaration checked against its operands' shapes.
+
+    ``dims`` / ``out`` are the declaration with unsplittable dimensions (None, size 1, a
+    contraction without ``partial``) as None; ``sizes`` every factor's size.
+    """
+
+    dims: tuple[tuple[Dim, ...], ...]
+    out: tuple[Dim, ...]
+    sizes: dict[str, int]
+    summed: frozenset[str]
+    spec: Partitioning
+
+
+def _site(
+    spec: Partitioning, shapes: Sequence[tuple[int, ...]], out_shape: tuple[int, ...]
+) -> _Site:
+    if (
+        len(spec.inputs) != len(shapes)
+        or any(len(d) != len(s) for d, s in zip(spec.inputs, shapes, strict=True))
+        or len(spec.output) != len(out_shape)
+    ):
+        raise ValueError(
+            f"partitioning {spec.inputs} -> {spec.output} does not fit shapes {list(shapes)} "
+            f"-> {out_shape}"
+        )
+    sizes: dict[str, int] = {}
+    for dims, shape in zip((*spec.inputs, spec.output), (*shapes, out_shape), strict=True):
+        for dim, n in zip(dims, shape, strict=True):
+            if isinstance(dim, str) and n != 1:
+                if sizes.setdefault(dim, n) != n:
+                    raise ValueError(f"factor {dim!r} has sizes {sizes[dim]} and {n}")
+    for dims, shape in zip((*spec.inputs, spec.output), (*shapes, out_shape), strict=True):
+        for dim, n in zip(dims, shape, strict=True):  # a compound's minor factor: the rest
+            if isinstance(dim, tuple) and len(dim) == 2 and dim[0] in sizes and n != 1:
+                if n % sizes[dim[0]] == 0:
+                    sizes.setdefault(dim[1], n // sizes[dim[0]])
+    out_factors = {f for d in spec.output for f in _factors(d)}
+    splittable_sum = spec.partial is not None and spec.finish is not None
+    summed = frozenset(
+        f for dims in spec.inputs for d in dims for f in _factors(d) if f not in out_factors
+    )
+
+    def keep(dim: Dim, n: int) -> Dim:
+        major = _major(dim)
+        if major is None or n == 1 or major not in sizes or sizes[major] == 1:
+            return None
+        if major in summed and not splittable_sum:
+            return None
+        if isinstance(dim, tuple) and (len(dim) != 2 or n % sizes[major]):
+            return None
+        return dim
+
+    dims = tuple(
+        tuple(keep(d, n) for d, n in zip(ds, s, strict=True))
+        for ds, s in zip(spec.inputs, shapes, strict=True)
+    )
+    out = tuple(keep(d, n) for d, n in zip(spec.output, out_shape, strict=True))
+    return _Site(dims, out, sizes, summed if splittable_sum else frozenset(), spec)
+
+
+def _sharding_rule(site: _Site) -> SdyShardingRule:
+    """The Shardy rule: kept dims by factor; every other dim its own need-replication factor."""
+    names: dict[str, str] = {}
+    whole: list[str] = []
+    sizes: dict[str, int] = {}
+
+    def name(f: str) -> str:
+        return names.setdefault(f, f"f{len(names)}")
+
+    def mapping(dims: tuple[Dim, ...]) -> ArrayMapping:
+        out = []
+        for dim in dims:
+            if dim is None:
+                w = f"w{len(whole)}"
+                whole.append(w)
+                out.append(w)
+            elif isinstance(dim, str):
+                out.append(name(dim))
+            elif site.sizes[dim[1]] == 1:  # (g, 1): just g (Shardy takes no unit factor)
+                out.append(name(dim[0]))
+            else:
+                for f in dim:
+                    sizes[name(f)] = site.sizes[f]
+                out.append(CompoundFactor(*(name(f) for f in dim)))
+        return ArrayMapping(*out)
+
+    ins = tuple(mapping(d) for d in site.dims)
+    res = (mapping(site.out),)
+    plain = {d for m in (*ins, *res) for d in m if isinstance(d, str)}
+    sizes = {k: v for k, v in sizes.items() if k not in plain}  # only compound-only factors
+    return SdyShardingRule(ins, res, need_replication_factors=tuple(whole), **sizes)
+
+
+# ------------------------------------------------------------------------------ partitioning
+
+
+def _spec_of(sharding: Any, mesh: Any, ndim: int) -> tuple[tuple[str, ...], ...]:
+    """Mesh axes per dimension; a sharding no mesh axes express counts as unsplit (the
+    site then asks for its operands unsplit along the factors it cannot read)."""
+    axes = _compat.mesh_axes(sharding, mesh, ndim)
+    return axes if axes is not None else ((),) * ndim
+
+
+def _assign(
+    site: _Site, mesh: Any, arg_specs: Sequence[tuple[tuple[str, ...], ...]]
+) -> dict[str, tuple[str, ...]]:
+    """Mesh axes per factor: from the first operand that has it split (so nothing split is
+    ever gathered unless two operands disagree), when the factor's size divides evenly."""
+    used: set[str] = set()
+    axes: dict[str, tuple[str, ...]] = {}
+    for dims, spec in zip(site.dims, arg_specs, strict=True):
+        for dim, entry in zip(dims, spec, strict=True):
+            major = _major(dim)
+            if major is None or major in axes or not entry or used & set(entry):
+                continue
+            n = math.prod(mesh.shape[a] for a in entry)
+            if site.sizes[major] % n == 0:
+                axes[major] = entry
+                used |= set(entry)
+    return axes
+
+
+def _named(mesh: Any, dims: tuple[Dim, ...], axes: dict[str, tuple[str, ...]]) -> NamedSharding:
+    entries = []
+    for dim in dims:
+        a = axes.get(_major(dim), ()) if dim is not None else ()
+        entries.append(None if not a else a[0] if len(a) == 1 else a)
+    return NamedSharding(mesh, P(*entries))
+
+
+def _psum(x: Any, axes: Sequence[str]) -> Any:
+    return jax.lax.psum(x, tuple(axes)) if axes else x
+
+
+def _summed_axes(site: _Site, axes: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    return tuple(a for f in sorted(site.summed) for a in axes.get(f, ()))
+
+
+def _missing_axes(
+    site: _Site, dims: tuple[Dim, ...], axes: dict[str, tuple[str, ...]]
+) -> tuple[str, ...]:
+    """Axes of split result factors absent from an operand: its gradient sums over them."""
+    have = {_major(d) for d in dims}
+    return tuple(
+        a
+        for d in site.out
+        if (f := _major(d)) is not None and f not in have
+        for a in axes.get(f, ())
+    )
+
+
+def _is_float(x: Any) -> bool:
+    return jax.numpy.issubdtype(jax.numpy.result_type(x), jax.numpy.inexact)
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(np.shape(x))
+
+
+def partitioned(fn: Callable[..., Any], spec: Partitioning, args: Sequence[Any]) -> Any:
+    """``fn(*args)`` (one array out) as a call XLA partitions by ``spec``'s factors.
+
+    Operands known while tracing and of rank 0 (a literal scale, an absent bias's ``0``) stay
+    Python-visible constants of the kernel call rather than becoming its operands.
+    """
+    fixed = {i: a for i, a in enumerate(args) if not _compat.is_tracer(a) and np.ndim(a) == 0}
+    if fixed:
+        n, free = len(args), [i for i in range(len(args)) if i not in fixed]
+        fn = _bound(fn, fixed, free, n)
+        spec = Partitioning(
+            tuple(spec.inputs[i] for i in free),
+            spec.output,
+            None if spec.partial is None else _bound(spec.partial, fixed, free, n),
+            None if spec.finish is None else _bound(spec.finish, fixed, free, n, 1),
+        )
+        args = [args[i] for i in free]
+    args = [jax.numpy.asarray(a) for a in args]
+    shapes = [_shape(a) for a in args]
+    out = jax.eval_shape(fn, *args)
+    site = _site(spec, shapes, tuple(out.shape))
+    if all(d is None for dims in site.dims for d in dims):
+        return fn(*args)  # nothing can be split: the plain call, replicated by XLA
+    floats = tuple(i for i, a in enumerate(args) if _is_float(a))
+    fwd = _batchable(_forward(fn, site, shapes, tuple(out.shape)), _vmapped_forward(fn, spec))
+    bwd = _batchable(
+        _backward(fn, site, shapes, tuple(out.shape), floats), _vmapped_backward(fn, spec, floats)
+    )
+
+    @jax.custom_vjp
+    def call(*xs: Any) -> Any:
+        return fwd(*xs)
+
+    def call_fwd(*xs: Any) -> tuple[Any, Any]:
+        return fwd(*xs), xs
+
+    def call_bwd(xs: Any, ct: Any) -> tuple[Any, ...]:
+        grads = iter(bwd(*xs, ct))
+        return tuple(next(grads) if i in floats else None for i in range(len(xs)))
+
+    call.defvjp(call_fwd, call_bwd)
+    return call(*args)
+
+
+# ------------------------------------------------------------------------------ vmap
+# ``custom_partitioning`` has no batching rule: under ``jax.vmap`` the call is rebuilt as the
+# partitioned call of the vmapped function, the mapped axis one more (splittable) factor.
+
+
+def _batchable(f: Callable[..., Any], rule: Callable[..., Any]) -> Callable[..., Any]:
+    g = custom_vmap(_positional(f))
+    g.def_vmap(rule)
+    return g
+
+
+def _vmapped(spec: Partitioning) -> Partitioning:
+    v = f"vmap{len(spec.output)}"  # nested vmaps: one factor per level
+    return Partitioning(
+        tuple((v, *d) for d in spec.inputs),
+        (v, *spec.output),
+        None if spec.partial is None else jax.vmap(spec.partial),
+        None if spec.finish is None else jax.vmap(spec.finish),
+    )
+
+
+def _all_mapped(axis_size: int, in_batched: Sequence[bool], xs: Sequence[Any]) -> list[Any]:
+    """Every operand with the mapped axis first (per-example gradients need it everywhere)."""
+    return [
+        x if b else jax.numpy.broadcast_to(x, (axis_size, *np.shape(x)))
+        for x, b in zip(xs, in_batched, strict=True)
+    ]
+
+
+def _vmapped_forward(fn: Callable[..., Any], spec: Partitioning) -> Callable[..., Any]:
+    def rule(axis_size: int, in_batched: Sequence[bool], *xs: Any) -> tuple[Any, bool]:
+        xs = _all_mapped(axis_size, in_batched, xs)
+        return partitioned(jax.vmap(fn), _vmapped(spec), xs), True
+
+    return rule
+
+
+def _vmapped_backward(
+    fn: Callable[..., Any], spec: Partitioning, floats: tuple[int, ...]
+) -> Callable[..., Any]:
+    def rule(axis_size: int, in_batched: Sequence[bool], *xs_ct: Any) -> tuple[Any, Any]:
+        *xs, ct = _all_mapped(axis_size, in_batched, xs_ct)
+
+        def on_floats(*fl: Any) -> Any:
+            full = list(xs)
+            for i, x in zip(floats, fl, strict=True):
+                full[i] = x
+            return partitioned(jax.vmap(fn), _vmapped(spec), full)
+
+        _, vjp = jax.vjp(on_floats, *(xs[i] for i in floats))
+        grads = tuple(vjp(ct))
+        return grads, (True,) * len(grads)
+
+    return rule
+
+
+def _positional(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``f`` with a plain ``*args`` signature (``custom_partitioning`` binds its arguments
+    to ``f``'s signature, and keyword-only parameters defeat that)."""
+
+    def g(*xs: Any) -> Any:
+        return f(*xs)
+
+    return g
+
+
+def _bound(
+    f: Callable[..., Any], fixed: dict[int, Any], free: list[int], n: int, lead: int = 0
+) -> Callable[..., Any]:
+    """``f`` taking only the free operands (after ``lead`` leading arguments)."""
+
+    def g(*xs: Any) -> Any:
+        full = dict(fixed)
+        full.update(zip(free, xs[lead:], strict=True))
+        return f(*xs[:lead], *(full[i] for i in range(n)))
+
+    return g
+
+
+def _forward(fn: Callable[..., Any], site: _Site, shapes: Any, out_shape: Any) -> Any:
+    def lower(mesh: Any, arg_infos: Any, _result: Any) -> Any:
+        specs = [_spec_of(a.sharding, mesh, len(s)) for a, s in zip(arg_infos, shapes, strict=True)]
+        axes = _assign(site, mesh, specs)
+        summed = _summed_axes(site, axes)
+
+        def local(*xs: Any) -> Any:
+            if not summed:
+                return fn(*xs)
+            acc = _psum(site.spec.partial(*xs), summed)
+            return site.spec.finish(acc, *xs)
+
+        arg_sh = tuple(_named(mesh, d, axes) for d in site.dims)
+        return mesh, local, _named(mesh, site.out, axes), arg_sh
+
+    def infer(mesh: Any, arg_infos: Any, _result: Any) -> Any:
+        specs = [_spec_of(a.sharding, mesh, len(s)) for a, s in zip(arg_infos, shapes, strict=True)]
+        return _named(mesh, site.out, _assign(site, mesh, specs))
+
+    cp = custom_partitioning(_positional(fn))
+    cp.def_partition(
+        decode_shardings=False,  # read by _spec_of, which survives sub-axes
+        partition=lower,
+        infer_sharding_from_operands=infer,
+        sharding_rule=_sharding_rule(site),
+    )
+    return cp
+
+
+def _backward(
+    fn: Callable[..., Any], site: _Site, shapes: Any, out_shape: Any, floats: tuple[int, ...]
+) -> Any:
+    """The gradients of the float operands, per shard, from the operands and the cotangent."""
+    n = len(shapes)
+    bsite = _with_cotangent(site)
+
+    def grads(*xs_ct: Any, summed: tuple[str, ...] = (), axes: Any = None) -> tuple[Any, ...]:
+        xs, ct = list(xs_ct[:n]), xs_ct[n]
+
+        def on_floats(f: Callable[..., Any]) -> Callable[..., Any]:
+            def g(*fl: Any) -> Any:
+                full = list(xs)
+                for i, x in zip(floats, fl, strict=True):
+                    full[i] = x
+                return f(*full)
+
+            return g
+
+        fl = [xs[i] for i in floats]
+        if not summed:
+            _, vjp = jax.vjp(on_floats(fn), *fl)
+            gs = list(vjp(ct))
+        else:
+            acc, pvjp = jax.vjp(on_floats(site.spec.partial), *fl)
+            acc = _psum(acc, summed)
+
+            def finish(a: Any, *f: Any) -> Any:
+                return on_floats(lambda *x: site.spec.finish(a, *x))(*f)
+
+            _, fvjp = jax.vjp(finish, acc, *fl)
+            d_acc, *g_fin = fvjp(ct)
+            gs = [a + b for a, b in zip(g_fin, pvjp(d_acc), strict=True)]
+        if axes is not None:
+            gs = [
+                _psum(g, _missing_axes(site, site.dims[i], axes))
+                for g, i in zip(gs, floats, strict=True)
+            ]
+        return tuple(gs)
+
+    def lower(mesh: Any, arg_infos: Any, _result: Any) -> Any:
+        specs = [
+            _spec_of(a.sharding, mesh, len(s))
+            for a, s in zip(arg_infos, (*shapes, out_shape), strict=True)
+        ]
+        axes = _assign(bsite, mesh, specs)
+
+        def local(*xs_ct: Any) -> Any:
+            return grads(*xs_ct, summed=_summed_axes(site, axes), axes=axes)
+
+        arg_sh = tuple(_named(mesh, d, axes) for d in bsite.dims)
+        out_sh = tuple(_named(mesh, site.dims[i], axes) for i in floats)
+        return mesh, local, out_sh, arg_sh
+
+    def infer(mesh: Any, arg_infos: Any, _result: Any) -> Any:
+        specs = [
+            _spec_of(a.sharding, mesh, len(s))
+            for a, s in zip(arg_infos, (*shapes, out_shape), strict=True)
+        ]
+        axes = _assign(bsite, mesh, specs)
+        return tuple(_named(mesh, site.dims[i], axes) for i in floats)
+
+    cp = custom_partitioning(_positional(grads))
+    cp.def_partition(
+        decode_shardings=False,  # read by _spec_of, which survives sub-axes
+        partition=lower,
+        infer_sharding_from_operands=infer,
+        sharding_rule=_bwd_rule(site, floats),
+    )
+    return cp
+
+
+def _with_cotangent(site: _Site) -> _Site:
+    """The backward call's operands: the forward's and the result's cotangent."""
+    return _Site((*site.dims, site.out), (), site.sizes, site.summed, site.spec)
+
+
+def _bwd_rule(site: _Site, floats: tuple[int, ...]) -> SdyShardingRule:
+    """The forward rule over the operands and the cotangent; results: the float operands'
+    gradients, each mapped like its operand."""
+    fwd = _sharding_rule(_with_cotangent(site))
+    return SdyShardingRule(
+        fwd.operand_mappings,
+        tuple(fwd.operand_mappings[i] for i in floats),
+        need_replication_factors=fwd.need_replication_factors,
+        **fwd.factor_sizes,
+    )

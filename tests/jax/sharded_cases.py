@@ -1,0 +1,283 @@
+"""Sharded programs on 8 host CPU devices, optimized and compared with ``jax.jit``.
+
+Run as a script by ``test_jax_sharded.py`` in a subprocess (the device count is fixed when
+JAX starts): ``python tests/jax/sharded_cases.py CASE...`` prints one JSON line per case with
+what the test asserts. A case is ``model/mesh``: models ``mha`` (a linen attention block with
+an MLP), ``gqa`` (a Llama-style block with grouped kv heads, causal, gated SiLU MLP),
+``bert`` (Hugging Face FlaxBertModel, one layer), ``llama`` (Hugging Face FlaxLlama, 2 kv
+heads); meshes ``data`` (batch on ``data``),
+``tensor`` (heads and MLP columns on ``model``), ``both``; on a 2 x 4 mesh. Options after
+them: ``/gspmd`` partitions with GSPMD instead of Shardy (JAX's default); ``/xla`` runs the
+kernels' plain-JAX reference (cheaper to compile) instead of the Pallas interpreter, inside
+the same partitioned calls.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+
+import json  # noqa: E402
+import re  # noqa: E402
+import warnings  # noqa: E402
+from typing import Any  # noqa: E402
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import pypm_jax as pm  # noqa: E402
+
+COLLECTIVES = ("all-gather", "all-to-all", "collective-permute")
+COLUMN = {
+    "query",
+    "key",
+    "value",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "fc1",
+    "gate",
+    "up",
+    "intermediate",
+}
+ROW = {"out", "o_proj", "fc2", "down", "output"}
+
+
+def collectives(compiled_text: str) -> dict[str, int]:
+    """How many of each data-moving collective a compiled HLO module has."""
+    return {k: len(re.findall(rf"= [^\n=]* {k}(-start)?\(", compiled_text)) for k in COLLECTIVES}
+
+
+class MLP(nn.Module):
+    hidden: int
+    gated: bool = False
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if self.gated:
+            h = nn.silu(nn.Dense(self.hidden, name="gate")(x)) * nn.Dense(self.hidden, name="up")(x)
+            return nn.Dense(x.shape[-1], name="down")(h)
+        return nn.Dense(x.shape[-1], name="fc2")(nn.gelu(nn.Dense(self.hidden, name="fc1")(x)))
+
+
+class MHABlock(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + nn.MultiHeadDotProductAttention(num_heads=4, name="attention")(x)
+        return x + MLP(256)(x)
+
+
+class GQABlock(nn.Module):
+    """Llama-style attention: 8 query heads sharing 4 kv heads, causal; gated MLP."""
+
+    heads: int = 8
+    kv_heads: int = 4
+    head_dim: int = 32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        b, s, _ = x.shape
+        q = nn.Dense(self.heads * self.head_dim, use_bias=False, name="q_proj")(x)
+        k = nn.Dense(self.kv_heads * self.head_dim, use_bias=False, name="k_proj")(x)
+        v = nn.Dense(self.kv_heads * self.head_dim, use_bias=False, name="v_proj")(x)
+        q = q.reshape(b, s, self.heads, self.head_dim)
+        k = k.reshape(b, s, self.kv_heads, self.head_dim)
+        v = v.reshape(b, s, self.kv_heads, self.head_dim)
+        rep = self.heads // self.kv_heads
+        k, v = jnp.repeat(k, rep, axis=2), jnp.repeat(v, rep, axis=2)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(self.head_dim).astype(x.dtype)
+        causal = jnp.tril(jnp.ones((s, s), bool))
+        scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
+        o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+        x = x + nn.Dense(x.shape[-1], use_bias=False, name="o_proj")(o.reshape(b, s, -1))
+        return x + MLP(256, gated=True)(x)
+
+
+def linen_model(module: nn.Module) -> tuple[Any, Any, Any]:
+    x = jax.random.normal(jax.random.key(0), (2, 8, 128))
+    params = module.init(jax.random.key(1), x)
+    return module.apply, params, (x,)
+
+
+def bert_model() -> tuple[Any, Any, Any]:
+    from transformers import BertConfig, FlaxBertModel
+
+    cfg = BertConfig(vocab_size=100, hidden_size=128, num_hidden_layers=1, num_attention_heads=4,
+                     intermediate_size=256, max_position_embeddings=32)  # fmt: skip
+    model = FlaxBertModel(cfg, seed=0)
+    ids = jax.random.randint(jax.random.key(2), (2, 8), 0, 100)
+    mask = jnp.ones((2, 8), jnp.int32).at[-1, -3:].set(0)
+
+    def apply(params: Any, ids: jax.Array, mask: jax.Array) -> Any:
+        return model(ids, attention_mask=mask, params=params, train=False).last_hidden_state
+
+    return apply, model.params, (ids, mask)
+
+
+def hf_llama_model() -> tuple[Any, Any, Any]:
+    """Hugging Face FlaxLlama: 8 query heads over 2 kv heads, fewer than the model axis."""
+    from pypm_testing import corpus
+
+    fn, (params, ids), _ = corpus.hf_llama(corpus.Size(hidden=256, heads=8, ffn=512, layers=1))
+    return fn, params, (ids,)
+
+
+MODELS = {"mha": lambda: linen_model(MHABlock()), "gqa": lambda: linen_model(GQABlock()),
+          "bert": bert_model, "llama": hf_llama_model}  # fmt: skip
+
+
+def param_spec(path: Any, leaf: Any, tensor: bool) -> P:
+    """Megatron-style: q/k/v and first MLP layers split by columns, the others by rows."""
+    names = {str(getattr(p, "key", "")) for p in path}
+    if not tensor or leaf.ndim == 0:
+        return P()
+    kernel = "kernel" in names
+    if names & COLUMN:
+        if kernel:
+            return P(None, "model", *(None,) * (leaf.ndim - 2))  # [E, H, D] or [E, F]
+        return P("model", *(None,) * (leaf.ndim - 1))  # bias [H, D] or [F]
+    if names & ROW and kernel:
+        return P("model", *(None,) * (leaf.ndim - 1))  # [H, D, E] or [F, E]
+    return P()
+
+
+def _rel(got: Any, want: Any) -> float:
+    """The largest difference relative to the largest magnitude (a parameter whose gradient
+    is mathematically zero, like a key bias's, is compared at that scale)."""
+    pairs = [(np.asarray(a), np.asarray(b)) for a, b in
+             zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)]  # fmt: skip
+    scale = max(float(np.max(np.abs(b))) for _, b in pairs)
+    return max(float(np.max(np.abs(a - b))) for a, b in pairs) / scale
+
+
+def run_case(case: str) -> dict[str, Any]:
+    model, *options = case.split("/")
+    jax.config.update("jax_use_shardy_partitioner", "gspmd" not in options)
+    os.environ["PYPM_KERNEL_IMPL"] = "xla" if "xla" in options else "interpret"
+    if model == "shard_map":
+        return shard_map_case()
+    if model == "vmap":
+        return vmap_case()
+    if model == "counter":
+        return counter_case()
+    mesh_kind = options[0]
+    fn, params, inputs = MODELS[model]()
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+    tensor = mesh_kind in ("tensor", "both")
+    batch = P("data") if mesh_kind in ("data", "both") else P()
+    params = jax.tree_util.tree_map_with_path(
+        lambda p, a: jax.device_put(a, NamedSharding(mesh, param_spec(p, a, tensor))), params
+    )
+    inputs = tuple(jax.device_put(a, NamedSharding(mesh, batch)) for a in inputs)
+    args = (params, *inputs)
+
+    def loss(f: Any) -> Any:
+        return jax.grad(lambda p, *xs: jnp.sum(jnp.sin(f(p, *xs))))
+
+    opt = pm.optimize(fn)
+    programs = {
+        "jit": jax.jit(fn), "opt": jax.jit(opt),
+        "jit_grad": jax.jit(loss(fn)), "opt_grad": jax.jit(loss(opt)),
+    }  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fallback to the original program fails the case
+        compiled = {k: p.lower(*args).compile() for k, p in programs.items()}
+        want, got = compiled["jit"](*args), compiled["opt"](*args)
+        g_want, g_got = compiled["jit_grad"](*args), compiled["opt_grad"](*args)
+        rules = sorted({r.rule for r in opt.report(*args)})
+
+    return {
+        "case": case,
+        "rules": rules,
+        "out_rel": _rel(got, want),
+        "grad_rel": _rel(g_got, g_want),
+        "out_sharding": got.sharding.is_equivalent_to(want.sharding, got.ndim),
+        "grad_sharding": all(
+            a.sharding.is_equivalent_to(b.sharding, a.ndim)
+            for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want), strict=True)
+        ),  # fmt: skip
+        **{k: collectives(c.as_text()) for k, c in compiled.items()},
+    }
+
+
+def shard_map_case() -> dict[str, Any]:
+    """Attention and a GEMM epilogue inside a ``shard_map`` body (per device)."""
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+
+    def body(x: Any, wq: Any, wk: Any, wv: Any, w1: Any, b1: Any) -> Any:
+        b, s, _ = x.shape
+        q, k, v = ((x @ w).reshape(b, s, -1, 32) for w in (wq, wk, wv))
+        o = jax.nn.dot_product_attention(q, k, v).reshape(b, s, -1)
+        return jax.nn.gelu(o @ w1 + b1)
+
+    fn = jax.shard_map(body, mesh=mesh, out_specs=P("data", "model"), check_vma=False,
+                       in_specs=(P("data"), *(P(None, "model"),) * 3, P(), P()))  # fmt: skip
+    ks = jax.random.split(jax.random.key(3), 6)
+    args = (jax.random.normal(ks[0], (4, 8, 64)),
+            *(0.1 * jax.random.normal(k, (64, 128)) for k in ks[1:4]),
+            0.1 * jax.random.normal(ks[4], (32, 48)), jax.random.normal(ks[5], (48,)))  # fmt: skip
+    opt = pm.optimize(fn)
+    grad = lambda f: jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums=(0, 1, 4, 5))  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        want, got = jax.jit(fn)(*args), opt(*args)
+        g_want, g_got = jax.jit(grad(fn))(*args), jax.jit(grad(opt))(*args)
+        rules = sorted({r.rule for r in opt.report(*args)})
+    return {
+        "case": "shard_map",
+        "rules": rules,
+        "out_rel": _rel(got, want),
+        "grad_rel": _rel(g_got, g_want),
+        "out_sharding": got.sharding.is_equivalent_to(want.sharding, got.ndim),
+    }
+
+
+def counter_case() -> dict[str, Any]:
+    """What :func:`collectives` counts in a program that must gather (a sharded input
+    returned replicated): the counts the other cases compare can be nonzero."""
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+    x = jax.device_put(jnp.ones((8, 8)), NamedSharding(mesh, P("data", "model")))
+    gather = jax.jit(lambda x: x + 1, out_shardings=NamedSharding(mesh, P()))
+    return {"case": "counter", "gather": collectives(gather.lower(x).compile().as_text())}
+
+
+def vmap_case() -> dict[str, Any]:
+    """``jax.vmap`` of an optimized attention, the mapped axis sharded: the vmapped kernel
+    call is partitioned along it too."""
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+
+    def attend(q: Any, k: Any, v: Any) -> Any:
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(32.0)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
+
+    spec = NamedSharding(mesh, P("model", "data"))
+    args = [jax.device_put(jax.random.normal(jax.random.key(i), (4, 2, 8, 4, 32)), spec)
+            for i in range(3)]  # fmt: skip
+    opt = pm.optimize(attend)
+    loss = lambda f: jax.grad(lambda *a: jnp.sum(jnp.sin(jax.vmap(f)(*a))), (0, 1, 2))  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fwd = {k: jax.jit(jax.vmap(f)).lower(*args).compile() for k, f in
+               (("jit", attend), ("opt", opt))}  # fmt: skip
+        want, got = fwd["jit"](*args), fwd["opt"](*args)
+        g_want, g_got = jax.jit(loss(attend))(*args), jax.jit(loss(opt))(*args)
+        rules = sorted({r.rule for r in opt.report(*(a[0] for a in args))})
+    return {
+        "case": "vmap",
+        "rules": rules,
+        "out_rel": _rel(got, want),
+        "grad_rel": _rel(g_got, g_want),
+        "out_sharding": got.sharding.is_equivalent_to(want.sharding, got.ndim),
+        **{k: collectives(c.as_text()) for k, c in fwd.items()},
+    }
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:]:
+        print(json.dumps(run_case(name)), flush=True)

@@ -1,0 +1,93 @@
+"""The partitioning declarations of replacement operators (``pypm_jax.jax.partition``).
+
+What the factors of a declaration become -- the dimensions kept splittable, the Shardy rule,
+the mesh axes each factor takes from the operands' shardings -- checked without devices; the
+partitioned programs themselves run on 8 devices in ``test_jax_sharded.py``.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from jax.experimental.custom_partitioning import CompoundFactor
+
+import pypm_jax as pm
+from pypm_jax.jax import Partitioning, register_partitioning
+from pypm_jax.jax import partition as pt
+
+# GQA attention in BSHD: 8 query heads over 4 kv heads; a bias broadcast over the batch
+ATTN = Partitioning(
+    inputs=(
+        ("b", None, ("g", "r"), None),
+        ("b", None, "g", None),
+        ("b", ("g", "r"), None, None),
+    ),
+    output=("b", None, ("g", "r"), None),
+)
+ATTN_SHAPES = [(2, 8, 8, 32), (2, 8, 4, 32), (1, 8, 8, 8)]
+MESH = SimpleNamespace(shape={"data": 2, "model": 4})
+
+
+def test_site_keeps_splittable_dims_and_sizes_factors():
+    site = pt._site(ATTN, ATTN_SHAPES, (2, 8, 8, 32))
+    assert site.sizes == {"b": 2, "g": 4, "r": 2}
+    assert site.dims[0] == ("b", None, ("g", "r"), None)
+    assert site.dims[2] == (None, ("g", "r"), None, None)  # size-1 batch of the bias: whole
+    assert site.summed == frozenset()
+
+
+def test_site_rejects_a_declaration_that_does_not_fit():
+    with pytest.raises(ValueError, match="does not fit"):
+        pt._site(ATTN, ATTN_SHAPES[:2], (2, 8, 8, 32))
+    with pytest.raises(ValueError, match="factor 'b' has sizes 2 and 3"):
+        pt._site(ATTN, [(2, 8, 8, 32), (3, 8, 4, 32), (1, 8, 8, 8)], (2, 8, 8, 32))
+
+
+def test_a_contraction_splits_only_with_partial_and_finish():
+    dims = (("m", "k"), ("k", "n"), ("n",))
+    plain = pt._site(Partitioning(dims, ("m", "n")), [(4, 8), (8, 6), (6,)], (4, 6))
+    assert plain.dims == (("m", None), (None, "n"), ("n",)) and plain.summed == frozenset()
+    split = Partitioning(dims, ("m", "n"), partial=lambda *a: 0, finish=lambda *a: 0)
+    site = pt._site(split, [(4, 8), (8, 6), (6,)], (4, 6))
+    assert site.dims == dims and site.summed == frozenset({"k"})
+
+
+def test_shardy_rule_names_factors_and_replicates_whole_dims():
+    rule = pt._sharding_rule(pt._site(ATTN, ATTN_SHAPES, (2, 8, 8, 32)))
+    q, k, bias = rule.operand_mappings
+    assert q[0] == k[0] == "f0" and isinstance(q[2], CompoundFactor) and q[2][0] == k[2]
+    (out,) = rule.result_mappings
+    whole = {q[1], q[3], k[1], k[3], bias[0], *bias[2:], out[1], out[3]}
+    assert set(rule.need_replication_factors) == whole and len(whole) == 9
+    assert out[0] == q[0] and out[2] == q[2]
+    # with as many query heads as kv heads the compound is the kv factor alone
+    mha = pt._site(ATTN, [(2, 8, 4, 32), (2, 8, 4, 32), (1, 8, 4, 8)], (2, 8, 4, 32))
+    q, k, _ = pt._sharding_rule(mha).operand_mappings
+    assert q[2] == k[2] == "f1"
+
+
+def test_factors_take_the_axes_of_the_first_operand_split_along_them():
+    site = pt._site(ATTN, ATTN_SHAPES, (2, 8, 8, 32))
+    specs = [((), (), ("model",), ()), (("data",), (), ("model",), ()), ((), (), (), ())]
+    assert pt._assign(site, MESH, specs) == {"g": ("model",), "b": ("data",)}
+    # 2 kv heads do not split over 4 devices: the heads stay whole
+    small = pt._site(ATTN, [(2, 8, 8, 32), (2, 8, 2, 32), (1, 8, 8, 8)], (2, 8, 8, 32))
+    assert pt._assign(small, MESH, specs) == {"b": ("data",)}
+    # an axis already used by another factor is not used twice
+    both = [(("data",), (), ("data",), ()), ((), (), (), ()), ((), (), (), ())]
+    assert pt._assign(site, MESH, both) == {"b": ("data",)}
+
+
+def test_register_partitioning_checks_its_arguments():
+    @pm.op
+    def Kernel(x):  # noqa: N802
+        return 1
+
+    with pytest.raises(TypeError, match="needs a pm operator"):
+        register_partitioning("Kernel", lambda *s: None)
+    with pytest.raises(TypeError, match="must be callable"):
+        register_partitioning(Kernel, 3)
+    decl = register_partitioning(Kernel)(lambda shape: Partitioning(((None,),), (None,)))
+    assert pt.partitioning_for(Kernel) is decl
+    pt.PARTITIONINGS.pop(Kernel)
