@@ -8,7 +8,12 @@ LINT   := $(PY) -m ruff check pypm_jax pallas_kernels hlo tests benchmarks
 # compiled functions a file shares are cached per worker process (built at most once each).
 PYTEST := $(PY) -m pytest -q -n auto --dist worksteal
 
-.PHONY: demo test test-fast lint bench clean
+# The living corpus (tests/zoo): the `zoo` extra, then the packages whose declared
+# dependencies are heavy and unused by their model code, without those dependencies.
+ZOO_STAMP   := $(VENV)/.zoo-stamp
+ZOO_NO_DEPS := keras-hub==0.32.0 google-tunix==0.1.7 gemma==3.3.0 kauldron==1.4.2
+
+.PHONY: demo test test-fast lint bench zoo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,11 +21,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test,models]"
 	touch $(STAMP)
 
+$(ZOO_STAMP): $(STAMP) Makefile
+	$(PY) -m pip install --quiet -e ".[test,models,zoo]"
+	$(PY) -m pip install --quiet --no-deps $(ZOO_NO_DEPS)
+	touch $(ZOO_STAMP)
+
+zoo: $(ZOO_STAMP)
+
 demo: $(STAMP)
 	$(PY) -m pypm_jax.demo
 
-# Lint and the whole suite, the Hypothesis properties at CI's budget (what CI runs: .ci/run).
-test: $(STAMP)
+# Lint and the whole suite, the zoo included, the Hypothesis properties at CI's budget (what
+# CI runs: .ci/run).
+test: $(ZOO_STAMP)
 	$(LINT)
 	PYPM_HYPOTHESIS_PROFILE=ci $(PYTEST)
 

@@ -71,8 +71,7 @@ def _keras(backbone: Any, desc: str) -> Model:
     trainable = [v.value for v in backbone.trainable_variables]
     fixed = [v.value for v in backbone.non_trainable_variables]
     inputs = {
-        i.name: _padding_mask() if "mask" in i.name else _ids(len(i.name))
-        for i in backbone.inputs
+        i.name: _padding_mask() if "mask" in i.name else _ids(len(i.name)) for i in backbone.inputs
     }
     if "segment_ids" in inputs:
         inputs["segment_ids"] = jnp.zeros((BATCH, SEQ), jnp.int32)
