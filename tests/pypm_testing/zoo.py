@@ -353,7 +353,7 @@ def build(name: str, dtype: str = "float32") -> Model:
 
 LAYOUT = frozenset(
     {"convert_element_type", "reshape", "transpose", "broadcast_in_dim", "squeeze",
-     "expand_dims", "copy", "copy_p", "slice", "dynamic_slice", "rev", "reduce_precision"}
+     "expand_dims", "copy", "slice", "dynamic_slice", "rev", "reduce_precision"}
 )  # fmt: skip
 ELEMENTWISE = frozenset(
     {"add", "sub", "mul", "div", "neg", "max", "min", "select_n", "integer_pow", "square",
@@ -391,6 +391,7 @@ def _is_input(node: Any) -> bool:
 
 
 def _is_weight(value: Any) -> bool:
+    """Is ``value`` a program input or constant, maybe cast, reshaped or transposed?"""
     node = value.node
     for _ in range(WALK):
         if _is_input(node):
@@ -424,9 +425,10 @@ def _is_scores(node: Any) -> bool:
 
 
 def _is_softmax_exp(graph: Any, node: Any) -> bool:
+    """An ``exp`` that a ``reduce_sum`` reads, of scores (see above)."""
     if _name(node) != "exp":
         return False
-    readers = [u for u in graph.users(node.outputs[0])]
+    readers = list(graph.users(node.outputs[0]))
     readers += [r for u in readers if _name(u) in LAYOUT for r in graph.users(u.outputs[0])]
     if not any(_name(r) == "reduce_sum" for r in readers):
         return False
@@ -440,6 +442,7 @@ def _is_attention(graph: Any, dot: Any) -> bool:
 
 
 def _is_activation(node: Any) -> bool:
+    """tanh, logistic, erf(c), or ``max`` with a constant 0 (relu)."""
     if _name(node) in ACTIVATIONS:
         return True
     if _name(node) != "max":
@@ -448,11 +451,8 @@ def _is_activation(node: Any) -> bool:
 
 
 def _zero(node: Any) -> bool:
-    value = node.attrs.get("value") if hasattr(node.attrs, "get") else None
-    try:
-        return value is not None and bool(np.all(np.asarray(value) == 0))
-    except (TypeError, ValueError):
-        return False
+    value = node.attrs.get("value")
+    return value is not None and bool(np.all(np.asarray(value) == 0))
 
 
 def _is_dense(node: Any) -> bool:
