@@ -96,3 +96,22 @@ def test_covered_sites_are_gone_from_the_rewritten_program():
     left = zoo.coverage(fn, args, pm.optimize(fn, rules=[]))
     assert (left.attention_covered, left.dense_covered) == (0, 0)
     assert len(left.left.attention) == 1 and len(left.left.dense) == 2
+
+
+def test_explain_left_shows_the_spelling_and_the_closest_rule():
+    """A softmax over the queries (not the keys) is a site no attention kernel computes:
+    the printer shows its operations and where the closest rule stopped."""
+    x, w = _x(B, S, 64), _x(3, 64, H, D, seed=1)
+
+    def over_queries(x, w):
+        q, k, v = (jnp.einsum("bsm,mhd->bshd", x, w[i]) for i in range(3))
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-2), v)
+
+    cov = zoo.coverage(over_queries, (x, w))
+    assert (cov.attention, cov.attention_covered) == (1, 0)
+    text = "\n".join(zoo.explain_left(cov))
+    assert text.startswith("- attention site at ")
+    assert "= exp(" in text and "= reduce_sum(" in text  # the spelling
+    # the closest rule's pattern matches; its plan refuses a softmax over another axis
+    assert "does not fire" in text and "attention_plan" in text
