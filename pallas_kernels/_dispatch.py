@@ -198,13 +198,15 @@ def mosaic_gpu_interpret_params() -> Any:
 def mosaic_gpu_load(ref: Any, *, layout: Any) -> Any:
     """``plgpu.load`` of a whole (already indexed, ``ref.at[...]``) ref in ``layout``.
 
-    jax 0.10 requires the index argument; 0.11 deprecates it (index through ``ref.at``).
+    jax 0.10 requires the index argument; 0.11 deprecates it (index through ``ref.at``) and
+    0.12 removes it.
     """
     import inspect
 
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    if inspect.signature(plgpu.load).parameters["idx"].default is inspect.Parameter.empty:
+    idx = inspect.signature(plgpu.load).parameters.get("idx")
+    if idx is not None and idx.default is inspect.Parameter.empty:
         return plgpu.load(ref, (), layout=layout, optimized=False)
     return plgpu.load(ref, layout=layout, optimized=False)
 

@@ -40,7 +40,6 @@ import json
 import logging
 import os
 import stat
-import sys
 import tempfile
 from collections.abc import Sequence
 from typing import Any
@@ -103,12 +102,13 @@ def read_data(path: str = DATA_PATH, limit: int = MAX_BYTES) -> bytes | None:
 
 def sources_key(rules_dir: str | None = None) -> str:
     """A hash of what the definitions are built from: every source file of the rules'
-    package (name and bytes; default :data:`RULES_DIR`), the file layout's, the format's and
-    Python's versions."""
+    package (name and bytes; default :data:`RULES_DIR`), the file layout's and the format's
+    versions. Python's version is not part of it: the frontend builds the same definitions on
+    every supported Python (``tests/rules/test_rules_cache.py`` checks the shipped data on
+    each stack ``make test`` and ``make test-newest`` run)."""
     rules_dir = RULES_DIR if rules_dir is None else rules_dir
     h = hashlib.sha256()
     h.update(f"{DATA_FORMAT}\n{_format.FORMAT} {_format.VERSION}.{_format.MINOR}\n".encode())
-    h.update(f"python {sys.version_info[0]}.{sys.version_info[1]}\n".encode())
     for name in sorted(os.listdir(rules_dir)):
         if name.endswith(".py"):
             h.update(name.encode() + b"\0")

@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 
 from pallas_kernels import attention_reference, flash_attention
-from pallas_kernels._attention import AttentionBlocks
+from pallas_kernels._attention import MASK_VALUE, AttentionBlocks
 from pypm_testing.kernels import (
     GRAD_TOL,
+    MODIFIER_CASES,
     assert_close,
     attention_inputs,
+    differentiable_args,
     hf_padding_bias,
+    modifier_case,
     padding_mask,
     rnd,
 )
@@ -147,7 +150,7 @@ SLOW_CASES = {
 
 
 def _params(cases, slow):
-    return [pytest.param(c, marks=pytest.mark.slow) if c.name in slow else c for c in cases]
+    return [pytest.param(c, marks=pytest.mark.slow) if str(c) in slow else c for c in cases]
 
 
 @pytest.mark.parametrize("c", _params(FWD_CASES, SLOW_CASES), ids=str)
@@ -343,3 +346,179 @@ def test_mask_is_causal_needs_a_mask_or_bias():
     q, k, v = attention_inputs(1, "BSHD", 1, 8, 8, 2, 2, 32, "float32")
     with pytest.raises(ValueError, match="mask_is_causal"):
         flash_attention(q, k, v, mask_is_causal=True, impl="interpret")
+
+
+# ------------------------------------------------------------------ modifiers (reference)
+#
+# The reference defines the semantics of score_mod / mask_mod / captures / sinks /
+# masked_rows; these tests pin it against independent plain-JAX spellings of the same
+# attention (the way model code writes it).
+
+
+def _plain_attention(q, k, v, logits_fn):
+    """BSHD attention whose f32 logits [B, H, Sq, Skv] come from ``logits_fn(s)``."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits_fn(s), axis=-1), v)
+
+
+def _softcap(s, b, h, qi, ki, cap):
+    return jnp.tanh(s / cap) * cap
+
+
+def test_reference_score_mod_is_applied_before_bias_and_masks():
+    q, k, v = attention_inputs(2, "BSHD", 2, 12, 20, 2, 2, 8, "float32")
+    bias = rnd(3, (2, 1, 1, 20))
+    cap = jnp.float32(0.7)
+
+    def mask_mod(b, h, qi, ki, cap):  # every modifier receives every capture
+        return ki <= qi + 4
+
+    out = attention_reference(q, k, v, bias, score_mod=_softcap, mask_mod=mask_mod, captures=(cap,))
+    keep = jnp.arange(20)[None, :] <= jnp.arange(12)[:, None] + 4
+    want = _plain_attention(
+        q, k, v, lambda s: jnp.where(keep, jnp.tanh(s / cap) * cap + bias, MASK_VALUE)
+    )
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_sinks_equal_a_concatenated_sink_logit():
+    """GPT-OSS spelling: a per-head logit concatenated before the softmax, sliced off after."""
+    q, k, v = attention_inputs(4, "BSHD", 1, 9, 9, 3, 3, 8, "float32")
+    sinks = jnp.asarray([0.5, -1.0, 3.0])
+    out = attention_reference(q, k, v, causal=True, sinks=sinks)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(8)
+    s = jnp.where(jnp.tril(jnp.ones((9, 9), bool)), s, MASK_VALUE)
+    sink_col = jnp.broadcast_to(sinks[None, :, None, None], s.shape[:3] + (1,))
+    p = jax.nn.softmax(jnp.concatenate([s, sink_col], axis=-1), axis=-1)[..., :-1]
+    np.testing.assert_allclose(out, jnp.einsum("bhqk,bkhd->bqhd", p, v), rtol=1e-5, atol=1e-5)
+
+
+def test_reference_zero_rows_are_keras_rezeroing():
+    """masked_rows="zero" is Keras's ``where(mask, softmax, 0)``: only fully masked rows
+    change (to 0)."""
+    c = Case("left", sq=12, skv=12, causal=True, mask="left")
+    q, k, v, _, mask = _operands(c)
+    uniform = attention_reference(q, k, v, mask=mask, causal=True)
+    zero = attention_reference(q, k, v, mask=mask, causal=True, masked_rows="zero")
+    keep = jnp.logical_and(mask, jnp.tril(jnp.ones((12, 12), bool)))
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    p = jnp.where(keep, jax.nn.softmax(jnp.where(keep, s, MASK_VALUE), axis=-1), 0.0)
+    np.testing.assert_allclose(zero, jnp.einsum("bhqk,bkhd->bqhd", p, v), atol=1e-6)
+    assert float(jnp.max(jnp.abs(zero[0, :5]))) == 0.0 and float(jnp.max(jnp.abs(zero[1]))) == 0.0
+    np.testing.assert_allclose(zero[0, 5:], uniform[0, 5:], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(band=(3, 1), causal=True), "band=.3, 1. is empty"),
+        (dict(band=(-2, 2)), "nothing masks them"),
+        (dict(band=(0.5, None), causal=True), "band.0. must be an int"),
+        (dict(sinks=jnp.zeros(3)), "sinks must be a float array of shape"),
+        (dict(masked_rows="nan"), "masked_rows must be one of"),
+        (dict(captures=(jnp.zeros(3),)), "captures need a score_mod"),
+        (dict(score_mod=_softcap, captures=(jnp.zeros((5, 1)),)), "captures.0. shape"),
+        (dict(score_mod=3), "score_mod must be callable"),
+        (dict(mask_is_causal=True), "mask_is_causal"),
+    ],
+)
+def test_modifier_arguments_are_validated(kwargs, match):
+    q, k, v = attention_inputs(1, "BSHD", 1, 8, 8, 2, 2, 16, "float32")
+    for fn in (attention_reference, flash_attention):
+        with pytest.raises((ValueError, TypeError), match=match):
+            fn(q, k, v, **kwargs)
+
+
+# ------------------------------------------------------------------ modifiers (kernels)
+
+
+def _out_and_grads(fn, q, k, v, kwargs, cot):
+    """Output and the gradients of ``sum(out * cot)`` w.r.t. q, k, v and every float
+    keyword argument (bias, float captures, sinks)."""
+    diff = {name: kwargs[name] for name in differentiable_args(kwargs)}
+
+    def loss(q, k, v, diff):
+        out = fn(q, k, v, **{**kwargs, **diff})
+        return jnp.sum(out.astype(jnp.float32) * cot), out
+
+    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, diff)
+    return out, grads
+
+
+def _interpret(*args, **kwargs):
+    return flash_attention(*args, impl="interpret", **kwargs)
+
+
+def _assert_kernel_is_reference(q, k, v, kwargs, dtype, what):
+    cot = rnd(11, q.shape)
+    out, grads = _out_and_grads(_interpret, q, k, v, kwargs, cot)
+    want_out, want = _out_and_grads(attention_reference, q, k, v, kwargs, cot)
+    assert_close(out, want_out, dtype, what=f"{what}: forward")
+    got_leaves, want_leaves = jax.tree.leaves(grads), jax.tree.leaves(want)
+    assert len(got_leaves) == len(want_leaves) >= 3
+    for i, (g, w) in enumerate(zip(got_leaves, want_leaves, strict=True)):
+        assert g.shape == w.shape, (what, i)
+        assert_close(g, w, dtype, tol_table=GRAD_TOL, what=f"{what}: gradient {i}")
+
+
+# Each case compiles three interpreted kernels (8-25 s on 2 cores), so the interpreter runs
+# the table less the cases that "everything" covers (sinks, zero rows; the GPU runs them
+# all): `make test-fast` keeps soft-capping and the banded sliding window.
+INTERPRET_CASES = [name for name in MODIFIER_CASES if name not in ("sinks", "zero_rows")]
+MODIFIER_SLOW = set(INTERPRET_CASES) - {"softcap", "sliding_window"}
+
+
+@pytest.mark.parametrize("name", _params(INTERPRET_CASES, MODIFIER_SLOW), ids=str)
+def test_modifiers_kernel_matches_reference(name):
+    """Soft-capping, ALiBi, bias before the scale, sliding windows and chunked local
+    attention with band skipping (left padding leaves rows with no key in their window:
+    they average all keys, beyond the band), document masks from int captures, and all
+    of soft-capping, a window, sinks and zero rows at once: kernel values and gradients
+    (q, k, v, float captures, sinks) are the reference's (ragged: 40 = 2.5 blocks of 16)."""
+    q, k, v, kwargs = modifier_case(name, b=2, s=40, hq=2, d=16, dtype="float32")
+    _assert_kernel_is_reference(q, k, v, kwargs, "float32", name)
+
+
+def _visited_blocks(sq: int, skv: int, band: tuple[int, int], block: int) -> np.ndarray:
+    """[Sq, Skv]: True where the (query, key) pair lies in a pair of blocks that holds a
+    pair inside the band (what a kernel that skips the other blocks reads)."""
+    lo, hi = band
+    keep = np.zeros((sq, skv), bool)
+    for qs in range(0, sq, block):
+        for ks in range(0, skv, block):
+            qe, ke = min(qs + block, sq) - 1, min(ks + block, skv) - 1
+            if qs + lo <= ke and qe + hi >= ks:
+                keep[qs : qe + 1, ks : ke + 1] = True
+    return keep
+
+
+def test_band_skips_the_blocks_outside_it():
+    """A broken promise makes skipping observable: with nothing masked and band=(-20, 3)
+    the kernel's values and gradients are the reference's with exactly the 16 x 16
+    blocks outside the band masked -- and differ from attending everything."""
+    q, k, v = attention_inputs(6, "BSHD", 1, 64, 64, 1, 1, 16, "float32")
+    everything = jnp.ones((1, 1, 64, 64), bool)
+    visited = jnp.asarray(_visited_blocks(64, 64, (-20, 3), 16))[None, None]
+    assert 0.3 < float(jnp.mean(visited)) < 0.8
+    cot = rnd(12, q.shape)
+    out, grads = _out_and_grads(_interpret, q, k, v, dict(mask=everything, band=(-20, 3)), cot)
+    want_out, want = _out_and_grads(attention_reference, q, k, v, dict(mask=visited), cot)
+    full = attention_reference(q, k, v)
+    assert not np.allclose(out, full, atol=1e-3)
+    assert_close(out, want_out, "float32", what="forward")
+    for name, g, w in zip("qkv", grads[:3], want[:3], strict=True):
+        assert_close(g, w, "float32", tol_table=GRAD_TOL, what=f"d{name}")
+
+
+@pytest.mark.parametrize("d", [pytest.param(d, marks=pytest.mark.slow) for d in (1, 256)] + [72])
+def test_any_head_dim_by_padding(d):
+    """Head dims 1..256 run (zero-padded to 16 or a power of two; the default scale is
+    1/sqrt of the unpadded D), with a 0-d bias, which also gets its gradient."""
+    q, k, v = attention_inputs(8, "BSHD", 1, 20, 20, 2, 2, d, "float32")
+    bias = jnp.float32(0.25)
+    cot = rnd(13, q.shape)
+    kwargs = dict(bias=bias, causal=True)
+    _assert_kernel_is_reference(q, k, v, kwargs, "float32", f"d={d}")
+    out, _ = _out_and_grads(_interpret, q, k, v, kwargs, cot)
+    explicit = attention_reference(q, k, v, bias=bias, causal=True, scale=1 / np.sqrt(d))
+    np.testing.assert_allclose(out, explicit, rtol=1e-5, atol=1e-5)
