@@ -50,6 +50,7 @@ import numpy as np
 from jax import lax
 
 from . import _dispatch as dsp
+from ._autodiff import with_forward_mode
 
 pl = dsp.LazyModule("jax.experimental.pallas")  # imported when a kernel is built
 
@@ -897,7 +898,13 @@ def _prep_score_operand(
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "scale", "causal", "mask_is_causal", "layout", "interpret", "blocks", "precision"
+        "scale",
+        "causal",
+        "mask_is_causal",
+        "layout",
+        "interpret",
+        "blocks",
+        "precision",
     ),
 )
 def _flash_pallas(
@@ -1004,8 +1011,10 @@ def flash_attention(
       impl: None (auto), "xla", "interpret" or "pallas"; see ``pallas_kernels``.
 
     Returns:
-      Array in q's layout and dtype.  Differentiable (``custom_vjp`` on the kernel
-      path) w.r.t. q, k, v and bias; the mask gets no gradient.
+      Array in q's layout and dtype.  Differentiable w.r.t. q, k, v and bias, the mask
+      gets no gradient: reverse mode runs the backward kernels (``custom_vjp``), forward
+      mode (``jvp``, ``jacfwd``, ``hessian``) takes its tangents from the reference
+      (``pallas_kernels._autodiff``).
     """
     layout = _check_layout(layout)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
@@ -1031,12 +1040,8 @@ def flash_attention(
     impl = dsp.resolve_impl(impl, reason, "flash_attention")
     if impl == "xla":
         return _reference_jit(q, k, v, bias, mask, scale=scale, causal=causal, layout=layout)
-    return _flash_pallas(
-        q,
-        k,
-        v,
-        bias,
-        mask,
+    kernel = functools.partial(
+        _flash_pallas,
         scale=scale,
         causal=causal,
         mask_is_causal=mask_is_causal,
@@ -1045,3 +1050,5 @@ def flash_attention(
         blocks=_blocks,
         precision=dsp.matmul_precision(q.dtype),
     )
+    reference = functools.partial(_reference_jit, scale=scale, causal=causal, layout=layout)
+    return with_forward_mode(kernel, reference)(q, k, v, bias, mask)
