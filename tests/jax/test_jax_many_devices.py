@@ -1,15 +1,18 @@
 """A sharded training step on 8 host CPU devices (loss, ``jax.value_and_grad`` through the
 optimized forward, a momentum update, donated state) under ``pm.optimize(...,
 donate_argnums=0, in_shardings=..., out_shardings=...)`` matches ``jax.jit``'s step for 3
-steps, with jit's output shardings.
+steps, with jit's output shardings; docs/JAX.md's multi-process example runs as two
+processes (``jax.distributed`` on localhost, two CPU devices each).
 
-``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be set before JAX starts, so
-the step runs in a subprocess of its own."""
+``XLA_FLAGS=--xla_force_host_platform_device_count=...`` must be set before JAX starts, so
+each program runs in subprocesses of its own."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 
@@ -19,6 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 STEP = r"""
 import json
+import re
+import socket
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -129,3 +134,43 @@ def test_sharded_training_step_with_donation_matches_jit():
         assert abs(got - want) <= 1e-5 * abs(want), (r["losses_fast"], r["losses_jit"])
     assert r["state_rel_diff"] <= 1e-5, r["state_rel_diff"]
     assert r["shardings_equal"]
+
+
+def _many_processes_block() -> str:
+    """The python block of docs/JAX.md's "Many processes" section."""
+    with open(os.path.join(ROOT, "docs", "JAX.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    section = text[text.index("### Many processes") :]
+    return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+
+
+@pytest.mark.slow
+def test_the_many_processes_example_runs_as_two_processes():
+    with socket.socket() as s:  # a free port for the coordinator
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = _many_processes_block() + (
+        "\nprint('RESULT', jax.process_count(), jax.device_count(), gathered.shape)\n"
+    )
+    procs = []
+    for pid in range(2):
+        env = dict(os.environ)
+        env.update(
+            XLA_FLAGS="--xla_force_host_platform_device_count=2",
+            PYTHONPATH=ROOT,
+            JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+            NUM_PROCESSES="2",
+            PROCESS_ID=str(pid),
+        )
+        env.pop("PYPM_KERNEL_IMPL", None)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )
+        )  # fmt: skip
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-4000:]
+        # 2 processes, 4 devices, every process sees the global result (8 rows)
+        assert "RESULT 2 4 (8, 4)" in out, out
