@@ -2,15 +2,16 @@
 
 ``optimize(fn)`` behaves like ``jax.jit(fn)``: pytrees in and out, every ``jax.jit`` option
 (static and donated arguments, shardings, ...), one trace per signature (treedef, avals,
-static values). Rewriting never makes a program fail or
-compute something else silently: any failure before the rewritten program runs (rewriting,
-lowering, tracing or compiling it) falls back to the original program with an
-:class:`~pypm_jax.jax.report.OptimizationFallbackWarning` naming the cause. An error raised
-while the program runs (a callback, a runtime check) propagates unchanged, as under
-``jax.jit``: the program is never run a second time, so its effects happen once. ``verify=True``
-additionally compares both programs on the first concrete inputs of each signature and raises
-a :class:`~pypm_jax.jax.report.VerificationError` naming the rewrite that changed the result.
-"""
+static values). Rewriting never makes a program fail or compute something else silently:
+any failure before the rewritten program runs (rewriting, lowering, tracing or compiling it)
+falls back to the original program with an
+:class:`~pypm_jax.jax.report.OptimizationFallbackWarning` naming the cause; a failure to
+transform the rewritten program (``jax.jvp`` of a kernel without forward mode) falls back
+for that call only. An error raised while the program runs (a callback, a runtime check)
+propagates unchanged, as under ``jax.jit``: the program is never run a second time, so its
+effects happen once. ``verify=True`` additionally compares both programs on the first
+concrete inputs of each signature and raises a
+:class:`~pypm_jax.jax.report.VerificationError` naming the rewrite that changed the result."""
 
 from __future__ import annotations
 
@@ -617,8 +618,10 @@ class Optimized:
     def _expected(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """(entry, original outputs) for a first concrete call of a rewritten signature, run
         before the call (which may donate its arguments); None if nothing is to verify."""
+        if _has_tracers(jax.tree_util.tree_leaves((args, kwargs))):
+            return None  # under a transformation: nothing concrete to compare
         entry, key, flat = self._entry(args, kwargs)
-        if entry.verified or entry.run is None or key in self._failed or _has_tracers(flat):
+        if entry.verified or entry.run is None or key in self._failed:
             return None
         entry.verified = True
         if self.jit_options.get("donate_argnums") or self.jit_options.get("donate_argnames"):

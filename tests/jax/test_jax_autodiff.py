@@ -64,6 +64,8 @@ def test_hessian_equals_jits(attention):
     with warnings.catch_warnings():
         warnings.simplefilter("error", OptimizationFallbackWarning)
         close(jax.hessian(loss(fast))(c), jax.hessian(loss(jax.jit(apply)))(c))
+        # the forward kernel and both backward kernels run inside the Hessian
+        assert str(jax.make_jaxpr(jax.hessian(loss(fast)))(c)).count("pallas_call") == 3
 
 
 # ------------------------------------------------------------------------------ fallbacks

@@ -1,6 +1,6 @@
 """``pm.optimize`` takes every ``jax.jit`` option with jit's meaning (static and donated
-arguments by position and name, shardings, keep_unused, backend, ...); an unknown option is a
-TypeError when ``pm.optimize`` is called."""
+arguments by position and name, keep_unused, backend, ...); an unknown option is a TypeError
+when ``pm.optimize`` is called. Shardings on 8 devices: ``test_jax_many_devices.py``."""
 
 from __future__ import annotations
 
@@ -45,10 +45,11 @@ def step(x, n, scale=1.0, *, mode="exp"):
 
 
 def test_every_jit_option_is_taken():
-    """The options are exactly jit's keyword options on this JAX (a new one fails here)."""
+    """Every keyword option of this JAX's jit is passed on (an option a newer jit adds fails
+    here; one it drops is jit's own TypeError when given)."""
     params = inspect.signature(jax.jit).parameters
-    taken = {name for name, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    assert taken == set(JIT_OPTIONS)
+    jits = {name for name, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert jits <= set(JIT_OPTIONS), jits - set(JIT_OPTIONS)
 
 
 def test_an_unknown_option_is_a_type_error_at_optimize_time():
@@ -107,20 +108,3 @@ def test_keep_unused_and_backend():
     with pytest.warns(DeprecationWarning, match="backend"):  # jit's own deprecation
         on_cpu = optimize(g, rules=[exp_kernel], backend="cpu")
     np.testing.assert_allclose(on_cpu(X, X), jnp.exp(X), rtol=1e-6)
-
-
-def test_shardings_are_jits():
-    devices = jax.devices()
-    mesh = jax.sharding.Mesh(np.array(devices).reshape(len(devices), 1), ("data", "model"))
-    spec = jax.sharding.PartitionSpec("data" if X.shape[0] % len(devices) == 0 else None)
-    sharding = jax.sharding.NamedSharding(mesh, spec)
-    fast = optimize(
-        lambda x: jnp.exp(x) * 2.0,
-        rules=[exp_kernel],
-        in_shardings=sharding,
-        out_shardings=sharding,
-    )
-    out = fast(X)
-    assert out.sharding.is_equivalent_to(sharding, out.ndim)
-    np.testing.assert_allclose(out, jnp.exp(X) * 2.0, rtol=1e-6)
-    assert len(fast.report(X)) == 1

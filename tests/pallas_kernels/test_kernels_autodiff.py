@@ -1,6 +1,6 @@
 """Forward-mode derivatives of the kernels (``pallas_kernels._autodiff``), in interpret mode:
-jvp, jacfwd, linearize and hessian equal the reference's, and reverse mode still runs the
-Pallas backward kernels."""
+jvp, jacfwd and linearize equal the reference's, and reverse mode still runs the Pallas
+backward kernels."""
 
 from __future__ import annotations
 
@@ -45,17 +45,14 @@ def test_jvp_and_linearize_equal_the_references(op, args):
     assert pallas_calls(lambda *a: jax.jvp(kernel, a, tangents), *args) == 1
 
 
-@pytest.mark.slow
-def test_jacfwd_and_hessian_equal_the_references():
-    def loss(f):  # of three coefficients mixing the operands: a 3 x 3 Hessian
+def test_jacfwd_equals_the_references():
+    def loss(f):  # of three coefficients mixing the operands
         return lambda c: jnp.sum(f(c[0] * Q, K + c[1] * Q, V * c[2]) ** 2)
 
     kernel, reference = attention("interpret"), attention("xla")
     c = jnp.array([1.0, 0.5, -2.0])
     close(jax.jacfwd(loss(kernel))(c), jax.jacfwd(loss(reference))(c))
-    close(jax.hessian(loss(kernel))(c), jax.hessian(loss(reference))(c))
-    # forward and both backward kernels run inside the Hessian
-    assert pallas_calls(jax.hessian(loss(kernel)), c) == 3
+    # (jax.hessian through an optimized program: tests/jax/test_jax_autodiff.py)
 
 
 def test_reverse_mode_still_runs_the_backward_kernels():
