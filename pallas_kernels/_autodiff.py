@@ -57,8 +57,7 @@ def with_forward_mode(kernel: Callable[..., Any], reference: Callable[..., Any])
 
     def wrapped(*args: Any) -> Any:
         leaves, tree = jax.tree.flatten(args)
-        out_tree = jax.tree.structure(jax.eval_shape(kernel, *args))
-        return _Call(kernel, reference, tree, out_tree).call(*leaves)
+        return _Call(kernel, reference, tree).call(*leaves)
 
     return wrapped
 
@@ -67,11 +66,14 @@ class _Call:
     """One call of :func:`with_forward_mode`'s function: the kernel and the reference as
     functions of the flattened arguments, and the differentiation rules built on them."""
 
-    def __init__(self, kernel: Callable, reference: Callable, tree: Any, out_tree: Any):
+    def __init__(self, kernel: Callable, reference: Callable, tree: Any):
         self.kernel = lambda *leaves: kernel(*jax.tree.unflatten(tree, leaves))
         self.reference = lambda *leaves: reference(*jax.tree.unflatten(tree, leaves))
-        self.n_in, self.out_tree = tree.num_leaves, out_tree
-        self.residual_tree: Any = None  # the pullback's structure, set when forward runs
+        self.n_in = tree.num_leaves
+        # set by ``forward``: the output's and the pullback's structures (a plain call,
+        # never differentiated, does not trace the kernel twice to find them)
+        self.out_tree: Any = None
+        self.residual_tree: Any = None
         self.backward_kernel = _with_tangent(self.backward, self.reference_backward)
         self.call = jax.custom_jvp(self.kernel)
         self.call.defjvp(self.call_jvp)
@@ -82,6 +84,7 @@ class _Call:
         """The kernel's value and the residuals its backward reads."""
         out, pullback = jax.vjp(self.kernel, *leaves)
         res, self.residual_tree = jax.tree.flatten(pullback)
+        self.out_tree = jax.tree.structure(out)
         return out, res
 
     def backward(self, *operands: Any) -> list[Any]:
@@ -110,10 +113,10 @@ class _Call:
         _, t_out = jax.jvp(self.reference, tuple(primals), tuple(full))
         return jax.tree.leaves(t_out)
 
-    def tangent(self, primals: Sequence[Any], res: Sequence[Any], tangents: Sequence[Any]):
-        """The output's tangent: one :data:`kernel_tangent_p` equation."""
+    def tangent(self, primals: Sequence[Any], res: Sequence[Any], tangents: Sequence[Any],
+                out: Any) -> Any:  # fmt: skip
+        """The tangent of the output ``out``: one :data:`kernel_tangent_p` equation."""
         float_tangents = [t for t, x in zip(tangents, primals, strict=True) if _is_float(x)]
-        out_types = jax.eval_shape(self.kernel, *primals)
         t_out = kernel_tangent_p.bind(
             *primals,
             *res,
@@ -122,20 +125,20 @@ class _Call:
             n_res=len(res),
             evaluate=self.reference_tangent,
             transpose=self.backward_kernel,
-            out_types=tuple((o.shape, o.dtype) for o in jax.tree.leaves(out_types)),
+            out_types=tuple((o.shape, o.dtype) for o in jax.tree.leaves(out)),
         )
         return jax.tree.unflatten(self.out_tree, t_out)
 
     def call_jvp(self, primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
         out, res = self.forward_with_residuals(*primals)
-        return out, self.tangent(primals, res, tangents)
+        return out, self.tangent(primals, res, tangents, out)
 
     def forward_jvp(self, primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
         # The residuals' tangents are never read: only the backward kernel and the tangent
         # equation take residuals, and both differentiate through the reference.
         out, res = self.forward_with_residuals(*primals)
         t_res = [_zero_tangent(r) for r in res]
-        return (out, res), (self.tangent(primals, res, tangents), t_res)
+        return (out, res), (self.tangent(primals, res, tangents, out), t_res)
 
 
 def _with_tangent(fn: Callable[..., list[Any]], reference: Callable[..., list[Any]]) -> Callable:
