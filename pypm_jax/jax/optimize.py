@@ -700,9 +700,19 @@ def _gc_paused() -> Iterator[None]:
         gc.enable()
 
 
+def _whole(x: Any) -> Any:
+    """``x`` itself, or, for an array spread over several processes, all of it (a collective:
+    every process verifies the same calls, so every process takes part and concludes alike)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.process_allgather(x, tiled=True)
+    return x
+
+
 def _first_difference(expected: Sequence[Any], got: Sequence[Any]) -> str | None:
     for i, (a, b) in enumerate(zip(expected, got, strict=True)):
-        why = compare(a, b)
+        why = compare(_whole(a), _whole(b))
         if why is not None:
             return f"output {i}: {why}"
     return None

@@ -150,7 +150,8 @@ def test_the_many_processes_example_runs_as_two_processes():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = _many_processes_block() + (
-        "\nprint('RESULT', jax.process_count(), jax.device_count(), gathered.shape)\n"
+        "\nverified = all(e.verified for e in scores._cache.values())"
+        "\nprint('RESULT', jax.process_count(), jax.device_count(), gathered.shape, verified)\n"
     )
     procs = []
     for pid in range(2):
@@ -172,5 +173,6 @@ def test_the_many_processes_example_runs_as_two_processes():
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-4000:]
-        # 2 processes, 4 devices, every process sees the global result (8 rows)
-        assert "RESULT 2 4 (8, 4)" in out, out
+        # 2 processes, 4 devices, every process sees the global result (8 rows) and
+        # verified it (an output spread over both processes, gathered to compare)
+        assert "RESULT 2 4 (8, 4) True" in out, out
