@@ -3,6 +3,8 @@
 * :func:`flash_attention` / :func:`attention_reference` / :func:`supports_attention`
 * :func:`gemm_epilogue` (``act(x @ w + b)``), :func:`gemm_fused` (any elementwise
   epilogue), their references, :func:`supports_gemm` and :data:`ACTIVATIONS`.
+* :func:`with_forward_mode`: forward-mode derivatives (from a reference) for a kernel whose
+  reverse mode is a ``custom_vjp``; the kernels above use it.
 
 Implementation selection (``impl`` argument of every kernel):
 
@@ -24,6 +26,7 @@ the override) that cannot run raises ``ValueError``; nothing falls back silently
 from __future__ import annotations
 
 from ._attention import attention_reference, flash_attention, supports_attention
+from ._autodiff import with_forward_mode
 from ._dispatch import ENV_VAR, IMPLS
 from ._gemm import (
     ACTIVATIONS,
@@ -46,4 +49,5 @@ __all__ = [
     "gemm_fused_reference",
     "supports_attention",
     "supports_gemm",
+    "with_forward_mode",
 ]

@@ -79,3 +79,26 @@ def test_the_autodiff_registries_jax_provides_are_where_the_kernels_use_them():
     assert hasattr(batching, "primitive_batchers") and hasattr(mlir, "register_lowering")
     assert callable(mlir.lower_fun) and callable(ad.instantiate_zeros)
     assert callable(ad.is_undefined_primal) and ad.Zero
+
+
+def test_a_user_kernel_with_a_custom_vjp_gets_forward_mode():
+    calls = []
+
+    @jax.custom_vjp
+    def kernel(x, y):
+        return jnp.sin(x) * y
+
+    def fwd(x, y):
+        return kernel(x, y), (x, y)
+
+    def bwd(res, g):
+        calls.append("bwd")
+        x, y = res
+        return g * jnp.cos(x) * y, g * jnp.sin(x)
+
+    kernel.defvjp(fwd, bwd)
+    f = pk.with_forward_mode(kernel, lambda x, y: jnp.sin(x) * y)
+    x, y = jnp.linspace(0.0, 1.0, 5), jnp.full(5, 2.0)
+    close(jax.jvp(f, (x, y), (y, x)), (jnp.sin(x) * y, jnp.cos(x) * y * y + jnp.sin(x) * x))
+    close(jax.grad(lambda x: jnp.sum(f(x, y)))(x), jnp.cos(x) * y)
+    assert calls == ["bwd"]  # reverse mode ran the custom_vjp's backward
