@@ -52,10 +52,9 @@ class NNXOptimized(nnx.Module):
     """An nnx module whose ``method`` runs through :func:`pm.optimize`; see the module doc.
 
     It is an nnx module itself, holding the wrapped one as ``self.module``, so nnx
-    transforms see through it: ``nnx.grad(loss)(fast)`` differentiates the wrapped module's
-    parameters (``grads["module"]``), and ``nnx.jit``, ``nnx.value_and_grad`` and
-    ``nnx.Optimizer`` take it like any module. The optimized function is static: copies
-    that nnx transforms make share its cache.
+    transforms see through it: ``nnx.grad(loss)(fast)`` and ``nnx.value_and_grad``
+    differentiate the wrapped module's parameters (``grads["module"]``). The optimized
+    function is a static attribute: the copies nnx transforms make share its cache.
     """
 
     def __init__(
