@@ -585,7 +585,7 @@ def execute(module: Any, args: list[Any]) -> list[Any]:
     else:
         text = _ir_module(module).operation.get_asm(enable_debug_info=True)
     client = backend.get_backend()
-    device = client.devices()[0]
+    device = client.local_devices()[0]  # this process's (devices()[0] may be another's)
     executable = client.compile_and_load(text, [device], CompileOptions())
     outs = executable.execute([jax.device_put(a, device) for a in args])
     return [np.asarray(o) for o in outs]

@@ -5,6 +5,8 @@
   epilogue), their references, :func:`supports_gemm` and :data:`ACTIVATIONS`.
 * :func:`attention_unsupported` / :func:`gemm_unsupported`: why ``supports_*`` is False,
   in words (what ``pm.explain`` shows when a rule does not fire for that reason).
+* :func:`with_forward_mode`: forward-mode derivatives (from a reference) for a kernel whose
+  reverse mode is a ``custom_vjp``; the kernels above use it.
 
 Implementation selection (``impl`` argument of every kernel):
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._attention import attention_reference, flash_attention, supports_attention
+from ._autodiff import with_forward_mode
 from ._dispatch import ENV_VAR, IMPLS
 from ._gemm import (
     ACTIVATIONS,
@@ -54,6 +57,7 @@ __all__ = [
     "gemm_fused_reference",
     "supports_attention",
     "supports_gemm",
+    "with_forward_mode",
 ]
 
 

@@ -85,6 +85,7 @@ import numpy as np
 from jax import lax
 
 from . import _dispatch as dsp
+from ._autodiff import with_forward_mode
 
 pl = dsp.LazyModule("jax.experimental.pallas")  # imported when a kernel is built
 
@@ -1490,8 +1491,10 @@ def flash_attention(
       masked_rows: "uniform" (a fully masked row averages all of v) or "zero" (outputs 0).
 
     Returns:
-      Array in q's layout and dtype.  Differentiable (``custom_vjp`` on the kernel
-      path) w.r.t. q, k, v, bias, the float captures and sinks; masks get no gradient.
+      Array in q's layout and dtype.  Differentiable w.r.t. q, k, v, bias, the float
+      captures and sinks; masks get no gradient. Reverse mode runs the backward kernels
+      (``custom_vjp``); forward mode (``jvp``, ``jacfwd``, ``hessian``) takes its tangents
+      from the reference (``pallas_kernels._autodiff``).
     """
     layout = _check_layout(layout)
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
@@ -1544,14 +1547,8 @@ def flash_attention(
             sinks=mods.sinks,
             masked_rows=mods.masked_rows,
         )
-    return _flash_pallas(
-        q,
-        k,
-        v,
-        bias,
-        mask,
-        mods.captures,
-        mods.sinks,
+    kernel = functools.partial(
+        _flash_pallas,
         scale=scale,
         causal=causal,
         mask_is_causal=mask_is_causal,
@@ -1564,3 +1561,22 @@ def flash_attention(
         band=mods.band,
         masked_rows=mods.masked_rows,
     )
+
+    def reference(q, k, v, bias, mask, captures, sinks):  # the kernel's operands, positionally
+        return _reference_jit(
+            q,
+            k,
+            v,
+            bias,
+            mask,
+            scale=scale,
+            causal=causal,
+            layout=layout,
+            score_mod=mods.score_mod,
+            mask_mod=mods.mask_mod,
+            captures=captures,
+            sinks=sinks,
+            masked_rows=mods.masked_rows,
+        )
+
+    return with_forward_mode(kernel, reference)(q, k, v, bias, mask, mods.captures, mods.sinks)

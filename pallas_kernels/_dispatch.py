@@ -74,7 +74,7 @@ def gpu_compute_capability() -> str | None:
     """The default GPU's compute capability (``"9.0"`` on an H100), None without a GPU."""
     if not on_gpu():
         return None
-    cc = getattr(jax.devices()[0], "compute_capability", None)
+    cc = getattr(jax.local_devices()[0], "compute_capability", None)
     return None if cc is None else str(cc)
 
 

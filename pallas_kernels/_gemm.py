@@ -28,6 +28,7 @@ from jax import lax
 
 from . import _dispatch as dsp
 from . import _gemm_mgpu as mgpu
+from ._autodiff import with_forward_mode
 
 pl = dsp.LazyModule("jax.experimental.pallas")  # imported when a kernel is built
 
@@ -500,7 +501,8 @@ def gemm_fused(
       *col_operands: ``[N]`` vectors (bias-like).
       impl: None (auto), "xla", "interpret" or "pallas".
 
-    Returns ``[..., N]`` in ``result_type(x, w)``.  Differentiable (XLA backward).
+    Returns ``[..., N]`` in ``result_type(x, w)``.  Differentiable: reverse mode by the
+    kernel's ``custom_vjp`` (XLA backward), forward mode from the reference.
     """
     epilogue = dsp.as_callable(epilogue, "epilogue")
     x, w = jnp.asarray(x), jnp.asarray(w)
@@ -515,16 +517,19 @@ def gemm_fused(
     if isinstance(_blocks, mgpu.MosaicGemmConfig) and _backend is None:
         _backend = "mosaic"
     backend = resolve_gemm_backend(_backend, impl, x.dtype, tuple(c.dtype for c in cols), epilogue)
-    return _gemm_kernel_path(
-        x,
-        w,
-        cols,
+    kernel = functools.partial(
+        _gemm_kernel_path,
         epilogue=epilogue,
         interpret=impl == "interpret",
         blocks=_blocks,
         precision=dsp.matmul_precision(x.dtype),
         backend=backend,
     )
+
+    def reference(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...]) -> jax.Array:
+        return _gemm_reference_jit(x, w, epilogue, *cols)
+
+    return with_forward_mode(kernel, reference)(x, w, cols)
 
 
 def gemm_epilogue(

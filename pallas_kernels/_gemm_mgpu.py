@@ -158,7 +158,7 @@ def _interpret_params() -> Any:
 
 
 def _num_sms() -> int:
-    return int(getattr(jax.devices()[0], "core_count", 0) or 132)
+    return int(getattr(jax.local_devices()[0], "core_count", 0) or 132)
 
 
 def _kernel(

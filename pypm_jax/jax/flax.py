@@ -8,7 +8,9 @@ nnx modules are stateful objects, so :func:`nnx_optimize` wraps one: each call s
 module into its graph definition (static: part of the cache key) and its state (a pytree
 argument), runs the optimized pure function ``merge → call → split``, and writes the new state
 back (``nnx.update``), like ``nnx.jit`` does. State changes made by the call (RNG counters,
-batch statistics) therefore persist.
+batch statistics) therefore persist. The wrapper is an nnx module holding the wrapped one, so
+``nnx.grad``/``nnx.value_and_grad`` of a loss of the wrapper differentiate through the
+optimized program.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ __all__ = ["optimize_module", "nnx_optimize", "NNXOptimized"]
 
 from collections.abc import Sequence
 from typing import Any
+
+from flax import nnx
 
 from .optimize import Optimized, optimize
 from .report import OptimizeReport
@@ -44,8 +48,14 @@ def optimize_module(
     return optimize(apply, rules=rules, verify=verify, **rewrite_options)
 
 
-class NNXOptimized:
-    """An nnx module whose ``method`` runs through :func:`pm.optimize`; see the module doc."""
+class NNXOptimized(nnx.Module):
+    """An nnx module whose ``method`` runs through :func:`pm.optimize`; see the module doc.
+
+    It is an nnx module itself, holding the wrapped one as ``self.module``, so nnx
+    transforms see through it: ``nnx.grad(loss)(fast)`` and ``nnx.value_and_grad``
+    differentiate the wrapped module's parameters (``grads["module"]``). The optimized
+    function is a static attribute: the copies nnx transforms make share its cache.
+    """
 
     def __init__(
         self,
@@ -56,11 +66,8 @@ class NNXOptimized:
         verify: bool = False,
         **rewrite_options: Any,
     ):
-        from flax import nnx
-
         self.module = module
         self.method = method
-        self._nnx = nnx
 
         def pure(graphdef: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
             m = nnx.merge(graphdef, state)
@@ -73,14 +80,14 @@ class NNXOptimized:
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        graphdef, state = self._nnx.split(self.module)
+        graphdef, state = nnx.split(self.module)
         out, new_state = self.optimized(graphdef, state, *args, **kwargs)
-        self._nnx.update(self.module, new_state)
+        nnx.update(self.module, new_state)
         return out
 
     def report(self, *args: Any, **kwargs: Any) -> OptimizeReport:
         """The rewrites for this call signature (see :meth:`Optimized.report`)."""
-        graphdef, state = self._nnx.split(self.module)
+        graphdef, state = nnx.split(self.module)
         return self.optimized.report(graphdef, state, *args, **kwargs)
 
     def missed(self, *args: Any, **kwargs: Any) -> Any:

@@ -1,15 +1,17 @@
 """``pm.optimize``: trace, lift, rewrite (bodies of scan/while/cond too), lower, ``jax.jit``.
 
-``optimize(fn)`` behaves like ``jax.jit(fn)``: pytrees in and out, static arguments, one
-trace per signature (treedef, avals, static values). Rewriting never makes a program fail or
-compute something else silently: any failure before the rewritten program runs (rewriting,
-lowering, tracing or compiling it) falls back to the original program with an
-:class:`~pypm_jax.jax.report.OptimizationFallbackWarning` naming the cause. An error raised
-while the program runs (a callback, a runtime check) propagates unchanged, as under
-``jax.jit``: the program is never run a second time, so its effects happen once. ``verify=True``
-additionally compares both programs on the first concrete inputs of each signature and raises
-a :class:`~pypm_jax.jax.report.VerificationError` naming the rewrite that changed the result.
-"""
+``optimize(fn)`` behaves like ``jax.jit(fn)``: pytrees in and out, every ``jax.jit`` option
+(static and donated arguments, shardings, ...), one trace per signature (treedef, avals,
+static values). Rewriting never makes a program fail or compute something else silently:
+any failure before the rewritten program runs (rewriting, lowering, tracing or compiling it)
+falls back to the original program with an
+:class:`~pypm_jax.jax.report.OptimizationFallbackWarning` naming the cause; a failure to
+transform the rewritten program (``jax.jvp`` of a kernel without forward mode) falls back
+for that call only. An error raised while the program runs (a callback, a runtime check)
+propagates unchanged, as under ``jax.jit``: the program is never run a second time, so its
+effects happen once. ``verify=True`` additionally compares both programs on the first
+concrete inputs of each signature and raises a
+:class:`~pypm_jax.jax.report.VerificationError` naming the rewrite that changed the result."""
 
 from __future__ import annotations
 
@@ -202,15 +204,68 @@ def _aval_key(x: Any) -> Hashable:
     return (tuple(t.shape), str(t.dtype), bool(getattr(t, "weak_type", False)))
 
 
-def _norm_static(static_argnums: int | Sequence[int], nargs: int) -> tuple[int, ...]:
-    nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-    out = []
-    for i in nums:
-        j = i + nargs if i < 0 else i
-        if not 0 <= j < nargs:
-            raise ValueError(f"static_argnums {i} out of range for {nargs} positional arguments")
-        out.append(j)
-    return tuple(sorted(set(out)))
+def _norm_static(static_argnums: Sequence[int], nargs: int) -> tuple[int, ...]:
+    """The static positions among ``nargs`` positional arguments (negative ones count from
+    the end); a position past them is an argument given by name, or not at all, as in jit."""
+    return tuple(sorted({i + nargs if i < 0 else i for i in static_argnums} & set(range(nargs))))
+
+
+# ``jax.jit``'s options, passed on to the one ``jax.jit`` an optimized function runs under.
+JIT_OPTIONS = (
+    "in_shardings",
+    "out_shardings",
+    "static_argnums",
+    "static_argnames",
+    "donate_argnums",
+    "donate_argnames",
+    "keep_unused",
+    "device",
+    "backend",
+    "inline",
+    "compiler_options",
+)
+# ``pypm_jax._rewrite.rewrite``'s options.
+REWRITE_OPTIONS = tuple(
+    name
+    for name, p in inspect.signature(rewrite).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+)
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    """An option that is neither ``jax.jit``'s nor the rewrite driver's is a TypeError now,
+    as ``jax.jit`` raises one, not a failure at the first call."""
+    for name in options:
+        if name not in JIT_OPTIONS and name not in REWRITE_OPTIONS:
+            raise TypeError(
+                f"pm.optimize() got an unexpected keyword argument {name!r} (it takes "
+                f"jax.jit's options {', '.join(JIT_OPTIONS)}, the rewrite options "
+                f"{', '.join(REWRITE_OPTIONS)}, rules and verify)"
+            )
+
+
+def _as_tuple(x: Any) -> tuple[Any, ...]:
+    if x is None:
+        return ()
+    return (x,) if isinstance(x, int | str) else tuple(x)
+
+
+def _static_args(fn: Any, nums: Any, names: Any) -> tuple[tuple[int, ...], frozenset[str]]:
+    """Static positions and names as ``jax.jit`` infers them from ``fn``'s signature: a
+    static name is also static by its position and a static position by its name."""
+    nums, names = _as_tuple(nums), _as_tuple(names)
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature (a builtin): only what was given
+        return nums, frozenset(names)
+    named = [
+        (i, p.name)
+        for i, p in enumerate(params)
+        if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ]
+    nums = nums + tuple(i for i, name in named if name in names and i not in nums)
+    names = names + tuple(name for i, name in named if i in nums and name not in names)
+    return nums, frozenset(names)
 
 
 @dataclass(eq=False)
@@ -299,23 +354,28 @@ class Optimized:
         fn: Callable[..., Any],
         *,
         rules: Sequence[Any] | None = None,
-        static_argnums: int | Sequence[int] = (),
         verify: bool = False,
-        **rewrite_options: Any,
+        **options: Any,
     ):
         if not callable(fn):
             raise TypeError(f"pm.optimize needs a callable, got {fn!r}")
+        _check_options(options)
         self.fn = fn
         self._rules = None if rules is None else _check_rules(rules)
         self._defs: list[RuleDef] | None = None  # the rules that compile, as RuleDefs
-        self.static_argnums = static_argnums
         self.verify = verify
-        self.rewrite_options = rewrite_options
+        self.jit_options = {k: v for k, v in options.items() if k in JIT_OPTIONS}
+        self.rewrite_options = {k: v for k, v in options.items() if k in REWRITE_OPTIONS}
+        self.static_argnums, self.static_argnames = _static_args(
+            fn, options.get("static_argnums"), options.get("static_argnames")
+        )
         self._cache: dict[Hashable, _Entry] = {}
-        self._jitted: dict[tuple[int, ...], Any] = {}  # static positions -> jax.jit
         self._failed: set[Hashable] = set()  # signatures whose rewritten program failed
         self.traces = 0  # how many times ``fn`` was traced (one per signature)
         functools.update_wrapper(self, fn)
+        # jit's own checks of its options (a static name fn does not take) happen here
+        self._jitted = self._jit(self._traced)
+        self._jitted_original = self._jit(self._traced_original)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else functools.partial(self, obj)
@@ -349,25 +409,31 @@ class Optimized:
     # -- signatures
 
     def _static(self, nargs: int) -> tuple[int, ...]:
-        if not self.static_argnums and self.static_argnums != 0:
-            return ()
-        return _norm_static(self.static_argnums, nargs)
+        return _norm_static(self.static_argnums, nargs) if self.static_argnums else ()
 
     def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Hashable, Any, Any]:
         """(signature, dynamic leaves, their treedef) of a call."""
         static = self._static(len(args))
         static_vals = tuple((i, args[i]) for i in static)
+        static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self.static_argnames))
         dyn = tuple(a for i, a in enumerate(args) if i not in static)
-        flat, in_tree = jax.tree_util.tree_flatten((dyn, kwargs))
-        return (in_tree, tuple(_aval_key(x) for x in flat), static_vals), flat, in_tree
+        dyn_kw = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
+        flat, in_tree = jax.tree_util.tree_flatten((dyn, dyn_kw))
+        avals = tuple(_aval_key(x) for x in flat)
+        return (in_tree, avals, static_vals, static_kw), flat, in_tree
 
-    def _jit(self, nargs: int) -> Any:
-        static = self._static(nargs)
-        jitted = self._jitted.get(static)
-        if jitted is None:
-            jitted = jax.jit(self._traced, static_argnums=static)
-            self._jitted[static] = jitted
-        return jitted
+    def _jit(self, body: Callable[..., Any]) -> Any:
+        """``jax.jit(body, **jit_options)``, ``body`` seen with ``fn``'s signature (jit infers
+        static and donated names from positions and back, as it does for ``fn``)."""
+
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            return body(*args, **kwargs)
+
+        functools.update_wrapper(traced, self.fn)
+        options = dict(self.jit_options)
+        options["static_argnums"] = self.static_argnums
+        options["static_argnames"] = tuple(sorted(self.static_argnames))
+        return jax.jit(traced, **options)
 
     def _entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Entry, Any, Any]:
         key, flat, in_tree = self._key(args, kwargs)
@@ -381,13 +447,13 @@ class Optimized:
     def _build(self, key: Hashable, flat: list[Any], in_tree: Any, nargs: int) -> _Entry:
         out_store: list[Any] = []
         fn = self.fn
-        static_vals = dict(key[2])
+        static_vals, static_kw = dict(key[2]), dict(key[3])
 
         def flat_fn(*leaves: Any) -> list[Any]:
             dyn, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
             it = iter(dyn)
             full = [static_vals[i] if i in static_vals else next(it) for i in range(nargs)]
-            out = fn(*full, **kwargs)
+            out = fn(*full, **kwargs, **static_kw)
             out_flat, out_tree = jax.tree_util.tree_flatten(out)
             out_store.append(out_tree)
             return out_flat
@@ -468,16 +534,24 @@ class Optimized:
             out = entry.original(*flat)
         return jax.tree_util.tree_unflatten(entry.out_tree, out)
 
+    def _traced_original(self, *args: Any, **kwargs: Any) -> Any:
+        """The body of the second ``jax.jit``: the original program (see :meth:`_retry`)."""
+        entry, _, flat = self._entry(args, kwargs)
+        return jax.tree_util.tree_unflatten(entry.out_tree, entry.original(*flat))
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        jitted = self._jit(len(args))
+        expected = self._expected(args, kwargs) if self.verify or VERIFY_ALL else None
         try:
-            out = jitted(*args, **kwargs)
+            out = self._jitted(*args, **kwargs)
         except Exception as exc:
-            if not self._recover(args, kwargs, exc):
+            if self._recover(args, kwargs, exc):
+                out = self._jitted(*args, **kwargs)
+            elif self._transformed(args, kwargs):
+                out = self._retry(args, kwargs, exc)
+            else:
                 raise
-            out = jitted(*args, **kwargs)
-        if self.verify or VERIFY_ALL:
-            self._maybe_verify(args, kwargs, out)
+        if expected is not None:
+            self._verify(*expected, jax.tree_util.tree_leaves(out))
         return out
 
     def _recover(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: Exception) -> bool:
@@ -496,9 +570,41 @@ class Optimized:
             return False  # it compiled, so it ran: the error is the program's own
         self._failed.add(key)
         self._fall_back(entry, f"the rewritten program failed to compile: {_describe(exc)}")
-        for jitted in self._jitted.values():
-            jitted.clear_cache()  # the next call re-traces, now with the original program
+        self._jitted.clear_cache()  # the next call re-traces, now with the original program
         return True
+
+    def _transformed(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Was the failed call one under a transformation (``jax.jvp``, ``jax.hessian``, a
+        ``vmap``: its arguments are tracers) of a rewritten program that compiles and has no
+        effects? Then the transformation of a kernel failed, and nothing ran."""
+        if not _has_tracers(jax.tree_util.tree_leaves((args, kwargs))):
+            return False
+        try:
+            key, _, _ = self._key(args, kwargs)
+        except Exception:
+            return False
+        entry = self._cache.get(key)
+        return (
+            entry is not None
+            and entry.run is not None
+            and key not in self._failed
+            and not entry.closed.effects
+        )
+
+    def _retry(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: Exception) -> Any:
+        """This call again with the original program, under the same transformation. The
+        signature keeps its rewritten program: a plain call, ``jax.grad``, ``jax.vmap`` still
+        run the kernels. An error of the original program is the caller's and propagates."""
+        out = self._jitted_original(*args, **kwargs)
+        warnings.warn(
+            printable(
+                f"pm.optimize({_name(self.fn)}): transforming the rewritten program failed "
+                f"({_describe(exc)}); running the original program for this call"
+            ),
+            OptimizationFallbackWarning,
+            stacklevel=_user_stacklevel(),
+        )
+        return out
 
     def report(self, *args: Any, **kwargs: Any) -> OptimizeReport:
         """The rewrites for this call signature (traces and rewrites it if needed)."""
@@ -521,15 +627,20 @@ class Optimized:
 
     # -- verification
 
-    def _maybe_verify(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+    def _expected(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """(entry, original outputs) for a first concrete call of a rewritten signature, run
+        before the call (which may donate its arguments); None if nothing is to verify."""
+        if _has_tracers(jax.tree_util.tree_leaves((args, kwargs))):
+            return None  # under a transformation: nothing concrete to compare
         entry, key, flat = self._entry(args, kwargs)
-        if entry.verified or entry.run is None or key in self._failed or _has_tracers(flat):
-            return
-        self._verify(entry, flat, jax.tree_util.tree_leaves(out))
-
-    def _verify(self, entry: _Entry, flat: list[Any], out: list[Any]) -> None:
+        if entry.verified or entry.run is None or key in self._failed:
+            return None
         entry.verified = True
-        expected = jax.jit(entry.original)(*flat)
+        if self.jit_options.get("donate_argnums") or self.jit_options.get("donate_argnames"):
+            flat = [jax.numpy.copy(x) for x in flat]  # kept for the search of the culprit
+        return entry, flat, jax.jit(entry.original)(*flat)
+
+    def _verify(self, entry: _Entry, flat: list[Any], expected: list[Any], out: list[Any]) -> None:
         problem = _first_difference(expected, out)
         if problem is None:
             return
@@ -601,9 +712,19 @@ def _gc_paused() -> Iterator[None]:
         gc.enable()
 
 
+def _whole(x: Any) -> Any:
+    """``x`` itself, or, for an array spread over several processes, all of it (a collective:
+    every process verifies the same calls, so every process takes part and concludes alike)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.process_allgather(x, tiled=True)
+    return x
+
+
 def _first_difference(expected: Sequence[Any], got: Sequence[Any]) -> str | None:
     for i, (a, b) in enumerate(zip(expected, got, strict=True)):
-        why = compare(a, b)
+        why = compare(_whole(a), _whole(b))
         if why is not None:
             return f"output {i}: {why}"
     return None
@@ -637,22 +758,21 @@ def optimize(
     fn: Callable[..., Any] | None = None,
     *,
     rules: Sequence[Any] | None = None,
-    static_argnums: int | Sequence[int] = (),
     verify: bool = False,
-    **rewrite_options: Any,
+    **options: Any,
 ) -> Any:
     """Optimize ``fn`` with pattern rewrites, jit-like: ``@pm.optimize`` or ``pm.optimize(fn)``.
 
     ``rules`` default to ``pypm_jax.rules.default_rules()`` (attention and GEMM-epilogue
     kernels) when that library exists. ``fast.report(*args)`` lists the rewrites for a call
     signature. ``verify=True`` checks the rewritten program against the original on the
-    first concrete inputs of each signature. ``rewrite_options`` (``engine``,
-    ``max_iterations``) go to the rewrite driver.
+    first concrete inputs of each signature. ``options`` are ``jax.jit``'s
+    (:data:`JIT_OPTIONS`: ``static_argnums``, ``donate_argnums``, ``in_shardings``, ...), with
+    jit's meaning, and the rewrite driver's (``engine``, ``max_iterations``,
+    ``match_budget``); any other is a TypeError here.
     """
 
     def make(f: Callable[..., Any]) -> Optimized:
-        return Optimized(
-            f, rules=rules, static_argnums=static_argnums, verify=verify, **rewrite_options
-        )
+        return Optimized(f, rules=rules, verify=verify, **options)
 
     return make(fn) if fn is not None else make
