@@ -13,8 +13,9 @@ Kernel selection is ``pallas_kernels``'s: Pallas on GPU, the plain-JAX reference
 
 from __future__ import annotations
 
-__all__ = ["FlashAttention", "GemmEpilogue"]
+__all__ = ["FlashAttention", "GemmEpilogue", "AttentionRegion"]
 
+import functools
 from typing import Any
 
 import pypm_jax as pm
@@ -103,3 +104,133 @@ def gemm_epilogue_impl(x: Any, w: Any, bias: Any, *, plan: GemmPlan) -> Any:
     b = jnp.reshape(bias, (plan.n,)) if plan.bias else None
     out = gemm_epilogue(x, w, b, activation=plan.activation)
     return out.astype(plan.out_dtype)
+
+
+# ------------------------------------------------------------ attention score regions
+
+
+def _region_infer(*_inputs: Any, plan: Any) -> tuple[Any, Any]:
+    return plan.attention.out_shape, plan.attention.out_dtype
+
+
+@pm.op(attrs=("plan",), op_class="attention", infer=_region_infer)
+def AttentionRegion(a, b, v, x, c0, c1, c2, c3, c4, c5):  # noqa: N802
+    """Flash attention whose logits are a region of pointwise steps over the scores
+    (:mod:`pypm_jax.rules.attention_region`): ``x`` is the part of the logits not yet taken
+    into the region (the literal 0 once it is), ``c0``..``c5`` the captured operands."""
+    return 1
+
+
+def _binary(fn: Any) -> Any:
+    """A ``lax`` binary op on operands promoted and broadcast as ``jnp`` would."""
+
+    def call(x: Any, y: Any) -> Any:
+        import jax.numpy as jnp
+
+        dt = jnp.result_type(x, y)
+        x, y = jnp.broadcast_arrays(jnp.asarray(x, dt), jnp.asarray(y, dt))
+        return fn(x, y)
+
+    return call
+
+
+def _step_table() -> dict[str, Any]:
+    from jax import lax
+
+    unary = ("exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "neg", "abs",
+             "sqrt", "rsqrt", "erf", "erfc", "sign", "square", "floor", "ceil", "not")  # fmt: skip
+    binary = ("add", "sub", "mul", "div", "rem", "pow", "max", "min", "and", "or", "xor",
+              "eq", "ne", "lt", "le", "gt", "ge")  # fmt: skip
+    table: dict[str, Any] = {n: getattr(lax, n) for n in unary if n != "not"}
+    table["not"] = lax.bitwise_not
+    table.update({n: _binary(getattr(lax, n)) for n in binary if n not in ("and", "or", "xor")})
+    table.update(
+        {"and": _binary(lax.bitwise_and), "or": _binary(lax.bitwise_or),
+         "xor": _binary(lax.bitwise_xor)}
+    )  # fmt: skip
+    table["integer_pow"] = lambda x, *, y: lax.integer_pow(x, y)
+    table["convert_element_type"] = lambda x, *, new_dtype: x.astype(new_dtype)
+    table["select_n"] = _select_n
+    return table
+
+
+def _select_n(pred: Any, *cases: Any) -> Any:
+    import jax.numpy as jnp
+    from jax import lax
+
+    dt = jnp.result_type(*cases)
+    shape = jnp.broadcast_shapes(jnp.shape(pred), *(jnp.shape(c) for c in cases))
+    cases = [jnp.broadcast_to(jnp.asarray(c, dt), shape) for c in cases]
+    return lax.select_n(jnp.broadcast_to(pred, shape), *cases)
+
+
+def _eval_steps(steps: tuple[Any, ...], acc: Any, caps: tuple[Any, ...], idx: Any) -> Any:
+    """The value of a region's last step, ``("acc",)`` standing for ``acc``."""
+    table = _step_table()
+    values: list[Any] = []
+
+    def ref(r: Any) -> Any:
+        kind = r[0]
+        if kind == "acc":
+            return acc
+        if kind == "in":
+            return caps[r[1]]
+        if kind == "step":
+            return values[r[1]]
+        if kind == "lit":
+            return r[1]
+        return idx["bhqk".index(r[1][0])]
+
+    for prim, params, args in steps:
+        values.append(table[prim](*(ref(a) for a in args), **dict(params)))
+    return values[-1]
+
+
+@functools.lru_cache(maxsize=512)
+def _score_mod(steps: tuple[Any, ...]) -> Any:
+    """The kernel's ``score_mod`` for a region (memoized: one function object per region,
+    so jit caches keyed by it hit)."""
+
+    def score_mod(s: Any, b: Any, h: Any, qi: Any, ki: Any, *caps: Any) -> Any:
+        return _eval_steps(steps, s, caps, (b, h, qi, ki))
+
+    return score_mod
+
+
+@functools.lru_cache(maxsize=512)
+def _mask_mod(steps: tuple[Any, ...]) -> Any:
+    def mask_mod(b: Any, h: Any, qi: Any, ki: Any, *caps: Any) -> Any:
+        return _eval_steps(steps, None, caps, (b, h, qi, ki))
+
+    return mask_mod
+
+
+@register_impl(AttentionRegion)
+def attention_region_impl(a: Any, b: Any, v: Any, x: Any, *caps: Any, plan: Any) -> Any:
+    import jax.numpy as jnp
+
+    from pallas_kernels import flash_attention
+
+    if plan.spine:  # the rules never leave a region node unfinished (attention_region.py)
+        raise pm.PyPMError("AttentionRegion: the region does not reach the scores yet")
+    att = plan.attention
+    q, k = (a, b) if att.q_operand == 0 else (b, a)
+    q = jnp.transpose(q, att.perm_q).astype(att.dtype)
+    k = jnp.transpose(k, att.perm_k).astype(att.dtype)
+    v = jnp.transpose(v, att.perm_v).astype(att.dtype)
+    captures = tuple(
+        jnp.transpose(jnp.reshape(c, (1,) * (4 - len(shape)) + tuple(shape)), att.perm_scores)
+        for c, shape in zip(caps, plan.captures, strict=False)
+    )
+    out = flash_attention(
+        q,
+        k,
+        v,
+        scale=1.0,
+        layout=att.layout,
+        score_mod=_score_mod(plan.region) if plan.region else None,
+        mask_mod=_mask_mod(plan.mask) if plan.mask else None,
+        captures=captures,
+        band=plan.band,
+    )
+    return jnp.transpose(out, att.perm_out).astype(att.out_dtype)

@@ -851,3 +851,167 @@ def activation_of(root_op: Any, signature_op: Any) -> str | None:
     """Name (in ``pallas_kernels.ACTIVATIONS``) of the activation an epilogue matched."""
     key = (getattr(root_op, "name", None), getattr(signature_op, "name", None))
     return _ACTIVATIONS.get(key)
+
+
+# ----------------------------------------------------------- attention score regions
+#
+# ``rules/attention_region.py`` takes the pointwise region between an attention's scores
+# and its softmax into the kernel one operator at a time, from the softmax down to the
+# scores. A region is data, the pointwise region IR: a tuple of steps ``(prim, params,
+# args)``, each arg ``("acc",)`` (the value below the region: the scores, once reached),
+# ``("in", i)`` (captured operand i), ``("step", j)`` or ``("lit", number)``; the last step
+# is the logits. The empty region is the scores themselves.
+
+# The primitives a region may hold: each has a lowering in rules._kernels.
+REGION_UNARY = frozenset(
+    {"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "neg", "abs", "sqrt",
+     "rsqrt", "erf", "erfc", "sign", "square", "floor", "ceil", "not"}
+)  # fmt: skip
+REGION_BINARY = frozenset(
+    {"add", "sub", "mul", "div", "rem", "pow", "max", "min", "and", "or", "xor", "eq", "ne",
+     "lt", "le", "gt", "ge"}
+)  # fmt: skip
+MAX_CAPTURES = 6  # the AttentionRegion operator's capture inputs
+
+
+class RegionPlan(NamedTuple):
+    """An ``AttentionRegion`` node: the attention's plan (no bias, mask or scale of its own:
+    the region holds them), the region, the shapes of the captured operands (in the
+    program's score layout, aligned to its last axes), whether the node's ``x`` input is
+    still a value to take into the region (``spine``), and, once it is done, the part of
+    the region that masks keys (``mask``: steps whose value is True where a key is attended,
+    the kernel's ``mask_mod``) and the kernel's ``band`` promise."""
+
+    attention: AttentionPlan
+    region: tuple[Any, ...]
+    captures: tuple[tuple[int, ...], ...]
+    spine: bool = True
+    mask: tuple[Any, ...] = ()
+    band: tuple[Any, Any] | None = None
+
+
+@guard_fn("rules.region_op")
+def region_op(name: Any, arity: Any) -> bool:
+    """Can a region hold this primitive (unary: ``arity`` 1, binary: 2)?"""
+    return name in (REGION_UNARY if arity == 1 else REGION_BINARY if arity == 2 else ())
+
+
+@guard_fn("rules.region_seed")
+def region_seed(plan: Any) -> RegionPlan | None:
+    """The plan of a region node for an attention planned without bias, mask or scale."""
+    if not isinstance(plan, AttentionPlan) or plan.bias or plan.mask or plan.scale_input:
+        return None
+    return RegionPlan(plan, (), ())
+
+
+def _shift(arg: tuple[Any, ...], n_new: int) -> tuple[Any, ...]:
+    if arg[0] == "acc":
+        return ("step", 0)
+    if arg[0] == "step":
+        return ("step", arg[1] + 1)
+    if arg[0] == "in":
+        return ("in", arg[1] + n_new)
+    return arg
+
+
+def _literal(value: Any) -> Any:
+    """A literal as a plain Python number (guards see numpy scalars and 0-d arrays)."""
+    item = getattr(value, "item", None)
+    value = item() if item is not None and getattr(value, "size", 1) == 1 else value
+    return value if isinstance(value, bool | int | float) else None
+
+
+def _param(name: str, value: Any) -> Any:
+    """A step parameter as plain hashable data (dtypes by name)."""
+    if name == "new_dtype":
+        return _dtype_name(value) or str(value)
+    return value
+
+
+@guard_fn("rules.region_push")
+def region_push(plan: Any, prim: Any, args: Any, params: Any = (), captured: Any = ()) -> Any:
+    """``plan`` with the operator below its region taken in: the new step ``prim(args)``
+    (``("acc",)`` now the value below it, ``("in", i)`` the i-th of the ``captured`` shapes,
+    ``("lit", v)`` with v a literal's value) goes first, and the captures it adds go before
+    the node's others. None when the plan is done, a literal is not a number or too many
+    operands would be captured."""
+    if not isinstance(plan, RegionPlan) or not plan.spine:
+        return None
+    captured = tuple(_ints(s) for s in captured)
+    if None in captured or len(plan.captures) + len(captured) > MAX_CAPTURES:
+        return None
+    new_args = []
+    for a in args:
+        if a[0] == "lit":
+            value = _literal(a[1])
+            if value is None:
+                return None
+            a = ("lit", value)
+        new_args.append(tuple(a))
+    step = (
+        str(getattr(prim, "name", prim)),
+        tuple(sorted((n, _param(n, v)) for n, v in params)),
+        tuple(new_args),
+    )
+    n = len(captured)
+    old = tuple((p, ps, tuple(_shift(a, n) for a in xs)) for p, ps, xs in plan.region)
+    return plan._replace(region=(step, *old), captures=(*captured, *plan.captures))
+
+
+@guard_fn("rules.numpy_broadcast")
+def numpy_broadcast(broadcast_dimensions: Any, in_shape: Any, out_shape: Any) -> bool:
+    """A ``broadcast_in_dim`` as numpy broadcasts: the operand aligned with the result's
+    last axes, each of its axes of size 1 or the result's size. Its operand can be captured
+    instead (the kernel broadcasts captures itself)."""
+    dims, inp, out = _ints(broadcast_dimensions), _ints(in_shape), _ints(out_shape)
+    if dims is None or inp is None or out is None or len(inp) > len(out):
+        return False
+    if dims != tuple(range(len(out) - len(inp), len(out))):
+        return False
+    return all(i in (1, out[d]) for i, d in zip(inp, dims, strict=True))
+
+
+def _mask_split(region: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """(score region, mask steps): the region's outer ``where(pred, s, fill)`` steps with a
+    fill at most ``MASK_FILL_MAX`` become the kernel's mask (it replaces masked scores by
+    ``finfo(f32).min``: the same softmax for every row with an attended key, and uniform
+    weights for a fully masked row, as the program's fill gives), the rest its score_mod."""
+    preds: list[tuple[Any, bool]] = []
+    while region:
+        prim, _, args = region[-1]
+        if prim != "select_n" or len(args) != 3:
+            break
+        pred, no, yes = args
+        if no[0] == "lit" and no[1] <= MASK_FILL_MAX and yes[0] in ("acc", "step"):
+            keep, rest, polarity = yes, region[:-1], True
+        elif yes[0] == "lit" and yes[1] <= MASK_FILL_MAX and no[0] in ("acc", "step"):
+            keep, rest, polarity = no, region[:-1], False
+        else:
+            break
+        if pred[0] != "in" or (keep[0] == "step" and keep[1] != len(rest) - 1):
+            break
+        if keep[0] == "acc" and rest:
+            break
+        preds.append((pred, polarity))
+        region = rest
+    steps: list[Any] = []
+    for pred, polarity in preds:
+        steps.append(("ne", (), (pred, ("lit", not polarity))))
+        if len(steps) > 1:
+            steps.append(("and", (), (("step", len(steps) - 2), ("step", len(steps) - 1))))
+    return region, tuple(steps)
+
+
+@guard_fn("rules.region_done")
+def region_done(plan: Any) -> Any:
+    """``plan`` once its region reaches the scores: the outer masking steps split off as
+    the kernel's mask (:func:`_mask_split`), checked against the kernel's support."""
+    if not isinstance(plan, RegionPlan) or not plan.spine:
+        return None
+    region, mask = _mask_split(plan.region)
+    done = plan._replace(region=region, mask=mask, spine=False)
+    return done if attention_supported(plan.attention) else None
+
+
+# Below this a select_n fill masks a key (rules.attention.MASK_FILL_MAX).
+MASK_FILL_MAX = -1e9

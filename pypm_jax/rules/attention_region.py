@@ -1,0 +1,376 @@
+"""Attention score and mask modifiers as regions → the flash-attention kernel's ``score_mod``
+/ ``mask_mod``, in the pattern language.
+
+The attention rules (``attention.py``) know a fixed list of logits spellings: a scale, a
+bias, a mask, in that order. Programs write more: a soft-cap ``tanh(s / c) * c`` (Gemma 2),
+ALiBi added *before* the scale (Falcon), the scale after a bias, masks combined in any
+order, a bias after a mask. These rules take the whole pointwise *region* between the
+scores ``dot_general`` and the softmax into the kernel, as data:
+
+* ``attention_region`` matches an attention whose logits are ``Spine(s, a, b)``: a chain of
+  pointwise operators the kernel can lower (``rules.region_op``) from the scores
+  ``s = Scores(a, b)`` to the softmax, each operator's other operands literals or values
+  computed outside the chain. It replaces the attention by an :data:`AttentionRegion`
+  node whose ``x`` input is the logits and whose region is empty.
+* ``attention_region_*`` take the operator that computes ``x`` into the region, one at a
+  time (a literal operand becomes a ``("lit", v)`` argument, any other operand a captured
+  input of the kernel, with a ``broadcast_in_dim`` that only broadcasts as numpy does
+  dropped), until ``x`` is the scores; ``attention_region_done`` then splits the outer
+  ``where(mask, ., big_negative)`` steps off as the kernel's ``mask_mod``.
+
+Every operator the first rule's ``Spine`` accepts, the later rules take in, so a region node
+never stays unfinished; what the region cannot hold (a reduction, a gather, a value read
+from the scores elsewhere) stops ``Spine``, and the attention is left alone: ``pm.explain``
+on ``attention_region`` names the node. The region travels on the node's ``plan``
+(``rules._plans.RegionPlan``), so ``pm.serialize`` of a rewritten graph keeps it.
+"""
+
+from __future__ import annotations
+
+import pypm_jax as pm
+
+from ..jax import prims as P
+from ._kernels import AttentionRegion
+from ._plans import (
+    attention_plan,
+    numpy_broadcast,
+    region_done,
+    region_op,
+    region_push,
+    region_seed,
+)
+from .attention import Scores, Splat, Weighted
+
+__all__ = [
+    "REGION_RULES",
+    "Spine",
+    "Captured",
+    "attention_region",
+    "attention_region_unary",
+    "attention_region_convert",
+    "attention_region_integer_pow",
+    "attention_region_literal",
+    "attention_region_literal_first",
+    "attention_region_capture",
+    "attention_region_capture_first",
+    "attention_region_where_fill",
+    "attention_region_where_fill_second",
+    "attention_region_where",
+    "attention_region_where_second",
+    "attention_region_done",
+]
+
+
+# ------------------------------------------------------------------------- the spine
+
+
+@pm.pattern
+def Spine(s, a, b):
+    """The scores ``s = Scores(a, b)`` under a chain of pointwise operators the region can
+    hold; the other operands of each are anything but the chain."""
+    s <= Scores(a, b)
+    return s
+
+
+@pm.pattern
+def Spine(s, a, b):  # noqa: F811 (alternates share a name)
+    f = pm.Op(1, 1)
+    assert region_op(f.name, 1)
+    return f(Spine(s, a, b))
+
+
+@pm.pattern
+def Spine(s, a, b):  # noqa: F811
+    return P.convert_element_type(Spine(s, a, b))
+
+
+@pm.pattern
+def Spine(s, a, b):  # noqa: F811
+    return P.integer_pow(Spine(s, a, b))
+
+
+@pm.pattern
+def Spine(s, a, b):  # noqa: F811
+    f = pm.Op(2, 1)
+    assert region_op(f.name, 2)
+    return f(Spine(s, a, b), pm.var())
+
+
+@pm.pattern
+def Spine(s, a, b):  # noqa: F811
+    f = pm.Op(2, 1)
+    assert region_op(f.name, 2)
+    return f(pm.var(), Spine(s, a, b))
+
+
+@pm.pattern
+def Spine(s, a, b):  # noqa: F811
+    """``jnp.where(p, spine, other)`` or ``jnp.where(p, other, spine)``."""
+    return P.select_n(pm.var(), pm.var(), Spine(s, a, b))
+
+
+@pm.pattern
+def Spine(s, a, b):  # noqa: F811
+    return P.select_n(pm.var(), Spine(s, a, b), pm.var())
+
+
+@pm.pattern
+def Captured(w):
+    """An operand the kernel captures: w itself, or what a numpy-style broadcast made it
+    from (the kernel broadcasts captures to the score tile)."""
+    y = P.broadcast_in_dim(w)
+    assert numpy_broadcast(y.broadcast_dimensions, w.shape, y.shape)
+    return y
+
+
+@pm.pattern
+def Captured(w):  # noqa: F811
+    return w
+
+
+# --------------------------------------------------------------------- the first rule
+
+
+@pm.pattern
+def AttentionRegionPattern(o, a, b, v, s, z, x):
+    o <= Weighted(v, x, z)
+    x <= Spine(s, a, b)
+    return o
+
+
+@pm.rule(AttentionRegionPattern, single_use=True)
+def attention_region(o, a, b, v, s, z, x):
+    """An attention whose logits no fixed spelling matched: the region node, its region
+    still to take in."""
+    plan = attention_plan((a.shape, b.shape, v.shape), (a.dtype, b.dtype, v.dtype),
+                          (s.dimension_numbers, s.shape, z.axes),
+                          (o.dimension_numbers, o.shape, o.dtype))  # fmt: skip
+    seed = region_seed(plan)
+    assert seed is not None
+    return AttentionRegion(a, b, v, x, 0, 0, 0, 0, 0, 0, plan=seed)
+
+
+# --------------------------------------------------- taking one operator into the region
+#
+# Each rule matches a region node whose ``x`` the pattern names, and replaces it by one
+# whose ``x`` is the operand below (the spine: ``Spine(t, a, b)`` where both operands could
+# be). A new capture goes first; the last capture input, unused then, falls off.
+
+
+@pm.pattern
+def Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
+    r <= AttentionRegion(a, b, v, x, c0, c1, c2, c3, c4, c5)
+    return r
+
+
+@pm.pattern
+def UnaryAbove(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y):
+    f = pm.Op(1, 1)
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    x <= f(y)
+    assert region_op(f.name, 1)
+    return r
+
+
+@pm.rule(UnaryAbove)
+def attention_region_unary(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y):
+    plan = region_push(r.plan, x.op, (("acc",),))
+    assert plan is not None
+    return AttentionRegion(a, b, v, y, c0, c1, c2, c3, c4, c5, plan=plan)
+
+
+@pm.pattern
+def ConvertAbove(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y):
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    x <= P.convert_element_type(y)
+    return r
+
+
+@pm.rule(ConvertAbove)
+def attention_region_convert(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y):
+    plan = region_push(r.plan, "convert_element_type", (("acc",),), (("new_dtype", x.dtype),))
+    assert plan is not None
+    return AttentionRegion(a, b, v, y, c0, c1, c2, c3, c4, c5, plan=plan)
+
+
+@pm.pattern
+def IntegerPowAbove(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y):
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    x <= P.integer_pow(y)
+    return r
+
+
+@pm.rule(IntegerPowAbove)
+def attention_region_integer_pow(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y):
+    plan = region_push(r.plan, "integer_pow", (("acc",),), (("y", x.y),))
+    assert plan is not None
+    return AttentionRegion(a, b, v, y, c0, c1, c2, c3, c4, c5, plan=plan)
+
+
+@pm.pattern
+def LiteralAbove(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, c):
+    f = pm.Op(2, 1)
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    x <= f(y, Splat(c))
+    assert region_op(f.name, 2)
+    return r
+
+
+@pm.rule(LiteralAbove)
+def attention_region_literal(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, c):
+    """``f(x, literal)``: ``scores * 0.125``, ``tanh(.) * 50.0``, ``i >= 0``."""
+    plan = region_push(r.plan, x.op, (("acc",), ("lit", c.value)))
+    assert plan is not None
+    return AttentionRegion(a, b, v, y, c0, c1, c2, c3, c4, c5, plan=plan)
+
+
+@pm.pattern
+def LiteralFirstAbove(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, c):
+    f = pm.Op(2, 1)
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    x <= f(Splat(c), y)
+    assert region_op(f.name, 2)
+    return r
+
+
+@pm.rule(LiteralFirstAbove)
+def attention_region_literal_first(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, c):
+    plan = region_push(r.plan, x.op, (("lit", c.value), ("acc",)))
+    assert plan is not None
+    return AttentionRegion(a, b, v, y, c0, c1, c2, c3, c4, c5, plan=plan)
+
+
+@pm.pattern
+def CaptureAbove(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, w):
+    f, t = pm.Op(2, 1), pm.var()
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    x <= f(y, Captured(w))
+    y <= Spine(t, a, b)
+    assert region_op(f.name, 2)
+    return r
+
+
+@pm.rule(CaptureAbove)
+def attention_region_capture(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, w):
+    """``f(x, w)`` with w computed elsewhere (a bias, a learned soft-cap): w is captured."""
+    plan = region_push(r.plan, x.op, (("acc",), ("in", 0)), (), (w.shape,))
+    assert plan is not None
+    return AttentionRegion(a, b, v, y, w, c0, c1, c2, c3, c4, plan=plan)
+
+
+@pm.pattern
+def CaptureFirstAbove(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, w):
+    f, t = pm.Op(2, 1), pm.var()
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    x <= f(Captured(w), y)
+    y <= Spine(t, a, b)
+    assert region_op(f.name, 2)
+    return r
+
+
+@pm.rule(CaptureFirstAbove)
+def attention_region_capture_first(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, w):
+    plan = region_push(r.plan, x.op, (("in", 0), ("acc",)), (), (w.shape,))
+    assert plan is not None
+    return AttentionRegion(a, b, v, y, w, c0, c1, c2, c3, c4, plan=plan)
+
+
+@pm.pattern
+def WhereFillAbove(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, p, c):
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    x <= P.select_n(Captured(p), Splat(c), y)
+    return r
+
+
+@pm.rule(WhereFillAbove)
+def attention_region_where_fill(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, p, c):
+    """``jnp.where(p, x, literal)`` (a mask: p is captured)."""
+    plan = region_push(r.plan, "select_n", (("in", 0), ("lit", c.value), ("acc",)), (),
+                       (p.shape,))  # fmt: skip
+    assert plan is not None
+    return AttentionRegion(a, b, v, y, p, c0, c1, c2, c3, c4, plan=plan)
+
+
+@pm.pattern
+def WhereFillSecondAbove(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, p, c):
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    x <= P.select_n(Captured(p), y, Splat(c))
+    return r
+
+
+@pm.rule(WhereFillSecondAbove)
+def attention_region_where_fill_second(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, p, c):
+    """``jnp.where(p, literal, x)`` (``where(mask == 0, big_negative, x)``)."""
+    plan = region_push(r.plan, "select_n", (("in", 0), ("acc",), ("lit", c.value)), (),
+                       (p.shape,))  # fmt: skip
+    assert plan is not None
+    return AttentionRegion(a, b, v, y, p, c0, c1, c2, c3, c4, plan=plan)
+
+
+@pm.pattern
+def WhereAbove(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, p, w):
+    t = pm.var()
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    x <= P.select_n(Captured(p), Captured(w), y)
+    y <= Spine(t, a, b)
+    return r
+
+
+@pm.rule(WhereAbove)
+def attention_region_where(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, p, w):
+    """``jnp.where(p, x, w)`` with w computed elsewhere: p and w are captured."""
+    plan = region_push(r.plan, "select_n", (("in", 0), ("in", 1), ("acc",)), (),
+                       (p.shape, w.shape))  # fmt: skip
+    assert plan is not None
+    return AttentionRegion(a, b, v, y, p, w, c0, c1, c2, c3, plan=plan)
+
+
+@pm.pattern
+def WhereSecondAbove(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, p, w):
+    t = pm.var()
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    x <= P.select_n(Captured(p), y, Captured(w))
+    y <= Spine(t, a, b)
+    return r
+
+
+@pm.rule(WhereSecondAbove)
+def attention_region_where_second(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, p, w):
+    plan = region_push(r.plan, "select_n", (("in", 0), ("acc",), ("in", 1)), (),
+                       (p.shape, w.shape))  # fmt: skip
+    assert plan is not None
+    return AttentionRegion(a, b, v, y, p, w, c0, c1, c2, c3, plan=plan)
+
+
+@pm.pattern
+def ScoresReached(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    x <= Scores(a, b)
+    return r
+
+
+@pm.rule(ScoresReached)
+def attention_region_done(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
+    """``x`` is the scores of the node's own a and b: the kernel computes them."""
+    plan = region_done(r.plan)
+    assert plan is not None
+    return AttentionRegion(a, b, v, 0, c0, c1, c2, c3, c4, c5, plan=plan)
+
+
+# The first rule runs after the fixed attention rules (which keep every spelling they
+# match); the rules taking operators in, literal operands before captured ones.
+REGION_RULES = [
+    attention_region,
+    attention_region_done,
+    attention_region_unary,
+    attention_region_convert,
+    attention_region_integer_pow,
+    attention_region_literal,
+    attention_region_literal_first,
+    attention_region_where_fill,
+    attention_region_where_fill_second,
+    attention_region_capture,
+    attention_region_capture_first,
+    attention_region_where,
+    attention_region_where_second,
+]
