@@ -146,12 +146,14 @@ class RewriteRecord:
     module_path: str | None  # e.g. the Flax module of the root node
     op: str = ""  # the root node's operator
     created: tuple[int, ...] = ()  # ids of the nodes the rewrite added
+    detail: str = ""  # what the replacement's attributes say of themselves (a region)
 
     def __str__(self) -> str:
         where = f" at {self.source}" if self.source is not None else ""
         module = f" [{self.module_path}]" if self.module_path else ""
+        detail = f": {self.detail}" if self.detail else ""
         return printable(
-            f"{self.rule} ({self.pattern}) replaced %{self.root} {self.op}{where}{module}"
+            f"{self.rule} ({self.pattern}) replaced %{self.root} {self.op}{where}{module}{detail}"
         )
 
 
@@ -169,6 +171,9 @@ class RewriteReport(list[RewriteRecord]):
         if not self:
             return "no rewrites"
         header = ("#", "rule", "pattern", "root", "replaced", "source", "module")
+        detailed = any(r.detail for r in self)
+        if detailed:
+            header = (*header, "detail")
         rows = [
             tuple(
                 printable(cell)
@@ -180,6 +185,7 @@ class RewriteReport(list[RewriteRecord]):
                     " ".join(f"%{n}" for n in r.replaced),
                     str(r.source) if r.source is not None else "-",
                     r.module_path or "-",
+                    *((r.detail or "-",) if detailed else ()),
                 )
             )
             for i, r in enumerate(self)
@@ -691,6 +697,7 @@ class _Driver:
             module_path=rnode._meta.get("module_path") if rnode._meta else None,
             op=rnode.op.name,
             created=tuple(n.id for n in created.values() if n._alive),
+            detail=_describe(pairs[0][1].node),
         )
         self.report.append(record)
         self.parents.append(self.made_by.get(rnode.id))
@@ -784,6 +791,17 @@ class _Driver:
             f"{rnode.op.name}); the rules that keep firing: {', '.join(ordered)}",
             ordered,
         )
+
+
+def _describe(node: Node) -> str:
+    """What the attributes of a rule's replacement say of themselves: the ``describe()`` of
+    each that has one (a kernel plan carrying a region), for the report."""
+    parts = []
+    for value in node.attrs.values():
+        describe = getattr(value, "describe", None)
+        if callable(describe):
+            parts.append(str(describe()))
+    return "; ".join(parts)
 
 
 def rule_error(rule: RuleDef, what: str) -> RuleError:
@@ -894,9 +912,7 @@ def rewrite(
         raise ValueError(f"unknown engine {engine!r}: expected one of {ENGINES}")
     limit = 4 * len(graph) + 1000 if max_iterations is None else max_iterations
     budget = MATCH_BUDGET if isinstance(match_budget, _Default) else match_budget
-    driver = _Driver(
-        graph, rules, engine, limit, shareable, check_types, weak_type, budget
-    )
+    driver = _Driver(graph, rules, engine, limit, shareable, check_types, weak_type, budget)
     with collect_guard_failures() as failures:
         if graph._journal is not None:  # (inside a caller's undoable change: theirs to undo)
             driver.run()

@@ -135,6 +135,7 @@ def _binary(fn: Any) -> Any:
 
 
 def _step_table() -> dict[str, Any]:
+    import jax.numpy as jnp
     from jax import lax
 
     unary = ("exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "neg", "abs",
@@ -149,7 +150,7 @@ def _step_table() -> dict[str, Any]:
          "xor": _binary(lax.bitwise_xor)}
     )  # fmt: skip
     table["integer_pow"] = lambda x, *, y: lax.integer_pow(x, y)
-    table["convert_element_type"] = lambda x, *, new_dtype: x.astype(new_dtype)
+    table["convert_element_type"] = lambda x, *, new_dtype: jnp.asarray(x).astype(new_dtype)
     table["select_n"] = _select_n
     return table
 
@@ -205,6 +206,20 @@ def _mask_mod(steps: tuple[Any, ...]) -> Any:
     return mask_mod
 
 
+def _to_score_tile(c: Any, frame: tuple[int, ...], perm_scores: tuple[int, ...]) -> Any:
+    """A captured operand, whose axes lie along the program's score axes ``frame``, as a
+    rank-4 array broadcastable to the kernel's ``[B, H, Sq, Skv]``."""
+    import jax.numpy as jnp
+
+    axes = [perm_scores.index(f) for f in frame]  # kernel axis of each of c's axes
+    order = sorted(range(len(axes)), key=axes.__getitem__)
+    c = jnp.transpose(c, order)
+    shape = [1, 1, 1, 1]
+    for i, j in enumerate(order):
+        shape[axes[j]] = c.shape[i]
+    return jnp.reshape(c, shape)
+
+
 @register_impl(AttentionRegion)
 def attention_region_impl(a: Any, b: Any, v: Any, x: Any, *caps: Any, plan: Any) -> Any:
     import jax.numpy as jnp
@@ -219,8 +234,8 @@ def attention_region_impl(a: Any, b: Any, v: Any, x: Any, *caps: Any, plan: Any)
     k = jnp.transpose(k, att.perm_k).astype(att.dtype)
     v = jnp.transpose(v, att.perm_v).astype(att.dtype)
     captures = tuple(
-        jnp.transpose(jnp.reshape(c, (1,) * (4 - len(shape)) + tuple(shape)), att.perm_scores)
-        for c, shape in zip(caps, plan.captures, strict=False)
+        _to_score_tile(c, frame, att.perm_scores)
+        for c, (_, frame) in zip(caps, plan.captures, strict=False)
     )
     out = flash_attention(
         q,

@@ -33,10 +33,15 @@ from ..jax import prims as P
 from ._kernels import AttentionRegion
 from ._plans import (
     attention_plan,
+    is_literal,
     numpy_broadcast,
     region_done,
+    region_index,
+    region_inline,
+    region_literal,
     region_op,
     region_push,
+    region_reframe,
     region_seed,
 )
 from .attention import Scores, Splat, Weighted
@@ -58,6 +63,17 @@ __all__ = [
     "attention_region_where",
     "attention_region_where_second",
     "attention_region_done",
+    "IndexOnly",
+    "attention_region_index",
+    "attention_region_index_broadcast",
+    "attention_region_index_reshape",
+    "attention_region_index_slice",
+    "attention_region_index_unary",
+    "attention_region_index_literal",
+    "attention_region_index_literal_first",
+    "attention_region_index_binary",
+    "attention_region_index_binary_second",
+    "attention_region_index_where",
 ]
 
 
@@ -342,6 +358,228 @@ def attention_region_where_second(r, a, b, v, x, c0, c1, c2, c3, c4, c5, y, p, w
     return AttentionRegion(a, b, v, y, p, w, c0, c1, c2, c3, plan=plan)
 
 
+# ------------------------------------------------------------ index expressions
+#
+# A captured operand computed from iotas and literals alone (a causal or sliding-window
+# mask, the distances of a relative-position bias) is taken into the region too, down to
+# its iotas, which become the kernel's query / key (/ batch / head) positions: the kernel
+# then reads no mask array, and the region proves the band of keys it can skip. These
+# rules work on the first capture ``c0``, where a new capture goes, so an index expression
+# is taken in depth first before the spine moves on.
+
+
+@pm.pattern
+def IndexOnly():
+    """A value computed from iotas and literals alone, by operators a region can hold."""
+    return P.iota()
+
+
+@pm.pattern
+def IndexOnly():  # noqa: F811
+    c = pm.var()
+    assert is_literal(c.value)
+    return c
+
+
+@pm.pattern
+def IndexOnly():  # noqa: F811
+    f = pm.Op(1, 1)
+    assert region_op(f.name, 1) or f.name in ("convert_element_type", "broadcast_in_dim")
+    return f(IndexOnly())
+
+
+@pm.pattern
+def IndexOnly():  # noqa: F811
+    y = P.reshape(IndexOnly())
+    assert y.dimensions == None  # noqa: E711 (guard data)
+    return y
+
+
+@pm.pattern
+def IndexOnly():  # noqa: F811
+    return P.slice(IndexOnly())
+
+
+@pm.pattern
+def IndexOnly():  # noqa: F811
+    f = pm.Op(2, 1)
+    assert region_op(f.name, 2)
+    return f(IndexOnly(), IndexOnly())
+
+
+@pm.pattern
+def IndexOnly():  # noqa: F811
+    return P.select_n(IndexOnly(), IndexOnly(), IndexOnly())
+
+
+@pm.pattern
+def First(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
+    """A region node whose first capture is an index expression."""
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    c0 <= IndexOnly()
+    return r
+
+
+@pm.rule(First)
+def attention_region_index(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
+    """``c0`` is an iota: a position (or a literal: its value)."""
+    if c0.op == P.iota:
+        plan = region_index(r.plan, c0.dimension, c0.shape)
+        assert plan is not None
+        return AttentionRegion(a, b, v, x, c1, c2, c3, c4, c5, 0, plan=plan)
+    plan = region_literal(r.plan, c0.value)
+    assert plan is not None
+    return AttentionRegion(a, b, v, x, c1, c2, c3, c4, c5, 0, plan=plan)
+
+
+@pm.pattern
+def FirstLayout(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u):
+    r <= First(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    c0 <= P.broadcast_in_dim(u)
+    return r
+
+
+@pm.rule(FirstLayout)
+def attention_region_index_broadcast(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u):
+    plan = region_reframe(r.plan, "broadcast_in_dim", c0.broadcast_dimensions, u.shape)
+    assert plan is not None
+    return AttentionRegion(a, b, v, x, u, c1, c2, c3, c4, c5, plan=plan)
+
+
+@pm.pattern
+def FirstReshape(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u):
+    r <= First(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    c0 <= P.reshape(u)
+    return r
+
+
+@pm.rule(FirstReshape)
+def attention_region_index_reshape(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u):
+    plan = region_reframe(r.plan, "reshape", c0.dimensions, u.shape)
+    assert plan is not None
+    return AttentionRegion(a, b, v, x, u, c1, c2, c3, c4, c5, plan=plan)
+
+
+@pm.pattern
+def FirstSlice(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u):
+    r <= First(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    c0 <= P.slice(u)
+    return r
+
+
+@pm.rule(FirstSlice)
+def attention_region_index_slice(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u):
+    plan = region_reframe(r.plan, "slice", (c0.start_indices, c0.strides), u.shape)
+    assert plan is not None
+    return AttentionRegion(a, b, v, x, u, c1, c2, c3, c4, c5, plan=plan)
+
+
+@pm.pattern
+def FirstUnary(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u):
+    f = pm.Op(1, 1)
+    r <= First(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    c0 <= f(u)
+    assert region_op(f.name, 1) or f.name == "convert_element_type"
+    return r
+
+
+@pm.rule(FirstUnary)
+def attention_region_index_unary(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u):
+    if c0.op == P.convert_element_type:
+        plan = region_inline(r.plan, "convert_element_type", (("in", 0),),
+                             (("new_dtype", c0.dtype),), (u.shape,))  # fmt: skip
+        assert plan is not None
+        return AttentionRegion(a, b, v, x, u, c1, c2, c3, c4, c5, plan=plan)
+    plan = region_inline(r.plan, c0.op, (("in", 0),), (), (u.shape,))
+    assert plan is not None
+    return AttentionRegion(a, b, v, x, u, c1, c2, c3, c4, c5, plan=plan)
+
+
+@pm.pattern
+def FirstBinaryLiteral(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u, c):
+    f = pm.Op(2, 1)
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    c0 <= f(u, Splat(c))
+    assert region_op(f.name, 2) and is_literal(c.value)
+    return r
+
+
+@pm.rule(FirstBinaryLiteral)
+def attention_region_index_literal(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u, c):
+    """``f(c0, literal)`` (``i - window``, ``i // chunk``) where c0 reads an index."""
+    plan = region_inline(r.plan, c0.op, (("in", 0), ("lit", c.value)), (), (u.shape,))
+    assert plan is not None
+    return AttentionRegion(a, b, v, x, u, c1, c2, c3, c4, c5, plan=plan)
+
+
+@pm.pattern
+def FirstLiteralBinary(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u, c):
+    f = pm.Op(2, 1)
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    c0 <= f(Splat(c), u)
+    assert region_op(f.name, 2) and is_literal(c.value)
+    return r
+
+
+@pm.rule(FirstLiteralBinary)
+def attention_region_index_literal_first(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u, c):
+    plan = region_inline(r.plan, c0.op, (("lit", c.value), ("in", 0)), (), (u.shape,))
+    assert plan is not None
+    return AttentionRegion(a, b, v, x, u, c1, c2, c3, c4, c5, plan=plan)
+
+
+@pm.pattern
+def FirstBinary(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u, w):
+    """``f(u, w)`` with u an index expression (w maybe one too, maybe data: a padding
+    mask and-ed with a causal one)."""
+    f = pm.Op(2, 1)
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    c0 <= f(u, Captured(w))
+    u <= IndexOnly()
+    assert region_op(f.name, 2)
+    return r
+
+
+@pm.rule(FirstBinary)
+def attention_region_index_binary(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u, w):
+    plan = region_inline(r.plan, c0.op, (("in", 0), ("in", 1)), (), (u.shape, w.shape))
+    assert plan is not None
+    return AttentionRegion(a, b, v, x, u, w, c1, c2, c3, c4, plan=plan)
+
+
+@pm.pattern
+def FirstBinarySecond(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u, w):
+    f = pm.Op(2, 1)
+    r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    c0 <= f(Captured(w), u)
+    u <= IndexOnly()
+    assert region_op(f.name, 2)
+    return r
+
+
+@pm.rule(FirstBinarySecond)
+def attention_region_index_binary_second(r, a, b, v, x, c0, c1, c2, c3, c4, c5, u, w):
+    plan = region_inline(r.plan, c0.op, (("in", 1), ("in", 0)), (), (u.shape, w.shape))
+    assert plan is not None
+    return AttentionRegion(a, b, v, x, u, w, c1, c2, c3, c4, plan=plan)
+
+
+@pm.pattern
+def FirstWhere(r, a, b, v, x, c0, c1, c2, c3, c4, c5, p, t, f):
+    r <= First(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
+    c0 <= P.select_n(p, f, t)
+    return r
+
+
+@pm.rule(FirstWhere)
+def attention_region_index_where(r, a, b, v, x, c0, c1, c2, c3, c4, c5, p, t, f):
+    """``where(p, t, f)`` of index expressions (``jnp.tril``, ``//`` rounding down)."""
+    plan = region_inline(r.plan, "select_n", (("in", 0), ("in", 1), ("in", 2)), (),
+                         (p.shape, f.shape, t.shape))  # fmt: skip
+    assert plan is not None
+    return AttentionRegion(a, b, v, x, p, f, t, c1, c2, c3, plan=plan)
+
+
 @pm.pattern
 def ScoresReached(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
     r <= Open(r, a, b, v, x, c0, c1, c2, c3, c4, c5)
@@ -358,9 +596,20 @@ def attention_region_done(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
 
 
 # The first rule runs after the fixed attention rules (which keep every spelling they
-# match); the rules taking operators in, literal operands before captured ones.
+# match); then index expressions are taken in before the spine moves on, literal
+# operands before captured ones.
 REGION_RULES = [
     attention_region,
+    attention_region_index,
+    attention_region_index_broadcast,
+    attention_region_index_reshape,
+    attention_region_index_slice,
+    attention_region_index_unary,
+    attention_region_index_literal,
+    attention_region_index_literal_first,
+    attention_region_index_binary,
+    attention_region_index_binary_second,
+    attention_region_index_where,
     attention_region_done,
     attention_region_unary,
     attention_region_convert,
