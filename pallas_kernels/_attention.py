@@ -43,7 +43,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +59,7 @@ MASK_VALUE: float = float(np.finfo(np.float32).min)
 _FULLY_MASKED_THRESHOLD: float = 0.5 * MASK_VALUE
 _LOG2E: float = math.log2(math.e)
 LAYOUTS: tuple[str, ...] = ("BSHD", "BHSD")
-MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
+MIN_HEAD_DIM, MAX_HEAD_DIM = 1, 256
 
 
 # --------------------------------------------------------------------------- #
@@ -499,28 +499,54 @@ def clamp_blocks(cfg: AttentionBlocks, sq: int, skv: int) -> AttentionBlocks:
     )
 
 
+Full = tuple[bool, bool, bool, bool]  # per score dim: real extent (not broadcast)
+_SINK_FULL: Full = (False, True, False, False)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Cfg:
     layout: str
     causal: bool  # mask the scores above the diagonal
-    skip_above: bool  # skip the kv blocks above the diagonal (causal, or mask_is_causal)
+    band: tuple[int | None, int | None]  # kv blocks outside qi+lo <= ki <= qi+hi are skipped
     scale: float
     kv_len: int  # true (unpadded) kv length
     kv_padded: bool  # kv was padded to a block multiple (padded keys get -inf)
     group: int  # Hq // Hkv
     has_bias: bool
     has_mask: bool
-    bias_full: tuple[bool, bool, bool, bool]  # per score dim: real extent (not broadcast)
-    mask_full: tuple[bool, bool, bool, bool]
+    bias_full: Full
+    mask_full: Full
+    score_mod: Callable[..., Any] | None
+    mask_mod: Callable[..., Any] | None
+    cap_full: tuple[Full, ...]
+    cap_kinds: tuple[str, ...]  # per capture: "float", "int" or "bool" (stored as int8)
+    has_sinks: bool
+    zero_rows: bool  # masked_rows="zero"
     blocks: AttentionBlocks
     interpret: bool
     precision: Any
 
     @property
     def exact(self) -> bool:
-        """Bias/mask present: masked scores must be finfo.min (not -inf) and the
-        softmax is evaluated in the natural-log domain to avoid overflowing it."""
-        return self.has_bias or self.has_mask
+        """Anything beyond plain/causal attention: masked scores must be finfo.min (not
+        -inf) and the softmax is evaluated in the natural-log domain to avoid overflowing it."""
+        return (
+            self.has_bias
+            or self.has_mask
+            or self.score_mod is not None
+            or self.mask_mod is not None
+            or self.has_sinks
+            or self.zero_rows
+        )
+
+    @property
+    def banded(self) -> bool:
+        return self.band != (None, None)
+
+    @property
+    def revisit(self) -> bool:
+        """Rows left with only masked keys after the band must still average all keys."""
+        return self.banded and self.exact and not self.zero_rows
 
 
 # --------------------------------------------------------------------------- #
@@ -567,30 +593,94 @@ def _ident(x: Any) -> Any:
 # --------------------------------------------------------------------------- #
 
 
+class _Refs(NamedTuple):
+    """The score-layout operands of a kernel, in the order the wrappers pass them."""
+
+    bias: Any
+    mask: Any
+    caps: tuple[Any, ...]
+    sinks: Any
+
+
+def _take_refs(it: Any, cfg: _Cfg) -> _Refs:
+    bias = next(it) if cfg.has_bias else None
+    mask = next(it) if cfg.has_mask else None
+    caps = tuple(next(it) for _ in cfg.cap_kinds)
+    sinks = next(it) if cfg.has_sinks else None
+    return _Refs(bias, mask, caps, sinks)
+
+
+def _cap_tile(x: jax.Array, kind: str) -> jax.Array:
+    """A captured operand's tile as the modifiers see it (f32 floats, bool masks)."""
+    if kind == "float":
+        return x.astype(jnp.float32)
+    return x != 0 if kind == "bool" else x
+
+
+def _load_tiles(cfg: _Cfg, refs: _Refs, load: Callable[[Any, Full], Any]) -> tuple[Any, ...]:
+    """(bias, mask, caps) tiles of one score block; ``load(ref, full)`` reads a tile."""
+    bias = None if refs.bias is None else load(refs.bias, cfg.bias_full)
+    mask = None if refs.mask is None else load(refs.mask, cfg.mask_full)
+    caps = tuple(
+        _cap_tile(load(r, full), kind)
+        for r, full, kind in zip(refs.caps, cfg.cap_full, cfg.cap_kinds, strict=True)
+    )
+    return bias, mask, caps
+
+
+def _kv_tile(start: Any, bk: int) -> Callable[[Any, Full], Any]:
+    """Loader of the kv block at ``start`` from a ref holding a q block x all keys."""
+
+    def load(ref: Any, full: Full) -> Any:
+        return ref[:, pl.ds(start, bk)] if full[3] else ref[...]
+
+    return load
+
+
+def _q_tile(rows: Any) -> Callable[[Any, Full], Any]:
+    """Loader of the q rows ``rows`` from a ref holding all queries x a kv block."""
+
+    def load(ref: Any, full: Full) -> Any:
+        return ref[rows, :] if full[2] else ref[...]
+
+    return load
+
+
 def _scores(
     cfg: _Cfg,
     q: jax.Array,
     k: jax.Array,
     q_pos: jax.Array,
     k_pos: jax.Array,
-    bias: jax.Array | None,
-    mask: jax.Array | None,
+    tiles: tuple[Any, ...],
+    bh: tuple[Any, Any],
     structural: bool,
-) -> tuple[jax.Array, jax.Array | None]:
-    """Score tile and its keep-mask (None when nothing is masked by mask/causal).
+    with_vjp: bool = False,
+) -> tuple[jax.Array, jax.Array | None, Any]:
+    """Score tile, its keep-mask (None when nothing is masked by mask/mask_mod/causal) and,
+    ``with_vjp``, the VJP of ``score_mod`` at this tile (None without one).
 
     ``structural`` = apply causal and kv-padding masks (only needed on diagonal /
-    padded blocks).  Fast mode (no bias/mask) returns log2-domain scores; exact mode
+    padded blocks).  Fast mode (plain/causal) returns log2-domain scores; exact mode
     returns natural-domain scores with masked entries = finfo.min (like the reference)
     and padded keys = -inf.
     """
     s = dsp.dot(q, k, trans_b=True, precision=cfg.precision)
     kv_padded = structural and cfg.kv_padded
     if cfg.exact:
+        bias, mask, caps = tiles
+        idx = (*bh, q_pos[:, None], k_pos[None, :])
         s = s * cfg.scale
+        mod_vjp = None
+        if cfg.score_mod is not None:
+            mod = functools.partial(_apply_score_mod, cfg.score_mod, idx=idx, caps=caps)
+            s, mod_vjp = jax.vjp(mod, s) if with_vjp else (mod(s), None)
         if bias is not None:
             s = s + bias.astype(jnp.float32)
         keep = None if mask is None else (mask != 0)
+        if cfg.mask_mod is not None:
+            kept = _apply_mask_mod(cfg.mask_mod, s.shape, idx, caps)
+            keep = kept if keep is None else jnp.logical_and(keep, kept)
         if structural and cfg.causal:
             tri = q_pos[:, None] >= k_pos[None, :]
             keep = tri if keep is None else jnp.logical_and(keep, tri)
@@ -598,7 +688,7 @@ def _scores(
             s = jnp.where(keep, s, MASK_VALUE)
         if kv_padded:
             s = jnp.where(k_pos[None, :] < cfg.kv_len, s, -jnp.inf)
-        return s, keep
+        return s, keep, mod_vjp
     s = s * (cfg.scale * _LOG2E)
     valid = None
     if structural and cfg.causal:
@@ -608,7 +698,19 @@ def _scores(
         valid = kvv if valid is None else jnp.logical_and(valid, kvv)
     if valid is not None:
         s = jnp.where(valid, s, -jnp.inf)
-    return s, None
+    return s, None, None
+
+
+def _score_grad(
+    cfg: _Cfg, p: jax.Array, dpv: jax.Array, delta: jax.Array, keep: Any, mod_vjp: Any
+) -> jax.Array:
+    """dL/d(scaled q k^T) of a tile: through the softmax, the masks and ``score_mod``."""
+    ds = p * (dpv - delta[:, None])
+    if keep is not None:
+        ds = jnp.where(keep, ds, 0.0)
+    if mod_vjp is not None:
+        (ds,) = mod_vjp(ds)
+    return ds
 
 
 def _exp(cfg: _Cfg, x: jax.Array) -> jax.Array:
@@ -626,46 +728,112 @@ def _fori(lo: Any, hi: Any, body: Any, carry: Any) -> Any:
     return lax.fori_loop(lo, hi, body, carry)
 
 
-def _kv_ranges(cfg: _Cfg, q_start: Any, bq: int, bk: int, nk: int) -> tuple[Any, Any]:
-    """(n_unmasked, hi) for a q block: kv blocks [0, n_unmasked) need no causal or
-    padding mask; blocks [n_unmasked, hi) do; blocks >= hi are above the diagonal."""
-    full_kv = cfg.kv_len // bk
-    if not cfg.skip_above:
-        return min(full_kv, nk), nk
-    hi = jnp.minimum(lax.div(q_start + bq + bk - 1, bk), nk)
-    n_unmasked = jnp.minimum(lax.div(q_start + 1, bk), full_kv)
-    return n_unmasked, hi
+def _floor_div(x: Any, n: int) -> Any:
+    """Floor division of an int32 scalar (``lax.div`` truncates toward zero)."""
+    if isinstance(x, int):
+        return x // n
+    return lax.div(x, n) - (lax.rem(x, n) < 0).astype(jnp.int32)
+
+
+def _clip(x: Any, hi: int) -> Any:
+    return jnp.minimum(jnp.maximum(x, 0), hi)
+
+
+def _as_flag(pred: jax.Array) -> jax.Array:
+    """0/1 int32 (range arithmetic instead of a select between literals, which
+    Pallas-Triton (jax 0.11) mis-types as i1 vs i32)."""
+    return pred.astype(jnp.int32)
+
+
+def _kv_ranges(cfg: _Cfg, q_start: Any, bq: int, bk: int, nk: int) -> tuple[Any, Any, Any]:
+    """(lo, mid, hi) for the q block at ``q_start``: kv blocks [lo, hi) hold its band's
+    keys (the rest are skipped); [lo, mid) need no causal or kv-padding mask, [mid, hi) do."""
+    blo, bhi = cfg.band
+    lo = 0 if blo is None else _clip(_floor_div(q_start + blo, bk), nk)
+    hi = nk if bhi is None else _clip(_floor_div(q_start + bq - 1 + bhi, bk) + 1, nk)
+    mid = min(cfg.kv_len // bk, nk)
+    if cfg.causal:  # blocks wholly at or below the diagonal
+        mid = jnp.minimum(lax.div(q_start + 1, bk), mid)
+    if cfg.banded:
+        mid = jnp.minimum(jnp.maximum(mid, lo), hi)
+    return lo, mid, hi
+
+
+def _q_ranges(cfg: _Cfg, j: Any, bq: int, bk: int, nq: int) -> tuple[Any, Any, Any]:
+    """(lo, mid, hi) for kv block ``j``: q blocks [lo, hi) hold the rows whose band reaches
+    it (the rest are skipped); [lo, mid) need the causal or kv-padding mask, [mid, hi) not."""
+    blo, bhi = cfg.band
+    k_start = j * bk
+    lo = 0 if bhi is None else _clip(_floor_div(k_start - bhi, bq), nq)
+    hi = nq if blo is None else _clip(_floor_div(k_start + bk - 1 - blo, bq) + 1, nq)
+    mid = lo
+    if cfg.causal:  # q blocks wholly at or below the diagonal need no mask
+        mid = jnp.minimum(jnp.maximum(lax.div(k_start + bk - 1 + bq - 1, bq), lo), hi)
+    if cfg.kv_padded:  # a block holding padded keys needs the kv-length mask everywhere
+        padded = _clip(j - cfg.kv_len // bk + 1, 1)
+        mid = mid + (hi - mid) * padded
+    return lo, mid, hi
+
+
+def _lost(m: jax.Array) -> jax.Array:
+    """1 when some row saw only masked scores (so far), else 0."""
+    return _as_flag(jnp.min(m) <= _FULLY_MASKED_THRESHOLD)
+
+
+def _visit_outside(cfg: _Cfg, lo: Any, hi: Any, n: int, lost: Any, body: Any, carry: Any) -> Any:
+    """Visit the blocks outside [lo, hi) when ``lost`` (reference semantics: a row with no
+    unmasked key averages over all keys, including those outside the band)."""
+    blo, bhi = cfg.band
+    if blo is not None:
+        carry = _fori(0, lo * lost, body, carry)
+    if bhi is not None:
+        carry = _fori(hi, hi + (n - hi) * lost, body, carry)
+    return carry
+
+
+def _finish_rows(
+    cfg: _Cfg, o: jax.Array, m: jax.Array, denom: jax.Array, sinks_ref: Any
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Normalised output and the (m, denom) statistics, with the sink logit folded in
+    and, for ``masked_rows="zero"``, fully masked rows set to 0 (denom = inf, so the
+    backward pass gives them zero gradients)."""
+    dead = m <= _FULLY_MASKED_THRESHOLD
+    if sinks_ref is not None:
+        sink = jnp.max(sinks_ref[...].astype(jnp.float32), axis=1)  # (1,)
+        m_all = jnp.maximum(m, sink)
+        alpha = _exp(cfg, m - m_all)
+        denom = alpha * denom + _exp(cfg, sink - m_all)
+        o = alpha[:, None] * o
+        m = m_all
+    out = o / denom[:, None]
+    if cfg.zero_rows:
+        out = jnp.where(dead[:, None], 0.0, out)
+        denom = jnp.where(dead, jnp.inf, denom)
+    return out, m, denom
 
 
 def _fwd_kernel(*refs: Any, cfg: _Cfg, with_stats: bool) -> None:
     it = iter(refs)
     q_ref, k_ref, v_ref = next(it), next(it), next(it)
-    bias_ref = next(it) if cfg.has_bias else None
-    mask_ref = next(it) if cfg.has_mask else None
+    ops = _take_refs(it, cfg)
     o_ref = next(it)
     m_ref, l_ref = (next(it), next(it)) if with_stats else (None, None)
 
     bq, bk = cfg.blocks.block_q, cfg.blocks.block_k
     nk = k_ref.shape[0] // bk
     q_start = pl.program_id(0) * bq
+    bh = (pl.program_id(1), pl.program_id(2))
     q = q_ref[...]
     q_pos = q_start + jnp.arange(bq, dtype=jnp.int32)
-    kv_full_bias = cfg.has_bias and cfg.bias_full[3]
-    kv_full_mask = cfg.has_mask and cfg.mask_full[3]
 
     def body(j: Any, carry: Any, structural: bool) -> Any:
         o, m, denom = carry
         start = j * bk
         k = k_ref[pl.ds(start, bk), :]
         v = v_ref[pl.ds(start, bk), :]
-        bias = None
-        if bias_ref is not None:
-            bias = bias_ref[:, pl.ds(start, bk)] if kv_full_bias else bias_ref[...]
-        mask = None
-        if mask_ref is not None:
-            mask = mask_ref[:, pl.ds(start, bk)] if kv_full_mask else mask_ref[...]
+        tiles = _load_tiles(cfg, ops, _kv_tile(start, bk))
         k_pos = start + jnp.arange(bk, dtype=jnp.int32)
-        s, _ = _scores(cfg, q, k, q_pos, k_pos, bias, mask, structural)
+        s, _, _ = _scores(cfg, q, k, q_pos, k_pos, tiles, bh, structural)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         m_use = _safe_max(m_new)
         alpha = _exp(cfg, m - m_use)
@@ -680,16 +848,14 @@ def _fwd_kernel(*refs: Any, cfg: _Cfg, with_stats: bool) -> None:
         jnp.full((bq,), -jnp.inf, jnp.float32),
         jnp.zeros((bq,), jnp.float32),
     )
-    n_unmasked, hi = _kv_ranges(cfg, q_start, bq, bk, nk)
-    carry = _fori(0, n_unmasked, functools.partial(body, structural=False), carry)
-    carry = _fori(n_unmasked, hi, functools.partial(body, structural=True), carry)
-    if cfg.skip_above and cfg.exact:
-        # Rows that saw only masked scores must average over *all* keys (reference
-        # semantics), including the causally skipped ones: visit them in that case.
-        ext = jnp.where(jnp.min(carry[1]) <= _FULLY_MASKED_THRESHOLD, nk, hi)
-        carry = _fori(hi, ext, functools.partial(body, structural=True), carry)
-    o, m, denom = carry
-    o_ref[...] = (o / denom[:, None]).astype(o_ref.dtype)
+    lo, mid, hi = _kv_ranges(cfg, q_start, bq, bk, nk)
+    carry = _fori(lo, mid, functools.partial(body, structural=False), carry)
+    carry = _fori(mid, hi, functools.partial(body, structural=True), carry)
+    if cfg.revisit:
+        structural = functools.partial(body, structural=True)
+        carry = _visit_outside(cfg, lo, hi, nk, _lost(carry[1]), structural, carry)
+    out, m, denom = _finish_rows(cfg, *carry, ops.sinks)
+    o_ref[...] = out.astype(o_ref.dtype)
     if with_stats:
         m_ref[...] = m
         l_ref[...] = denom
@@ -698,13 +864,13 @@ def _fwd_kernel(*refs: Any, cfg: _Cfg, with_stats: bool) -> None:
 def _dq_kernel(*refs: Any, cfg: _Cfg) -> None:
     it = iter(refs)
     q_ref, k_ref, v_ref = next(it), next(it), next(it)
-    bias_ref = next(it) if cfg.has_bias else None
-    mask_ref = next(it) if cfg.has_mask else None
+    ops = _take_refs(it, cfg)
     do_ref, m_ref, l_ref, delta_ref, dq_ref = next(it), next(it), next(it), next(it), next(it)
 
     bq, bk = cfg.blocks.block_q_bwd, cfg.blocks.block_k_bwd
     nk = k_ref.shape[0] // bk
     q_start = pl.program_id(0) * bq
+    bh = (pl.program_id(1), pl.program_id(2))
     q = q_ref[...]
     do = do_ref[...]
     m = m_ref[...]
@@ -712,55 +878,43 @@ def _dq_kernel(*refs: Any, cfg: _Cfg) -> None:
     inv_l = 1.0 / l_ref[...]
     delta = delta_ref[...]
     q_pos = q_start + jnp.arange(bq, dtype=jnp.int32)
-    kv_full_bias = cfg.has_bias and cfg.bias_full[3]
-    kv_full_mask = cfg.has_mask and cfg.mask_full[3]
 
     def body(j: Any, dq: Any, structural: bool) -> Any:
         start = j * bk
         k = k_ref[pl.ds(start, bk), :]
         v = v_ref[pl.ds(start, bk), :]
-        bias = None
-        if bias_ref is not None:
-            bias = bias_ref[:, pl.ds(start, bk)] if kv_full_bias else bias_ref[...]
-        mask = None
-        if mask_ref is not None:
-            mask = mask_ref[:, pl.ds(start, bk)] if kv_full_mask else mask_ref[...]
+        tiles = _load_tiles(cfg, ops, _kv_tile(start, bk))
         k_pos = start + jnp.arange(bk, dtype=jnp.int32)
-        s, keep = _scores(cfg, q, k, q_pos, k_pos, bias, mask, structural)
+        s, keep, mod_vjp = _scores(cfg, q, k, q_pos, k_pos, tiles, bh, structural, with_vjp=True)
         p = _exp(cfg, s - m_use[:, None]) * inv_l[:, None]
         dpv = dsp.dot(do, v, trans_b=True, precision=cfg.precision)
-        ds = p * (dpv - delta[:, None])
-        if keep is not None:
-            ds = jnp.where(keep, ds, 0.0)
+        ds = _score_grad(cfg, p, dpv, delta, keep, mod_vjp)
         return dq + dsp.dot(ds.astype(k.dtype), k, precision=cfg.precision)
 
     dq = jnp.zeros((bq, q.shape[-1]), jnp.float32)
-    n_unmasked, hi = _kv_ranges(cfg, q_start, bq, bk, nk)
-    dq = _fori(0, n_unmasked, functools.partial(body, structural=False), dq)
-    dq = _fori(n_unmasked, hi, functools.partial(body, structural=True), dq)
-    if cfg.skip_above and cfg.exact:
-        ext = jnp.where(jnp.min(m) <= _FULLY_MASKED_THRESHOLD, nk, hi)
-        dq = _fori(hi, ext, functools.partial(body, structural=True), dq)
+    lo, mid, hi = _kv_ranges(cfg, q_start, bq, bk, nk)
+    dq = _fori(lo, mid, functools.partial(body, structural=False), dq)
+    dq = _fori(mid, hi, functools.partial(body, structural=True), dq)
+    if cfg.revisit:
+        structural = functools.partial(body, structural=True)
+        dq = _visit_outside(cfg, lo, hi, nk, _lost(m), structural, dq)
     dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
 
 
 def _dkdv_kernel(*refs: Any, cfg: _Cfg) -> None:
     it = iter(refs)
     q_ref, k_ref, v_ref = next(it), next(it), next(it)
-    bias_ref = next(it) if cfg.has_bias else None
-    mask_ref = next(it) if cfg.has_mask else None
+    ops = _take_refs(it, cfg)
     do_ref, m_ref, l_ref, delta_ref = next(it), next(it), next(it), next(it)
     dk_ref, dv_ref = next(it), next(it)
 
     bq, bk = cfg.blocks.block_q_bwd, cfg.blocks.block_k_bwd
     nq = q_ref.shape[0] // bq
     j = pl.program_id(0)
-    k_start = j * bk
+    bh = (pl.program_id(1), pl.program_id(2))
     k = k_ref[...]
     v = v_ref[...]
-    k_pos = k_start + jnp.arange(bk, dtype=jnp.int32)
-    q_full_bias = cfg.has_bias and cfg.bias_full[2]
-    q_full_mask = cfg.has_mask and cfg.mask_full[2]
+    k_pos = j * bk + jnp.arange(bk, dtype=jnp.int32)
 
     def body(i: Any, carry: Any, structural: bool) -> Any:
         dk, dv = carry
@@ -771,49 +925,33 @@ def _dkdv_kernel(*refs: Any, cfg: _Cfg) -> None:
         m_use = _safe_max(m_ref[rows])
         inv_l = 1.0 / l_ref[rows]
         delta = delta_ref[rows]
-        bias = None
-        if bias_ref is not None:
-            bias = bias_ref[rows, :] if q_full_bias else bias_ref[...]
-        mask = None
-        if mask_ref is not None:
-            mask = mask_ref[rows, :] if q_full_mask else mask_ref[...]
+        tiles = _load_tiles(cfg, ops, _q_tile(rows))
         q_pos = start + jnp.arange(bq, dtype=jnp.int32)
-        s, keep = _scores(cfg, q, k, q_pos, k_pos, bias, mask, structural)
+        s, keep, mod_vjp = _scores(cfg, q, k, q_pos, k_pos, tiles, bh, structural, with_vjp=True)
         p = _exp(cfg, s - m_use[:, None]) * inv_l[:, None]
         dv = dv + dsp.dot(p.astype(do.dtype), do, trans_a=True, precision=cfg.precision)
         dpv = dsp.dot(do, v, trans_b=True, precision=cfg.precision)
-        ds = p * (dpv - delta[:, None])
-        if keep is not None:
-            ds = jnp.where(keep, ds, 0.0)
+        ds = _score_grad(cfg, p, dpv, delta, keep, mod_vjp)
         dk = dk + dsp.dot(ds.astype(q.dtype), q, trans_a=True, precision=cfg.precision)
         return dk, dv
 
     dp = k.shape[-1]
     carry = (jnp.zeros((bk, dp), jnp.float32), jnp.zeros((bk, dp), jnp.float32))
-    kv_block_full = j < (cfg.kv_len // bk)  # block holds no padded keys
-    if cfg.skip_above:
-        first = lax.div(k_start, bq)  # first q block touching it
-        unmasked_from = jnp.minimum(lax.div(k_start + bk - 1 + bq - 1, bq), nq)
-        unmasked_from = jnp.where(kv_block_full, jnp.maximum(unmasked_from, first), nq)
-        if cfg.exact:
-            # q blocks above the diagonal only matter for fully masked rows.
-            def row_min(i: Any, acc: Any) -> Any:
-                return jnp.minimum(acc, jnp.min(m_ref[pl.ds(i * bq, bq)]))
+    lo, mid, hi = _q_ranges(cfg, j, bq, bk, nq)
+    carry = _fori(lo, mid, functools.partial(body, structural=True), carry)
+    carry = _fori(mid, hi, functools.partial(body, structural=False), carry)
+    if cfg.revisit:
+        # q blocks outside the band only matter for their fully masked rows.
+        def row_min(i: Any, acc: Any) -> Any:
+            return jnp.minimum(acc, jnp.min(m_ref[pl.ds(i * bq, bq)]))
 
-            lowest = _fori(0, first, row_min, jnp.float32(jnp.inf))
-            pre = jnp.where(lowest <= _FULLY_MASKED_THRESHOLD, first, 0)
-            carry = _fori(0, pre, functools.partial(body, structural=True), carry)
-        carry = _fori(first, unmasked_from, functools.partial(body, structural=True), carry)
-        carry = _fori(unmasked_from, nq, functools.partial(body, structural=False), carry)
-    elif cfg.kv_len % bk == 0:
-        carry = _fori(0, nq, functools.partial(body, structural=False), carry)
-    else:
-        # Padded kv block -> every q block needs the kv-length mask.  Integer
-        # arithmetic rather than `jnp.where(pred, 0, nq)`: Pallas-Triton (jax 0.11)
-        # mis-types a select between two weak-typed literals (i1 vs i32).
-        split = nq * jnp.minimum(jnp.maximum(j - cfg.kv_len // bk + 1, 0), 1)
-        carry = _fori(0, split, functools.partial(body, structural=True), carry)
-        carry = _fori(split, nq, functools.partial(body, structural=False), carry)
+        structural = functools.partial(body, structural=True)
+        if cfg.band[1] is not None:
+            low = _as_flag(_fori(0, lo, row_min, jnp.float32(jnp.inf)) <= _FULLY_MASKED_THRESHOLD)
+            carry = _fori(0, lo * low, structural, carry)
+        if cfg.band[0] is not None:
+            high = _as_flag(_fori(hi, nq, row_min, jnp.float32(jnp.inf)) <= _FULLY_MASKED_THRESHOLD)
+            carry = _fori(hi, hi + (nq - hi) * high, structural, carry)
     dk, dv = carry
     dk_ref[...] = (dk * cfg.scale).astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
@@ -834,31 +972,48 @@ def _stats_shape(b: int, hq: int, sq: int) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((b, hq, sq), jnp.float32)
 
 
+def _score_operands(
+    cfg: _Cfg,
+    bias: jax.Array | None,
+    mask: jax.Array | None,
+    caps: tuple[jax.Array, ...],
+    sinks: jax.Array | None,
+) -> list[tuple[jax.Array, Full]]:
+    """The kernels' score-layout operands with their real (unbroadcast) dims, in the
+    order :func:`_take_refs` reads them."""
+    ops: list[tuple[jax.Array, Full]] = []
+    if bias is not None:
+        ops.append((bias, cfg.bias_full))
+    if mask is not None:
+        ops.append((mask, cfg.mask_full))
+    ops += list(zip(caps, cfg.cap_full, strict=True))
+    if sinks is not None:
+        ops.append((sinks, _SINK_FULL))
+    return ops
+
+
+def _kv_head(cfg: _Cfg) -> Callable[[Any], Any]:
+    g = cfg.group
+    return (lambda h: lax.div(h, g)) if g > 1 else _ident
+
+
 def _fwd_call(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
-    bias: jax.Array | None,
-    mask: jax.Array | None,
+    score_ops: list[tuple[jax.Array, Full]],
     cfg: _Cfg,
     with_stats: bool,
 ) -> tuple[jax.Array, ...]:
     b, sq, hq, skv, dp = _dims(cfg, q, k)
     bq = cfg.blocks.block_q
-    g = cfg.group
-    kv_head = (lambda h: lax.div(h, g)) if g > 1 else _ident
+    kv_head = _kv_head(cfg)
     in_specs = [
         _act_spec(cfg.layout, bq, dp, _ident, _ident),
         _act_spec(cfg.layout, skv, dp, _zero, kv_head),
         _act_spec(cfg.layout, skv, dp, _zero, kv_head),
     ]
-    args = [q, k, v]
-    if bias is not None:
-        in_specs.append(_score_spec(cfg.bias_full, bq, skv, _ident, _zero))
-        args.append(bias)
-    if mask is not None:
-        in_specs.append(_score_spec(cfg.mask_full, bq, skv, _ident, _zero))
-        args.append(mask)
+    in_specs += [_score_spec(full, bq, skv, _ident, _zero) for _, full in score_ops]
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
     out_specs = [_act_spec(cfg.layout, bq, dp, _ident, _ident)]
     if with_stats:
@@ -872,15 +1027,14 @@ def _fwd_call(
         out_shape=out_shape,
         name="flash_attention_fwd",
         **dsp.pallas_call_kwargs(cfg.interpret, cfg.blocks.num_warps, cfg.blocks.num_stages),
-    )(*args)
+    )(q, k, v, *(x for x, _ in score_ops))
 
 
 def _bwd_calls(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
-    bias: jax.Array | None,
-    mask: jax.Array | None,
+    score_ops: list[tuple[jax.Array, Full]],
     do: jax.Array,
     m: jax.Array,
     denom: jax.Array,
@@ -890,10 +1044,11 @@ def _bwd_calls(
     b, sq, hq, skv, dp = _dims(cfg, q, k)
     bq, bk = cfg.blocks.block_q_bwd, cfg.blocks.block_k_bwd
     g = cfg.group
-    kv_head = (lambda h: lax.div(h, g)) if g > 1 else _ident
+    kv_head = _kv_head(cfg)
     params = dsp.pallas_call_kwargs(
         cfg.interpret, cfg.blocks.num_warps_bwd, cfg.blocks.num_stages_bwd
     )
+    ops = [x for x, _ in score_ops]
 
     # dQ: grid over q blocks, loop over kv blocks.
     in_specs = [
@@ -901,15 +1056,8 @@ def _bwd_calls(
         _act_spec(cfg.layout, skv, dp, _zero, kv_head),
         _act_spec(cfg.layout, skv, dp, _zero, kv_head),
     ]
-    args = [q, k, v]
-    if bias is not None:
-        in_specs.append(_score_spec(cfg.bias_full, bq, skv, _ident, _zero))
-        args.append(bias)
-    if mask is not None:
-        in_specs.append(_score_spec(cfg.mask_full, bq, skv, _ident, _zero))
-        args.append(mask)
+    in_specs += [_score_spec(full, bq, skv, _ident, _zero) for _, full in score_ops]
     in_specs += [_act_spec(cfg.layout, bq, dp, _ident, _ident)] + [_row_spec(bq, _ident)] * 3
-    args += [do, m, denom, delta]
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, cfg=cfg),
         grid=(sq // bq, b, hq),
@@ -918,7 +1066,7 @@ def _bwd_calls(
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         name="flash_attention_bwd_dq",
         **params,
-    )(*args)
+    )(q, k, v, *ops, do, m, denom, delta)
 
     # dK, dV: grid over kv blocks (per q head), loop over q blocks.
     in_specs = [
@@ -926,15 +1074,8 @@ def _bwd_calls(
         _act_spec(cfg.layout, bk, dp, _ident, kv_head),
         _act_spec(cfg.layout, bk, dp, _ident, kv_head),
     ]
-    args = [q, k, v]
-    if bias is not None:
-        in_specs.append(_score_spec(cfg.bias_full, sq, bk, _zero, _ident))
-        args.append(bias)
-    if mask is not None:
-        in_specs.append(_score_spec(cfg.mask_full, sq, bk, _zero, _ident))
-        args.append(mask)
+    in_specs += [_score_spec(full, sq, bk, _zero, _ident) for _, full in score_ops]
     in_specs += [_act_spec(cfg.layout, sq, dp, _zero, _ident)] + [_row_spec(sq, _zero)] * 3
-    args += [do, m, denom, delta]
     # Per-q-head partial dK/dV; summed over each kv group below (f32 when summing).
     part_dtype = jnp.float32 if g > 1 else k.dtype
     part_shape = (b, skv, hq, dp) if cfg.layout == "BSHD" else (b, hq, skv, dp)
@@ -946,7 +1087,7 @@ def _bwd_calls(
         out_shape=[jax.ShapeDtypeStruct(part_shape, part_dtype)] * 2,
         name="flash_attention_bwd_dkdv",
         **params,
-    )(*args)
+    )(q, k, v, *ops, do, m, denom, delta)
     if g > 1:
         hkv = hq // g
         if cfg.layout == "BSHD":
@@ -963,23 +1104,31 @@ def _to_score_layout(x: jax.Array, layout: str) -> jax.Array:
     return x.transpose(0, 2, 1, 3) if layout == "BSHD" else x
 
 
-def _bias_grad(
+def _score_grads(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
-    bias: jax.Array,
+    bias: jax.Array | None,
     mask: jax.Array | None,
+    caps: tuple[jax.Array, ...],
     do: jax.Array,
     m: jax.Array,
     denom: jax.Array,
     delta: jax.Array,
     cfg: _Cfg,
-) -> jax.Array:
-    """dL/dbias = dS reduced over the bias's broadcast dims, in XLA.
+) -> tuple[jax.Array | None, tuple[jax.Array | None, ...]]:
+    """dL/dbias (dS reduced over the bias's broadcast dims) and dL/d(float captures) (dS
+    through ``score_mod``), in XLA from the kernels' residuals.
 
-    Materialises [B, Hq, Sq, Skv]; dead code (removed by XLA under jit) whenever the
-    bias cotangent is not consumed.
+    Materialises [B, Hq, Sq, Skv]; dead code (removed by XLA under jit) whenever those
+    cotangents are not consumed.
     """
+    floats = [i for i, kind in enumerate(cfg.cap_kinds) if kind == "float"]
+    if cfg.score_mod is None:
+        floats = []
+    no_caps: tuple[None, ...] = (None,) * len(caps)
+    if bias is None and not floats:
+        return None, no_caps
     g = cfg.group
     qh = _to_score_layout(q, cfg.layout)
     kh = jnp.repeat(_to_score_layout(k, cfg.layout), g, axis=1)
@@ -987,34 +1136,72 @@ def _bias_grad(
     doh = _to_score_layout(do, cfg.layout)
     hp = cfg.precision
     s = jnp.einsum("bhqd,bhkd->bhqk", qh, kh, preferred_element_type=jnp.float32, precision=hp)
-    s = s * cfg.scale + bias.astype(jnp.float32)
-    sq, skv = s.shape[2], s.shape[3]
+    s = s * cfg.scale
+    idx = _score_indices(*s.shape)
+    capv = [_cap_tile(c, kind) for c, kind in zip(caps, cfg.cap_kinds, strict=True)]
+    caps_vjp = None
+    if cfg.score_mod is not None:
+
+        def modded(fcaps: tuple[jax.Array, ...]) -> jax.Array:
+            vals = list(capv)
+            for i, c in zip(floats, fcaps, strict=True):
+                vals[i] = c
+            return _apply_score_mod(cfg.score_mod, s, idx, tuple(vals))
+
+        s, caps_vjp = jax.vjp(modded, tuple(capv[i] for i in floats))
+    if bias is not None:
+        s = s + bias.astype(jnp.float32)
     keep = None if mask is None else (mask != 0)
+    if cfg.mask_mod is not None:
+        kept = _apply_mask_mod(cfg.mask_mod, s.shape, idx, tuple(capv))
+        keep = kept if keep is None else jnp.logical_and(keep, kept)
     if cfg.causal:
-        tri = jnp.arange(sq)[:, None] >= jnp.arange(skv)[None, :]
-        keep = tri if keep is None else jnp.logical_and(keep, tri)
+        keep = _and(keep, idx[2] >= idx[3])
     if keep is not None:
         s = jnp.where(keep, s, MASK_VALUE)
-    s = jnp.where(jnp.arange(skv) < cfg.kv_len, s, -jnp.inf)
-    p = jnp.exp(s - _safe_max(m)[..., None]) / denom[..., None]
+    s = jnp.where(idx[3] < cfg.kv_len, s, -jnp.inf)
+    # exponent <= 0: keys a band skipped in a zero row may exceed that row's max.
+    p = jnp.exp(jnp.minimum(s - _safe_max(m)[..., None], 0.0)) / denom[..., None]
     dpv = jnp.einsum("bhqd,bhkd->bhqk", doh, vh, preferred_element_type=jnp.float32, precision=hp)
     ds = p * (dpv - delta[..., None])
     if keep is not None:
         ds = jnp.where(keep, ds, 0.0)
-    axes = tuple(i for i, full in enumerate(cfg.bias_full) if not full)
-    return ds.sum(axis=axes, keepdims=True).astype(bias.dtype)
+    dbias = None
+    if bias is not None:
+        axes = tuple(i for i, full in enumerate(cfg.bias_full) if not full)
+        dbias = ds.sum(axis=axes, keepdims=True).astype(bias.dtype)
+    dcaps = list(no_caps)
+    if caps_vjp is not None and floats:
+        (grads,) = caps_vjp(ds)
+        for i, gr in zip(floats, grads, strict=True):
+            dcaps[i] = gr.astype(caps[i].dtype)
+    return dbias, tuple(dcaps)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _and(a: jax.Array | None, b: jax.Array) -> jax.Array:
+    return b if a is None else jnp.logical_and(a, b)
+
+
+def _sinks_grad(sinks: jax.Array, m: jax.Array, denom: jax.Array, delta: jax.Array) -> jax.Array:
+    """dL/dsinks: the sink's softmax weight times (0 - delta), summed over batch and rows."""
+    sink = sinks.reshape(1, -1, 1)
+    p_sink = jnp.exp(jnp.minimum(sink - _safe_max(m), 0.0)) / denom
+    return -jnp.sum(p_sink * delta, axis=(0, 2)).reshape(sinks.shape).astype(sinks.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _flash_core(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
     bias: jax.Array | None,
     mask: jax.Array | None,
+    caps: tuple[jax.Array, ...],
+    sinks: jax.Array | None,
     cfg: _Cfg,
 ) -> jax.Array:
-    return _fwd_call(q, k, v, bias, mask, cfg, with_stats=False)[0]
+    ops = _score_operands(cfg, bias, mask, caps, sinks)
+    return _fwd_call(q, k, v, ops, cfg, with_stats=False)[0]
 
 
 def _flash_core_fwd(
@@ -1023,48 +1210,87 @@ def _flash_core_fwd(
     v: jax.Array,
     bias: jax.Array | None,
     mask: jax.Array | None,
+    caps: tuple[jax.Array, ...],
+    sinks: jax.Array | None,
     cfg: _Cfg,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
-    o, m, denom = _fwd_call(q, k, v, bias, mask, cfg, with_stats=True)
-    return o, (q, k, v, bias, mask, o, m, denom)
+    ops = _score_operands(cfg, bias, mask, caps, sinks)
+    o, m, denom = _fwd_call(q, k, v, ops, cfg, with_stats=True)
+    return o, (q, k, v, bias, mask, caps, sinks, o, m, denom)
 
 
 def _flash_core_bwd(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array) -> tuple[Any, ...]:
-    q, k, v, bias, mask, o, m, denom = res
+    q, k, v, bias, mask, caps, sinks, o, m, denom = res
     # rowsum(o * do) as an elementwise product + reduction (an einsum would be a
     # dot, i.e. TF32 on GPU under default precision).
     delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
     if cfg.layout == "BSHD":
         delta = delta.transpose(0, 2, 1)
-    dq, dk, dv = _bwd_calls(q, k, v, bias, mask, do, m, denom, delta, cfg)
-    dbias = None if bias is None else _bias_grad(q, k, v, bias, mask, do, m, denom, delta, cfg)
-    return dq, dk, dv, dbias, None
+    ops = _score_operands(cfg, bias, mask, caps, sinks)
+    dq, dk, dv = _bwd_calls(q, k, v, ops, do, m, denom, delta, cfg)
+    dbias, dcaps = _score_grads(q, k, v, bias, mask, caps, do, m, denom, delta, cfg)
+    dsinks = None if sinks is None else _sinks_grad(sinks, m, denom, delta)
+    return dq, dk, dv, dbias, None, dcaps, dsinks
 
 
 _flash_core.defvjp(_flash_core_fwd, _flash_core_bwd)
 
 
-def _pad_axis(x: jax.Array, axis: int, size: int, value: Any = 0) -> jax.Array:
+def _pad_axis(
+    x: jax.Array, axis: int, size: int, value: Any = 0, mode: str = "constant"
+) -> jax.Array:
     extra = size - x.shape[axis]
     if extra == 0:
         return x
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, extra)
+    if mode == "edge":
+        return jnp.pad(x, widths, mode="edge")
     return jnp.pad(x, widths, constant_values=value)
 
 
 def _prep_score_operand(
-    x: jax.Array, sq_pad: int, skv_pad: int, fill: Any
-) -> tuple[jax.Array, tuple[bool, bool, bool, bool]]:
+    x: jax.Array, sq_pad: int, skv_pad: int, fill: Any, mode: str = "constant"
+) -> tuple[jax.Array, Full]:
     """Rank-4 score-layout operand, real dims padded to the kernel's lengths."""
     x = x.reshape((1,) * (4 - x.ndim) + x.shape)
     full = tuple(bool(x.shape[i] != 1) for i in range(4))
     # A size-1 dim whose target is also 1 stays "broadcast"; same block either way.
     if full[2]:
-        x = _pad_axis(x, 2, sq_pad, fill)
+        x = _pad_axis(x, 2, sq_pad, fill, mode)
     if full[3]:
-        x = _pad_axis(x, 3, skv_pad, fill)
+        x = _pad_axis(x, 3, skv_pad, fill, mode)
     return x, full  # type: ignore[return-value]
+
+
+def _prep_captures(
+    captures: tuple[jax.Array, ...], sq_pad: int, skv_pad: int
+) -> tuple[tuple[jax.Array, ...], tuple[Full, ...], tuple[str, ...]]:
+    """Captured operands padded by repeating their edge (padded rows and keys then see
+    real values, so a modifier stays finite there), booleans stored as int8."""
+    caps, fulls, kinds = [], [], []
+    for c in captures:
+        if jnp.issubdtype(c.dtype, jnp.floating):
+            kind = "float"
+        elif c.dtype == jnp.bool_:
+            kind, c = "bool", c.astype(jnp.int8)
+        else:
+            kind = "int"
+        c, full = _prep_score_operand(c, sq_pad, skv_pad, 0, mode="edge")
+        caps.append(c)
+        fulls.append(full)
+        kinds.append(kind)
+    return tuple(caps), tuple(fulls), tuple(kinds)
+
+
+def _effective_band(
+    band: tuple[int | None, int | None] | None, causal: bool, mask_is_causal: bool
+) -> tuple[int | None, int | None]:
+    """The band the kernels skip outside of: the given one, narrowed by the causal diagonal."""
+    lo, hi = band or (None, None)
+    if causal or mask_is_causal:
+        hi = 0 if hi is None else min(hi, 0)
+    return lo, hi
 
 
 @functools.partial(
@@ -1077,6 +1303,10 @@ def _prep_score_operand(
         "interpret",
         "blocks",
         "precision",
+        "score_mod",
+        "mask_mod",
+        "band",
+        "masked_rows",
     ),
 )
 def _flash_pallas(
@@ -1085,6 +1315,8 @@ def _flash_pallas(
     v: jax.Array,
     bias: jax.Array | None,
     mask: jax.Array | None,
+    captures: tuple[jax.Array, ...],
+    sinks: jax.Array | None,
     *,
     scale: float,
     causal: bool,
@@ -1093,10 +1325,16 @@ def _flash_pallas(
     interpret: bool,
     blocks: AttentionBlocks | None,
     precision: Any,
+    score_mod: Callable[..., Any] | None,
+    mask_mod: Callable[..., Any] | None,
+    band: tuple[int | None, int | None] | None,
+    masked_rows: str,
 ) -> jax.Array:
     b, sq, hq, d = _split(q.shape, layout)
     _, skv, hkv, _ = _split(k.shape, layout)
-    dp = dsp.next_pow2(d)
+    # Zero columns change no dot product; 16 is the smallest tile Triton's dot accepts.
+    dp = max(16, dsp.next_pow2(d))
+    band = _effective_band(band, causal, mask_is_causal)
     if blocks is None:
         blocks = default_blocks(
             sq,
@@ -1104,8 +1342,8 @@ def _flash_pallas(
             dp,
             q.dtype,
             interpret,
-            causal or mask_is_causal,
-            exact=bias is not None or mask is not None,
+            band[1] is not None,
+            exact=bias is not None or mask is not None or bool(captures),
         )
     else:
         blocks = clamp_blocks(blocks, sq, skv)
@@ -1123,10 +1361,13 @@ def _flash_pallas(
         # Padded query rows attend (so they never look "fully masked"); padded keys
         # are excluded by the kernel's kv-length check.
         mask, mask_full = _prep_score_operand(mask, sq_pad, skv_pad, 1)
+    caps, cap_full, cap_kinds = _prep_captures(captures, sq_pad, skv_pad)
+    if sinks is not None:
+        sinks = sinks.astype(jnp.float32).reshape(1, hq, 1, 1)
     cfg = _Cfg(
         layout=layout,
         causal=causal,
-        skip_above=causal or mask_is_causal,
+        band=band,
         scale=scale,
         kv_len=skv,
         kv_padded=skv_pad != skv,
@@ -1135,11 +1376,17 @@ def _flash_pallas(
         has_mask=mask is not None,
         bias_full=bias_full,
         mask_full=mask_full,
+        score_mod=score_mod,
+        mask_mod=mask_mod,
+        cap_full=cap_full,
+        cap_kinds=cap_kinds,
+        has_sinks=sinks is not None,
+        zero_rows=masked_rows == "zero",
         blocks=blocks,
         interpret=interpret,
         precision=precision,
     )
-    out = _flash_core(qp, kp, vp, bias, mask, cfg)
+    out = _flash_core(qp, kp, vp, bias, mask, caps, sinks, cfg)
     if layout == "BSHD":
         return out[:, :sq, :, :d]
     return out[:, :, :sq, :d]
@@ -1233,15 +1480,7 @@ def flash_attention(
     if reason is None and not (q.dtype == k.dtype == v.dtype):
         reason = f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
     impl = dsp.resolve_impl(impl, reason, "flash_attention")
-    modified = (
-        mods.score_mod is not None
-        or mods.mask_mod is not None
-        or mods.band is not None
-        or mods.sinks is not None
-        or mods.masked_rows != "uniform"
-    )
-    # Until the kernels implement the modifiers, calls that use them run the reference.
-    if impl == "xla" or modified:
+    if impl == "xla":
         return _reference_jit(
             q,
             k,
@@ -1263,6 +1502,8 @@ def flash_attention(
         v,
         bias,
         mask,
+        mods.captures,
+        mods.sinks,
         scale=scale,
         causal=causal,
         mask_is_causal=mask_is_causal,
@@ -1270,4 +1511,8 @@ def flash_attention(
         interpret=impl == "interpret",
         blocks=_blocks,
         precision=dsp.matmul_precision(q.dtype),
+        score_mod=mods.score_mod,
+        mask_mod=mods.mask_mod,
+        band=mods.band,
+        masked_rows=mods.masked_rows,
     )
