@@ -22,6 +22,7 @@ import pypm_jax as pm
 
 from ..jax import register_impl
 from ._plans import AttentionPlan, GemmPlan
+from ._region import region_fn
 
 
 def _infer(*_inputs: Any, plan: Any) -> tuple[Any, Any]:
@@ -121,87 +122,21 @@ def AttentionRegion(a, b, v, x, c0, c1, c2, c3, c4, c5):  # noqa: N802
     return 1
 
 
-def _binary(fn: Any) -> Any:
-    """A ``lax`` binary op on operands promoted and broadcast as ``jnp`` would."""
-
-    def call(x: Any, y: Any) -> Any:
-        import jax.numpy as jnp
-
-        dt = jnp.result_type(x, y)
-        x, y = jnp.broadcast_arrays(jnp.asarray(x, dt), jnp.asarray(y, dt))
-        return fn(x, y)
-
-    return call
-
-
-def _step_table() -> dict[str, Any]:
-    import jax.numpy as jnp
-    from jax import lax
-
-    unary = ("exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "neg", "abs",
-             "sqrt", "rsqrt", "erf", "erfc", "sign", "square", "floor", "ceil", "not")  # fmt: skip
-    binary = ("add", "sub", "mul", "div", "rem", "pow", "max", "min", "and", "or", "xor",
-              "eq", "ne", "lt", "le", "gt", "ge")  # fmt: skip
-    table: dict[str, Any] = {n: getattr(lax, n) for n in unary if n != "not"}
-    table["not"] = lax.bitwise_not
-    table.update({n: _binary(getattr(lax, n)) for n in binary if n not in ("and", "or", "xor")})
-    table.update(
-        {"and": _binary(lax.bitwise_and), "or": _binary(lax.bitwise_or),
-         "xor": _binary(lax.bitwise_xor)}
-    )  # fmt: skip
-    table["integer_pow"] = lambda x, *, y: lax.integer_pow(x, y)
-    table["convert_element_type"] = lambda x, *, new_dtype: jnp.asarray(x).astype(new_dtype)
-    table["select_n"] = _select_n
-    return table
-
-
-def _select_n(pred: Any, *cases: Any) -> Any:
-    import jax.numpy as jnp
-    from jax import lax
-
-    dt = jnp.result_type(*cases)
-    shape = jnp.broadcast_shapes(jnp.shape(pred), *(jnp.shape(c) for c in cases))
-    cases = [jnp.broadcast_to(jnp.asarray(c, dt), shape) for c in cases]
-    return lax.select_n(jnp.broadcast_to(pred, shape), *cases)
-
-
-def _eval_steps(steps: tuple[Any, ...], acc: Any, caps: tuple[Any, ...], idx: Any) -> Any:
-    """The value of a region's last step, ``("acc",)`` standing for ``acc``."""
-    table = _step_table()
-    values: list[Any] = []
-
-    def ref(r: Any) -> Any:
-        kind = r[0]
-        if kind == "acc":
-            return acc
-        if kind == "in":
-            return caps[r[1]]
-        if kind == "step":
-            return values[r[1]]
-        if kind == "lit":
-            return r[1]
-        return idx["bhqk".index(r[1][0])]
-
-    for prim, params, args in steps:
-        values.append(table[prim](*(ref(a) for a in args), **dict(params)))
-    return values[-1]
-
-
-@functools.lru_cache(maxsize=512)
-def _score_mod(steps: tuple[Any, ...]) -> Any:
-    """The kernel's ``score_mod`` for a region (memoized: one function object per region,
-    so jit caches keyed by it hit)."""
+@functools.cache
+def _score_mod(fn: Any) -> Any:
+    """The kernel's ``score_mod`` for a compiled region (one function object per region,
+    as ``region_fn`` is memoized: jit caches keyed by it hit)."""
 
     def score_mod(s: Any, b: Any, h: Any, qi: Any, ki: Any, *caps: Any) -> Any:
-        return _eval_steps(steps, s, caps, (b, h, qi, ki))
+        return fn(s, *caps, b=b, h=h, q=qi, k=ki)
 
     return score_mod
 
 
-@functools.lru_cache(maxsize=512)
-def _mask_mod(steps: tuple[Any, ...]) -> Any:
+@functools.cache
+def _mask_mod(fn: Any) -> Any:
     def mask_mod(b: Any, h: Any, qi: Any, ki: Any, *caps: Any) -> Any:
-        return _eval_steps(steps, None, caps, (b, h, qi, ki))
+        return fn(None, *caps, b=b, h=h, q=qi, k=ki)
 
     return mask_mod
 
@@ -243,8 +178,8 @@ def attention_region_impl(a: Any, b: Any, v: Any, x: Any, *caps: Any, plan: Any)
         v,
         scale=1.0,
         layout=att.layout,
-        score_mod=_score_mod(plan.region) if plan.region else None,
-        mask_mod=_mask_mod(plan.mask) if plan.mask else None,
+        score_mod=_score_mod(region_fn(plan.region, "kernel")) if plan.region else None,
+        mask_mod=_mask_mod(region_fn(plan.mask, "kernel")) if plan.mask else None,
         captures=captures,
         band=plan.band,
     )

@@ -49,6 +49,7 @@ __all__ = [
 from typing import Any, NamedTuple
 
 from .._registry import guard_fn
+from ._region import PRIMS, describe, region_error
 
 # --------------------------------------------------------------------------- helpers
 
@@ -868,15 +869,12 @@ def activation_of(root_op: Any, signature_op: Any) -> str | None:
 # lies along (numpy broadcasting aligns an operand with the last axes; a
 # ``broadcast_in_dim`` may put them anywhere).
 
-# The primitives a region may hold: each has a lowering in rules._kernels.
+# The primitives a region may hold (each has a lowering in rules._region); the two with
+# params have rules of their own.
 REGION_UNARY = frozenset(
-    {"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "neg", "abs", "sqrt",
-     "rsqrt", "erf", "erfc", "sign", "square", "floor", "ceil", "not"}
-)  # fmt: skip
-REGION_BINARY = frozenset(
-    {"add", "sub", "mul", "div", "rem", "pow", "max", "min", "and", "or", "xor", "eq", "ne",
-     "lt", "le", "gt", "ge"}
-)  # fmt: skip
+    n for n, k in PRIMS.items() if k == 1 and n not in ("integer_pow", "convert_element_type")
+)
+REGION_BINARY = frozenset(n for n, k in PRIMS.items() if k == 2)
 MAX_CAPTURES = 6  # the AttentionRegion operator's capture inputs
 SCORE_FRAME = (0, 1, 2, 3)
 # Below this a select_n fill masks a key (as rules.attention.MASK_FILL_MAX).
@@ -899,55 +897,14 @@ class RegionPlan(NamedTuple):
     band: tuple[Any, Any] | None = None
 
     def describe(self) -> str:
-        """One line for reports: ``logits = tanh(s / 30.0) * 30.0; mask = ...; band = ...``."""
-        parts = [f"logits = {describe_steps(self.region)}"]
+        """One line for reports: ``logits = tanh(acc / 30.0) * 30.0; mask = ...; band = ...``
+        (``acc`` the scores, ``in0``.. the captured operands, ``q``/``k``.. positions)."""
+        parts = [f"logits = {describe(self.region) if self.region else 'acc'}"]
         if self.mask:
-            parts.append(f"mask = {describe_steps(self.mask)}")
+            parts.append(f"mask = {describe(self.mask)}")
         if self.band is not None:
             parts.append(f"band = {self.band}")
         return "; ".join(parts)
-
-
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "pow": "**",
-          "and": "&", "or": "|", "xor": "^", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
-          "gt": ">", "ge": ">="}  # fmt: skip
-
-
-def _bare(text: str) -> str:
-    return text[1:-1] if text.startswith("(") and text.endswith(")") else text
-
-
-def describe_steps(steps: tuple[Any, ...]) -> str:
-    """A region's value as an expression: ``s`` the scores, ``in0``.. the captured operands,
-    ``b``/``h``/``q``/``k`` the batch, head, query and key positions."""
-    shown: list[str] = []
-
-    def ref(r: Any) -> str:
-        kind = r[0]
-        if kind == "acc":
-            return "s"
-        if kind == "in":
-            return f"in{r[1]}"
-        if kind == "step":
-            return shown[r[1]]
-        if kind == "lit":
-            return repr(r[1])
-        return str(r[1])
-
-    for prim, params, args in steps:
-        xs = [ref(a) for a in args]
-        if prim in _INFIX and len(xs) == 2:
-            text = f"({xs[0]} {_INFIX[prim]} {xs[1]})"
-        elif prim == "select_n" and len(xs) == 3:
-            text = f"where({_bare(xs[0])}, {_bare(xs[2])}, {_bare(xs[1])})"
-        elif prim == "convert_element_type":
-            text = f"{xs[0]}.astype({dict(params)['new_dtype']})"
-        elif prim == "integer_pow":
-            text = f"({xs[0]} ** {dict(params)['y']})"
-        else:
-            text = f"{prim}({', '.join(_bare(x) for x in xs)})"
-        shown.append(text)
-    return _bare(shown[-1]) if shown else "s"
 
 
 @guard_fn("rules.region_op")
@@ -1374,5 +1331,9 @@ def region_done(plan: Any) -> Any:
     if not isinstance(plan, RegionPlan) or not plan.spine:
         return None
     region, mask = _mask_split(plan.region)
+    n = len(plan.captures)
+    for part in (region, mask):
+        if part and region_error(part, n, index_refs=True) is not None:
+            return None
     done = plan._replace(region=region, mask=mask, spine=False, band=_band(mask))
     return done if attention_supported(plan.attention) else None

@@ -162,6 +162,20 @@ def _kernel_erf(x: Any) -> Any:
     return erf(x)
 
 
+def _lax_binary(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A ``lax`` binary op on operands promoted and broadcast as ``jnp`` does (``lax.div`` and
+    ``lax.rem`` round integers toward zero, as the program's ``div``/``rem`` did: attention
+    index expressions such as ``i // chunk`` are integer)."""
+
+    def call(a: Any, b: Any) -> Any:
+        import jax.numpy as jnp
+
+        dt = jnp.result_type(a, b)
+        return fn(*jnp.broadcast_arrays(jnp.asarray(a, dt), jnp.asarray(b, dt)))
+
+    return call
+
+
 def _ops(target: str) -> dict[str, Callable[..., Any]]:
     """The elementwise implementation of each primitive. ``"kernel"`` avoids the few
     primitives Pallas-Triton cannot lower (``erf``, ``erfc``, ``logistic``) by exact or
@@ -179,8 +193,8 @@ def _ops(target: str) -> dict[str, Callable[..., Any]]:
         "not": jnp.logical_not, "is_finite": jnp.isfinite, "copy": lambda a: a,
         "integer_pow": lambda a, *, y: lax.integer_pow(a, y),
         "convert_element_type": lambda a, *, new_dtype: jnp.asarray(a).astype(new_dtype),
-        "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide,
-        "max": jnp.maximum, "min": jnp.minimum, "pow": jnp.power, "rem": lax.rem,
+        "add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": _lax_binary(lax.div),
+        "max": jnp.maximum, "min": jnp.minimum, "pow": jnp.power, "rem": _lax_binary(lax.rem),
         "atan2": jnp.arctan2, "and": jnp.logical_and, "or": jnp.logical_or,
         "eq": jnp.equal, "ne": jnp.not_equal, "lt": jnp.less, "le": jnp.less_equal,
         "gt": jnp.greater, "ge": jnp.greater_equal,

@@ -17,7 +17,8 @@ import pytest
 
 import pypm_jax as pm
 from pypm_jax.rules import AttentionRegion, default_rules
-from pypm_jax.rules._plans import RegionPlan, describe_steps
+from pypm_jax.rules._plans import RegionPlan
+from pypm_jax.rules._region import describe
 from pypm_jax.rules.attention_region import attention_region
 from pypm_testing.rules import rel_close, rewrite
 
@@ -264,8 +265,8 @@ def test_index_masks_compile_to_mask_mod():
     (node,) = region_nodes(fast, qkv())
     plan = node.attrs["plan"]
     assert plan.captures == ()
-    assert describe_steps(plan.region) == f"s * {float(np.float32(SCALE))!r}"
-    assert describe_steps(plan.mask) == "not((k > (q - 5)) & (k <= q)) != True"
+    assert describe(plan.region) == f"acc * {float(np.float32(SCALE))!r}"
+    assert describe(plan.mask) == "not((k > (q - 5)) & (k <= q)) != True"
 
 
 def test_region_survives_serialize():
