@@ -88,7 +88,7 @@ def flash_attention_impl(
         kernel_mask,
         scale=kernel_scale,
         causal=plan.causal,
-        mask_is_causal=plan.mask_is_causal,
+        band=(None, 0) if plan.mask_is_causal else None,  # keys above the diagonal: skipped
         layout=plan.layout,
     )
     return jnp.transpose(out, plan.perm_out).astype(plan.out_dtype)

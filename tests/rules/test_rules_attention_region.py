@@ -319,3 +319,67 @@ def test_default_rules_hold_the_region_rules():
     names = [r.name for r in default_rules()]
     assert names.index("attention_region") > names.index("attention")
     assert names.index("attention_region") < names.index("attention_causal_mask")
+
+
+# ------------------------------------------------------------------ guard functions
+
+Q, K = ("idx", "q"), ("idx", "k")
+
+
+def lit(v):
+    return ("lit", v)
+
+
+@pytest.mark.parametrize(
+    ("mask", "band"),
+    [
+        ((("ge", (), (Q, K)),), (None, 0)),  # k <= q
+        ((("lt", (), (K, Q)),), (None, -1)),  # k < q
+        ((("sub", (), (Q, lit(3))), ("gt", (), (K, ("step", 0)))), (-2, None)),  # k > q - 3
+        ((("sub", (), (Q, K)), ("abs", (), (("step", 0),)), ("lt", (), (("step", 1), lit(4)))),
+         (-3, 3)),  # |q - k| < 4
+        ((("ge", (), (Q, K)), ("and", (), (("in", 0), ("step", 0)))),
+         (None, 0)),  # a data mask and-ed: the index part's band
+        ((("gt", (), (K, Q)), ("ne", (), (("step", 0), lit(True)))), (None, 0)),  # not k > q
+        ((("gt", (), (K, Q)), ("lt", (), (K, Q)), ("or", (), (("step", 0), ("step", 1)))),
+         None),  # k != q: no band
+        ((("eq", (), (Q, K)),), (0, 0)),
+        ((("mul", (), (Q, lit(2))), ("ge", (), (("step", 0), K))), None),  # 2q >= k: not a band
+        ((("ne", (), (("in", 0), lit(False))),), None),  # data alone
+    ],
+)  # fmt: skip
+def test_band(mask, band):
+    from pypm_jax.rules._plans import _band
+
+    assert _band(mask) == band
+
+
+def test_mask_split_takes_outer_wheres_only():
+    from pypm_jax.rules._plans import _mask_split
+
+    region = (
+        ("mul", (), (("acc",), lit(0.5))),
+        ("ge", (), (Q, K)),
+        ("select_n", (), (("step", 1), lit(-1e30), ("step", 0))),  # where(q >= k, s, -1e30)
+        ("select_n", (), (("in", 0), ("step", 2), lit(float("-inf")))),  # where(p, -inf, .)
+    )
+    score, mask = _mask_split(region)
+    assert score == (("mul", (), (("acc",), lit(0.5))),)
+    assert describe(mask) == "(in0 != True) & ((q >= k) != False)"
+    # a fill above -1e9 stays in the scores
+    soft = (("select_n", (), (("in", 0), lit(-1e4), ("acc",))),)
+    assert _mask_split(soft) == (soft, ())
+
+
+def test_region_push_renumbers_steps_and_captures():
+    from pypm_jax.rules._plans import AttentionPlan, region_push
+
+    att = AttentionPlan("BSHD", 0, *(((0, 1, 2, 3),) * 5), 0, 0, False, (), "float32", (), "")
+    plan = RegionPlan(att, (("tanh", (), (("acc",),)),), (((2, 1, 1), (1, 2, 3)),))
+    plan = region_push(plan, "add", (("acc",), ("in", 0)), (), ((4, 4),))
+    assert plan.region == (
+        ("add", (), (("acc",), ("in", 0))),
+        ("tanh", (), (("step", 0),)),
+    )
+    assert plan.captures == (((4, 4), (2, 3)), ((2, 1, 1), (1, 2, 3)))
+    assert region_push(plan._replace(spine=False), "neg", (("acc",),)) is None
