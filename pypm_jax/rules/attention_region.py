@@ -18,11 +18,18 @@ scores ``dot_general`` and the softmax into the kernel, as data:
   dropped), until ``x`` is the scores; ``attention_region_done`` then splits the outer
   ``where(mask, ., big_negative)`` steps off as the kernel's ``mask_mod``.
 
+* ``attention_region_index*`` take a captured index expression (iotas and literals: a
+  causal or sliding-window mask, relative distances) into the region too, down to its
+  iotas, which become the kernel's positions; ``attention_region_done`` proves the band of
+  keys such a mask keeps (``rules._plans._band``).
+
 Every operator the first rule's ``Spine`` accepts, the later rules take in, so a region node
-never stays unfinished; what the region cannot hold (a reduction, a gather, a value read
-from the scores elsewhere) stops ``Spine``, and the attention is left alone: ``pm.explain``
-on ``attention_region`` names the node. The region travels on the node's ``plan``
-(``rules._plans.RegionPlan``), so ``pm.serialize`` of a rewritten graph keeps it.
+is finished unless it would need more than six captured operands at once (its lowering then
+raises, and ``pm.optimize`` runs the original program); what the region cannot hold (a
+reduction, a gather on the chain, scores read elsewhere) stops ``Spine``, and the attention
+is left alone: ``pm.explain`` on ``attention_region`` shows the node that stopped it. The
+region is plain data on the node's ``plan`` (``rules._plans.RegionPlan``), and the rewrite
+report shows it.
 """
 
 from __future__ import annotations
