@@ -6,9 +6,13 @@ GPU (default when JAX's backend is a GPU):
     attention, seq 512..4096, bf16, head dim 64/128, causal and not;
   * a decoder's causal bias as data vs with ``mask_is_causal`` (what rules/causal.py
     turns on) vs XLA, seq 1024..4096;
+  * soft-capped causal attention (``score_mod``) and a 256-key sliding window
+    (``mask_mod``, with and without ``band`` block skipping) vs the unfused programs,
+    seq 2048/8192, forward and forward+backward;
   * GEMM + epilogue vs ``jax.jit(lambda x, w, b: act(x @ w + b))``.
 CPU (``--cpu-small``, or automatically without a GPU): small shapes, the
-``impl=None`` fallback vs the original program, to show it is not slower.
+``impl=None`` fallback vs the original program, to show it is not slower (the
+modifier rows included).
 
 Each figure is the median of >= 10 samples taken after warm-up in this process;
 a sample times ``inner`` back-to-back calls (``block_until_ready`` on the last) and
@@ -254,6 +258,79 @@ def cpu_attention_table(
                 f"| {r['orig'] / r['fb']:.2f}x | {mins['orig'] / mins['fb']:.2f}x |"
             )
             print(out[-1], flush=True)
+
+
+SOFTCAP, WINDOW = 50.0, 256  # Gemma 2's attention logit cap and a local layer's window
+
+
+def _softcap(s: Any, b: Any, h: Any, qi: Any, ki: Any, cap: Any) -> Any:
+    return jnp.tanh(s / cap) * cap
+
+
+def _window(b: Any, h: Any, qi: Any, ki: Any, w: Any) -> Any:
+    return (ki <= qi) & (ki > qi - w)
+
+
+def modified_original(q: jax.Array, k: jax.Array, v: jax.Array, kind: str) -> jax.Array:
+    """The unfused program of a soft-capped causal / a sliding-window attention."""
+    d, s = q.shape[-1], q.shape[1]
+    w = jnp.einsum("bqhd,bkhd->bhqk", q / jnp.sqrt(d).astype(q.dtype), k).astype(jnp.float32)
+    qi, ki = jnp.arange(s)[:, None], jnp.arange(s)[None, :]
+    keep = ki <= qi
+    if kind == "softcap":
+        w = jnp.tanh(w / SOFTCAP) * SOFTCAP
+    else:
+        keep = keep & (ki > qi - WINDOW)
+    w = jnp.where(keep, w, jnp.finfo(jnp.float32).min)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(w).astype(q.dtype), v)
+
+
+def _modified_kernel(kind: str, impl: str | None, band: bool) -> Callable[..., Any]:
+    if kind == "softcap":
+        kw = dict(score_mod=_softcap, captures=(jnp.float32(SOFTCAP),), causal=True)
+    else:
+        kw = dict(mask_mod=_window, captures=(jnp.int32(WINDOW),))
+        if band:
+            kw["band"] = (1 - WINDOW, 0)
+    return lambda q, k, v: pk.flash_attention(q, k, v, impl=impl, **kw)
+
+
+def modifier_table(
+    shapes: list[tuple[int, int, int, int]],
+    dtype: Any,
+    impl: str | None,
+    samples: int,
+    out: list[str],
+) -> None:
+    """Soft-capped causal attention (``score_mod``) and a sliding window of 256 keys
+    (``mask_mod``, with and without ``band`` block skipping) vs the unfused program."""
+    label = "kernel" if impl == "pallas" else "impl=None (fallback)"
+    out.append(
+        f"\n### Attention modifiers, {jnp.dtype(dtype).name}, fwd+bwd "
+        f"(soft-cap {SOFTCAP}, window {WINDOW})\n"
+    )
+    out.append(
+        f"| B | S | H | D | modifier | pass | {label} ms | {label}, no band ms | original ms "
+        "| original / kernel |"
+    )
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    for b, s, h, d in shapes:
+        q, k, v = _attn_inputs(b, s, h, d, dtype)
+        for kind in ("softcap", "window"):
+            for name, wrap in (("fwd", jax.jit), ("fwd+bwd", grad_of)):
+                fns = {
+                    "k": wrap(_modified_kernel(kind, impl, band=True)),
+                    "o": wrap(lambda q, k, v, kind=kind: modified_original(q, k, v, kind)),
+                }
+                if kind == "window":
+                    fns["nb"] = wrap(_modified_kernel(kind, impl, band=False))
+                r = bench_many(fns, q, k, v, samples=samples)
+                nb = _ms(r["nb"]) if "nb" in r else "-"
+                out.append(
+                    f"| {b} | {s} | {h} | {d} | {kind} | {name} | {_ms(r['k'])} | {nb} "
+                    f"| {_ms(r['o'])} | {r['o'] / r['k']:.2f}x |"
+                )
+                print(out[-1], flush=True)
 
 
 _ACT_PLAIN = {
@@ -514,6 +591,7 @@ def main() -> None:
                 cpu_attention_table(
                     [(2, 128, 4, 64), (2, 256, 4, 64), (1, 512, 4, 128)], dtype, samples, out
                 )
+            modifier_table([(1, 512, 4, 64)], jnp.float32, impl, samples, out)
         if args.only in (None, "gemm"):
             for dtype in (jnp.float32, jnp.bfloat16):
                 gemm_table(
@@ -533,6 +611,13 @@ def main() -> None:
                 jnp.bfloat16,
                 samples,
                 {(2048, 64), (2048, 128)},
+                out,
+            )
+            modifier_table(
+                [(4, s, 16, d) for d in (64, 128) for s in (2048, 8192)],
+                jnp.bfloat16,
+                "pallas",
+                samples,
                 out,
             )
         if args.only in (None, "gemm"):

@@ -2,39 +2,73 @@
 
 Semantics (shared by the reference and the kernels)
 ---------------------------------------------------
-``scores = (q @ k^T) * scale + bias`` in f32; every score whose ``mask`` entry is
-False, or that lies above the causal diagonal, is *replaced* by
-``finfo(float32).min`` (exactly what Flax's ``dot_product_attention_weights``
-does); ``softmax`` in f32; ``out = softmax @ v`` in q's dtype.
+In f32, per (batch ``b``, q head ``h``, query ``qi``, key ``ki``):
+
+1. ``s = (q @ k^T) * scale`` (``scale`` defaults to ``1/sqrt(D)`` of the caller's q);
+2. ``s = score_mod(s, b, h, qi, ki, *captures)`` if given;
+3. ``s = s + bias`` if given;
+4. ``s`` is *replaced* by ``finfo(float32).min`` (exactly what Flax's
+   ``dot_product_attention_weights`` does) wherever ``mask`` is False,
+   ``mask_mod(b, h, qi, ki, *captures)`` is False, or ``causal`` and ``ki > qi``;
+5. ``p = softmax(s)`` over the keys; with ``sinks`` (``[Hq]``) each row's softmax also
+   counts the logit ``sinks[h]`` (in the max and the denominator; it carries no value);
+6. ``out = p @ v`` in q's dtype.
 
 * ``causal`` is top-left aligned: query ``i`` attends keys ``j <= i`` whatever
   ``Sq`` and ``Skv`` are (no ``Skv - Sq`` offset). Flax and Hugging Face use the
   same alignment for equal lengths; for KV-cache style bottom-right alignment pass
-  an explicit ``mask`` instead.
-* A fully masked row therefore gets uniform weights over all ``Skv`` keys (the
-  mean of ``v``), never NaN -- the kernels reproduce this exactly, including when
-  causal block skipping would otherwise hide some of those keys.
-* ``bias``/``mask`` are given in score layout ``[B, Hq, Sq, Skv]`` (numpy
-  broadcasting, size-1 dims allowed) whatever the q/k/v layout.
+  an explicit ``mask`` (or a ``mask_mod``) instead.
+* A row is *fully masked* when its every score is at most ``MASK_VALUE / 2`` after step 4
+  (all keys masked, or pushed there by a bias). With ``masked_rows="uniform"`` (default)
+  such a row gets uniform weights over all ``Skv`` keys (the mean of ``v``), never NaN;
+  with ``masked_rows="zero"`` it outputs 0 and passes no gradient (Keras's
+  ``where(mask, softmax, 0)``). The kernels reproduce both exactly, including when
+  block skipping would otherwise hide some keys.
+* ``bias``/``mask`` and every array in ``captures`` are given in score layout
+  ``[B, Hq, Sq, Skv]`` (numpy broadcasting, size-1 dims and 0-d arrays allowed) whatever
+  the q/k/v layout.
+* ``score_mod``/``mask_mod`` are static, hashable callables (keep them stable: they key
+  the compilation), elementwise on score tiles: ``b``/``h`` are int32 scalars in the
+  kernels (int32 arrays in the reference), ``qi`` an int32 ``[bq, 1]`` and ``ki`` an int32
+  ``[1, bk]`` tile of absolute positions, each capture the matching tile of its array
+  (f32 if floating, bool/int otherwise), broadcast-compatible with ``[bq, bk]``. Every
+  modifier receives every capture. They may use ``jnp`` arithmetic, comparisons,
+  ``where``, ``tanh``, ``exp``, ``log`` ... (what Pallas-Triton lowers).
+* ``band=(lo, hi)`` (ints or None) *promises* that every key outside
+  ``qi + lo <= ki <= qi + hi`` is masked (by mask/mask_mod/causal, or a bias
+  ``<= MASK_VALUE / 2``). The kernels skip the kv blocks wholly outside it; the result is
+  the same as without the promise. ``mask_is_causal=True`` is ``band=(None, 0)``, and
+  ``causal`` narrows any band to ``hi <= 0``.
+* Gradients reach q, k, v, bias, the float captures (through ``score_mod``) and sinks;
+  masks, ``mask_mod`` and integer captures get none.
 * Grouped / multi-query attention: ``Hq % Hkv == 0``; q head ``h`` reads kv head
   ``h // (Hq // Hkv)``.
+* Head dims 1..256: the kernels zero-pad D to the next power of two (at least 16);
+  zero columns change no dot product and the padded output columns are sliced off.
 
 Kernel design
 -------------
 Forward is FlashAttention-2 style (grid over q blocks x batch x heads, online
-softmax in f32, ``exp2`` with ``log2(e)`` folded into the score scale when there is
-no bias/mask).  Blocks strictly below the causal diagonal and free of sequence
-padding skip all masking work.  Non-divisible lengths are zero-padded to block
-multiples in the wrapper; padded keys get ``-inf`` (so they never receive weight,
-not even in fully masked rows) and padded query rows are sliced off.
+softmax in f32, ``exp2`` with ``log2(e)`` folded into the score scale for plain/causal
+attention).  Each q block visits only the kv blocks that hold keys of its band;
+blocks strictly below the causal diagonal and free of sequence padding skip the
+causal/padding masking work.  Rows that saw only masked scores in the band revisit
+the blocks outside it (uniform rows average over all keys).  The sink is folded into
+the row statistics at the end.  Non-divisible lengths are zero-padded to block
+multiples in the wrapper (captures repeat their edge, so modifiers stay finite there);
+padded keys get ``-inf`` (so they never receive weight, not even in fully masked rows)
+and padded query rows are sliced off.
 
-Backward uses two kernels (dK/dV over kv blocks, dQ over q blocks) and the saved
-per-row max ``m`` and normaliser ``denom`` (kept separately rather than as a
-log-sum-exp so fully masked rows, whose max is ``finfo.min``, keep their exact
-1/Skv weights).  With grouped kv heads dK/dV are produced per q head in f32 and
-summed over the group by XLA.  The bias gradient is computed by XLA from the same
-residuals (O(Sq*Skv) memory); under ``jit`` XLA removes it entirely when the
-bias cotangent is unused (the usual constant padding bias).
+Backward uses two kernels (dK/dV over kv blocks, dQ over q blocks) with the same band
+skipping and the saved per-row max ``m`` and normaliser ``denom`` (kept separately
+rather than as a log-sum-exp so fully masked rows, whose max is ``finfo.min``, keep
+their exact 1/Skv weights; a zeroed row saves ``denom = inf``, so its probabilities and
+gradients are 0).  ``score_mod``'s derivative is taken inside the kernels (``jax.vjp`` of
+the tile function).  With grouped kv heads dK/dV are produced per q head in f32 and
+summed over the group by XLA.  The bias, capture and sink gradients are computed by
+XLA from the same residuals (O(Sq*Skv) memory for bias and captures, O(Sq) for sinks);
+under ``jit`` XLA removes them entirely when those cotangents are unused (the usual
+constant padding bias).
 """
 
 from __future__ import annotations
@@ -84,9 +118,16 @@ def _split(shape: tuple[int, ...], layout: str) -> tuple[int, int, int, int]:
 
 
 def _structure_error(
-    q_shape: Any, k_shape: Any, v_shape: Any, layout: str, bias_shape: Any, mask_shape: Any
+    q_shape: Any,
+    k_shape: Any,
+    v_shape: Any,
+    layout: str,
+    bias_shape: Any,
+    mask_shape: Any,
+    score_shapes: tuple[tuple[str, Any], ...] = (),
 ) -> str | None:
-    """Reason the arguments are not a well-formed attention call (None if they are)."""
+    """Reason the arguments are not a well-formed attention call (None if they are);
+    ``score_shapes`` are further (name, shape) operands in score layout."""
     if layout not in LAYOUTS:
         return f"layout must be one of {LAYOUTS}, got {layout!r}"
     shapes = {}
@@ -111,7 +152,7 @@ def _structure_error(
     if hq % hkv != 0:
         return f"q heads ({hq}) must be a multiple of kv heads ({hkv})"
     score = (bq, hq, sq, skv)
-    for name, s in (("bias", bias_shape), ("mask", mask_shape)):
+    for name, s in (("bias", bias_shape), ("mask", mask_shape), *score_shapes):
         if s is None:
             continue
         try:
@@ -131,9 +172,10 @@ def _kernel_error(
     layout: str,
     bias_shape: Any,
     mask_shape: Any,
+    score_shapes: tuple[tuple[str, Any], ...] = (),
 ) -> str | None:
     """Reason the Pallas kernel cannot run this call (None when it can)."""
-    err = _structure_error(q_shape, k_shape, v_shape, layout, bias_shape, mask_shape)
+    err = _structure_error(q_shape, k_shape, v_shape, layout, bias_shape, mask_shape, score_shapes)
     if err is not None:
         return err
     name = dsp.dtype_name(dtype)
@@ -154,16 +196,21 @@ def supports_attention(
     layout: str = "BSHD",
     bias_shape: Any = None,
     mask_shape: Any = None,
+    capture_shapes: Sequence[Any] = (),
 ) -> bool:
     """True iff :func:`flash_attention`'s Pallas kernel handles these shapes/dtype.
 
     Pure Python (no tracing): rewrite rules call it as a guard.  ``dtype`` may be a
     name ("bfloat16") or a numpy/JAX dtype.  Requires rank-4 q/k/v in ``layout``,
     k.shape == v.shape, equal batch and head dim, ``Hq % Hkv == 0``, head dim in
-    [32, 256], dtype in {float32, bfloat16, float16}, and bias/mask shapes
+    [1, 256], dtype in {float32, bfloat16, float16}, and bias/mask/capture shapes
     broadcastable to ``[B, Hq, Sq, Skv]``.  Any sequence lengths are fine.
     """
-    return _kernel_error(q_shape, k_shape, v_shape, dtype, layout, bias_shape, mask_shape) is None
+    extra = tuple((f"captures[{i}]", c) for i, c in enumerate(capture_shapes))
+    return (
+        _kernel_error(q_shape, k_shape, v_shape, dtype, layout, bias_shape, mask_shape, extra)
+        is None
+    )
 
 
 def _validate_arrays(
@@ -1148,7 +1195,8 @@ def _score_grads(
                 vals[i] = c
             return _apply_score_mod(cfg.score_mod, s, idx, tuple(vals))
 
-        s, caps_vjp = jax.vjp(modded, tuple(capv[i] for i in floats))
+        fcaps = tuple(capv[i] for i in floats)
+        s, caps_vjp = jax.vjp(modded, fcaps) if floats else (modded(fcaps), None)
     if bias is not None:
         s = s + bias.astype(jnp.float32)
     keep = None if mask is None else (mask != 0)
@@ -1171,7 +1219,7 @@ def _score_grads(
         axes = tuple(i for i, full in enumerate(cfg.bias_full) if not full)
         dbias = ds.sum(axis=axes, keepdims=True).astype(bias.dtype)
     dcaps = list(no_caps)
-    if caps_vjp is not None and floats:
+    if caps_vjp is not None:
         (grads,) = caps_vjp(ds)
         for i, gr in zip(floats, grads, strict=True):
             dcaps[i] = gr.astype(caps[i].dtype)

@@ -13,9 +13,12 @@ from pallas_kernels import attention_reference, flash_attention
 from pallas_kernels._attention import MASK_VALUE, AttentionBlocks
 from pypm_testing.kernels import (
     GRAD_TOL,
+    MODIFIER_CASES,
     assert_close,
     attention_inputs,
+    differentiable_args,
     hf_padding_bias,
+    modifier_case,
     padding_mask,
     rnd,
 )
@@ -147,7 +150,7 @@ SLOW_CASES = {
 
 
 def _params(cases, slow):
-    return [pytest.param(c, marks=pytest.mark.slow) if c.name in slow else c for c in cases]
+    return [pytest.param(c, marks=pytest.mark.slow) if str(c) in slow else c for c in cases]
 
 
 @pytest.mark.parametrize("c", _params(FWD_CASES, SLOW_CASES), ids=str)
@@ -424,3 +427,98 @@ def test_modifier_arguments_are_validated(kwargs, match):
     for fn in (attention_reference, flash_attention):
         with pytest.raises((ValueError, TypeError), match=match):
             fn(q, k, v, **kwargs)
+
+
+# ------------------------------------------------------------------ modifiers (kernels)
+
+
+def _out_and_grads(fn, q, k, v, kwargs, cot):
+    """Output and the gradients of ``sum(out * cot)`` w.r.t. q, k, v and every float
+    keyword argument (bias, float captures, sinks)."""
+    diff = {name: kwargs[name] for name in differentiable_args(kwargs)}
+
+    def loss(q, k, v, diff):
+        out = fn(q, k, v, **{**kwargs, **diff})
+        return jnp.sum(out.astype(jnp.float32) * cot), out
+
+    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, diff)
+    return out, grads
+
+
+def _interpret(*args, **kwargs):
+    return flash_attention(*args, impl="interpret", **kwargs)
+
+
+def _assert_kernel_is_reference(q, k, v, kwargs, dtype, what):
+    cot = rnd(11, q.shape)
+    out, grads = _out_and_grads(_interpret, q, k, v, kwargs, cot)
+    want_out, want = _out_and_grads(attention_reference, q, k, v, kwargs, cot)
+    assert_close(out, want_out, dtype, what=f"{what}: forward")
+    got_leaves, want_leaves = jax.tree.leaves(grads), jax.tree.leaves(want)
+    assert len(got_leaves) == len(want_leaves) >= 3
+    for i, (g, w) in enumerate(zip(got_leaves, want_leaves, strict=True)):
+        assert g.shape == w.shape, (what, i)
+        assert_close(g, w, dtype, tol_table=GRAD_TOL, what=f"{what}: gradient {i}")
+
+
+# Each case compiles three interpreted kernels (8-25 s on 2 cores), so the interpreter runs
+# the table less the cases that "everything" covers (sinks, zero rows; the GPU runs them
+# all): `make test-fast` keeps soft-capping and the banded sliding window.
+INTERPRET_CASES = [name for name in MODIFIER_CASES if name not in ("sinks", "zero_rows")]
+MODIFIER_SLOW = set(INTERPRET_CASES) - {"softcap", "sliding_window"}
+
+
+@pytest.mark.parametrize("name", _params(INTERPRET_CASES, MODIFIER_SLOW), ids=str)
+def test_modifiers_kernel_matches_reference(name):
+    """Soft-capping, ALiBi, bias before the scale, sliding windows and chunked local
+    attention with band skipping (left padding leaves rows with no key in their window:
+    they average all keys, beyond the band), document masks from int captures, and all
+    of soft-capping, a window, sinks and zero rows at once: kernel values and gradients
+    (q, k, v, float captures, sinks) are the reference's (ragged: 40 = 2.5 blocks of 16)."""
+    q, k, v, kwargs = modifier_case(name, b=2, s=40, hq=2, d=16, dtype="float32")
+    _assert_kernel_is_reference(q, k, v, kwargs, "float32", name)
+
+
+def _visited_blocks(sq: int, skv: int, band: tuple[int, int], block: int) -> np.ndarray:
+    """[Sq, Skv]: True where the (query, key) pair lies in a pair of blocks that holds a
+    pair inside the band (what a kernel that skips the other blocks reads)."""
+    lo, hi = band
+    keep = np.zeros((sq, skv), bool)
+    for qs in range(0, sq, block):
+        for ks in range(0, skv, block):
+            qe, ke = min(qs + block, sq) - 1, min(ks + block, skv) - 1
+            if qs + lo <= ke and qe + hi >= ks:
+                keep[qs : qe + 1, ks : ke + 1] = True
+    return keep
+
+
+def test_band_skips_the_blocks_outside_it():
+    """A broken promise makes skipping observable: with nothing masked and band=(-20, 3)
+    the kernel's values and gradients are the reference's with exactly the 16 x 16
+    blocks outside the band masked -- and differ from attending everything."""
+    q, k, v = attention_inputs(6, "BSHD", 1, 64, 64, 1, 1, 16, "float32")
+    everything = jnp.ones((1, 1, 64, 64), bool)
+    visited = jnp.asarray(_visited_blocks(64, 64, (-20, 3), 16))[None, None]
+    assert 0.3 < float(jnp.mean(visited)) < 0.8
+    cot = rnd(12, q.shape)
+    out, grads = _out_and_grads(_interpret, q, k, v, dict(mask=everything, band=(-20, 3)), cot)
+    want_out, want = _out_and_grads(attention_reference, q, k, v, dict(mask=visited), cot)
+    full = attention_reference(q, k, v)
+    assert not np.allclose(out, full, atol=1e-3)
+    assert_close(out, want_out, "float32", what="forward")
+    for name, g, w in zip("qkv", grads[:3], want[:3], strict=True):
+        assert_close(g, w, "float32", tol_table=GRAD_TOL, what=f"d{name}")
+
+
+@pytest.mark.parametrize("d", [pytest.param(d, marks=pytest.mark.slow) for d in (1, 256)] + [72])
+def test_any_head_dim_by_padding(d):
+    """Head dims 1..256 run (zero-padded to 16 or a power of two; the default scale is
+    1/sqrt of the unpadded D), with a 0-d bias, which also gets its gradient."""
+    q, k, v = attention_inputs(8, "BSHD", 1, 20, 20, 2, 2, d, "float32")
+    bias = jnp.float32(0.25)
+    cot = rnd(13, q.shape)
+    kwargs = dict(bias=bias, causal=True)
+    _assert_kernel_is_reference(q, k, v, kwargs, "float32", f"d={d}")
+    out, _ = _out_and_grads(_interpret, q, k, v, kwargs, cot)
+    explicit = attention_reference(q, k, v, bias=bias, causal=True, scale=1 / np.sqrt(d))
+    np.testing.assert_allclose(out, explicit, rtol=1e-5, atol=1e-5)

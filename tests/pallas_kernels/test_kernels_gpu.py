@@ -8,6 +8,7 @@ it, like XLA does) so they can be held to f32 tolerances.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -17,10 +18,13 @@ import pallas_kernels as pk
 from pallas_kernels import _dispatch as dsp
 from pypm_testing.kernels import (
     GRAD_TOL,
+    MODIFIER_CASES,
     assert_close,
     attention_inputs,
+    differentiable_args,
     has_pallas_call,
     hf_padding_bias,
+    modifier_case,
     padding_mask,
     rnd,
 )
@@ -180,12 +184,56 @@ def test_attention_mask_is_causal_gpu(kind, sq, skv, d, dtype) -> None:
         assert_close(g, w, dtype, tol_table=GRAD_TOL, what=f"{kind}: d{name}")
 
 
+# score_mod / mask_mod / captures / band / sinks / zero rows (the interpret-mode table at
+# GPU sizes): values and gradients of q, k, v, float captures and sinks.
+GPU_MODIFIERS = [(name, "bfloat16") for name in MODIFIER_CASES] + [
+    ("softcap", "float32"),
+    ("sliding_window", "float32"),
+    ("everything", "float32"),
+]
+
+
+@pytest.mark.parametrize("name, dtype", GPU_MODIFIERS)
+def test_attention_modifiers_gpu(name, dtype) -> None:
+    q, k, v, kwargs = modifier_case(name, b=2, s=700, hq=4, d=64, dtype=dtype)
+    diff = {n: kwargs[n] for n in differentiable_args(kwargs)}
+    cot = rnd(79, q.shape)
+
+    def loss(fn, q, k, v, diff):
+        out = fn(q, k, v, **{**kwargs, **diff})
+        return jnp.sum(out.astype(jnp.float32) * cot), out
+
+    def kernel(*a, **kw):
+        return pk.flash_attention(*a, impl="pallas", **kw)
+
+    grad = functools.partial(jax.value_and_grad, argnums=(0, 1, 2, 3), has_aux=True)
+    with _precision(dtype):
+        (_, out), got = jax.jit(grad(functools.partial(loss, kernel)))(q, k, v, diff)
+    with jax.default_matmul_precision("highest"):
+        f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+        (_, ref), want = jax.jit(grad(functools.partial(loss, pk.attention_reference)))(*f32, diff)
+    assert_close(out, ref, dtype, what=f"{name}: forward")
+    for i, (g, w) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)):
+        assert_close(g, w, dtype, tol_table=GRAD_TOL, what=f"{name}: gradient {i}")
+
+
+@pytest.mark.parametrize("d", [1, 8, 72, 200])
+def test_attention_any_head_dim_gpu(d) -> None:
+    q, k, v = attention_inputs(4, "BSHD", 2, 300, 300, 4, 4, d, "bfloat16")
+    bias = jnp.float32(0.5)
+    out = pk.flash_attention(q, k, v, bias, causal=True, impl="pallas")
+    ref = pk.attention_reference(q, k, v, bias, causal=True)
+    assert_close(out, ref, "bfloat16", what=f"d={d}")
+
+
 def test_auto_impl_uses_pallas_on_gpu(monkeypatch) -> None:
     monkeypatch.delenv(pk.ENV_VAR, raising=False)
     q, k, v = attention_inputs(0, "BSHD", 1, 128, 128, 2, 2, 64, "bfloat16")
     assert has_pallas_call(lambda q, k, v: pk.flash_attention(q, k, v), q, k, v)
-    q16, k16, v16 = attention_inputs(0, "BSHD", 1, 128, 128, 2, 2, 16, "bfloat16")
-    assert not has_pallas_call(lambda q, k, v: pk.flash_attention(q, k, v), q16, k16, v16)
+    q_odd, k_odd, v_odd = attention_inputs(0, "BSHD", 1, 128, 128, 2, 2, 20, "bfloat16")
+    assert has_pallas_call(lambda q, k, v: pk.flash_attention(q, k, v), q_odd, k_odd, v_odd)
+    q_big, k_big, v_big = attention_inputs(0, "BSHD", 1, 128, 128, 2, 2, 320, "bfloat16")
+    assert not has_pallas_call(lambda q, k, v: pk.flash_attention(q, k, v), q_big, k_big, v_big)
     x, w = rnd(1, (256, 128), jnp.bfloat16), rnd(2, (128, 64), jnp.bfloat16)
     assert has_pallas_call(lambda x, w: pk.gemm_epilogue(x, w, activation="relu"), x, w)
 

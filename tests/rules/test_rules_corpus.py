@@ -1,7 +1,7 @@
 """Acceptance on real models: every attention and every dense + activation site rewritten.
 
-The corpus (``tests/pypm_testing/corpus.py``) is built at head dim 32 -- the flash-attention kernel's
-smallest -- so every site is one the kernels take. For each model the report must count
+The corpus (``tests/pypm_testing/corpus.py``) is built at head dim 32, so every site is one the kernels
+take. For each model the report must count
 exactly the model's sites, the optimized outputs must match the original (f32: 1e-5 relative
 to each output's scale; bf16: 3e-2), and ``jax.grad`` of a loss through the optimized model
 must match the original's gradient. Kernels run in the Pallas interpreter.

@@ -29,8 +29,15 @@ def attn(q, k, v):
 
 @pytest.mark.slow
 def test_head_dim_the_kernel_does_not_take():
-    check(attn, qkv(d=8), {})  # flash attention takes head dims 32..256
-    check(attn, qkv(d=16), {})
+    check(attn, qkv(d=264), {})  # flash attention takes head dims 1..256
+    check(attn, qkv(d=512), {})
+
+
+@pytest.mark.slow
+def test_small_and_odd_head_dims_are_rewritten():
+    """The other side of that boundary: the kernel zero-pads head dims below 256."""
+    check(attn, qkv(d=8), {"attention": 1}, grad=True)
+    check(attn, qkv(d=20), {"attention": 1})
 
 
 def test_value_head_dim_differs_from_query_head_dim():

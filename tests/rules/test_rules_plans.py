@@ -194,12 +194,12 @@ def test_dpa_plan_nnx_spelling():
 
 def test_attention_supported_asks_the_kernel():
     assert G.attention_supported(hf_plan())
-    small = (2, 8, 2, 8)  # head dim 8: below the kernel's minimum of 32
+    small = (2, 8, 2, 300)  # head dim 300: above the kernel's maximum of 256
     plan = G.attention_plan(
         (small, small, small),
         (f32, f32, f32),
         (S_DN, (2, 2, 8, 8), (3,)),
-        (O_DN_V_FIRST, (2, 2, 8, 8), f32),
+        (O_DN_V_FIRST, (2, 2, 300, 8), f32),
     )
     assert plan is not None and not G.attention_supported(plan)
     assert not G.attention_supported(None)
