@@ -918,7 +918,14 @@ def region_seed(plan: Any) -> RegionPlan | None:
     """The plan of a region node for an attention planned without bias, mask or scale."""
     if not isinstance(plan, AttentionPlan) or plan.bias or plan.mask or plan.scale_input:
         return None
-    return RegionPlan(plan, (), ())
+    return RegionPlan(plan, (), ()) if attention_supported(plan) else None
+
+
+@guard_fn("rules.region_cast")
+def region_cast(dtype: Any) -> bool:
+    """Can a region cast to this dtype (a ``convert_element_type`` the kernel lowers)?"""
+    step = ("convert_element_type", (("new_dtype", _dtype_name(dtype)),), (("acc",),))
+    return region_error((step,)) is None
 
 
 def _literal(value: Any) -> Any:
@@ -1336,4 +1343,19 @@ def region_done(plan: Any) -> Any:
         if part and region_error(part, n, index_refs=True) is not None:
             return None
     done = plan._replace(region=region, mask=mask, spine=False, band=_band(mask))
-    return done if attention_supported(plan.attention) else None
+    return done if _supported(done) else None
+
+
+def _supported(plan: RegionPlan) -> bool:
+    """Does the kernel take the attention with these captures (in its score axes)?"""
+    from pallas_kernels import supports_attention
+
+    att = plan.attention
+    captures = []
+    for shape, frame in plan.captures:
+        kernel_shape = [1, 1, 1, 1]
+        for size, axis in zip(shape, frame, strict=True):
+            kernel_shape[att.perm_scores.index(axis)] = size
+        captures.append(tuple(kernel_shape))
+    q, k, v, _, _ = att.kernel_shapes
+    return supports_attention(q, k, v, att.dtype, layout=att.layout, capture_shapes=captures)

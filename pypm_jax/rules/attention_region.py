@@ -42,6 +42,7 @@ from ._plans import (
     attention_plan,
     is_literal,
     numpy_broadcast,
+    region_cast,
     region_done,
     region_index,
     region_inline,
@@ -104,7 +105,9 @@ def Spine(s, a, b):  # noqa: F811 (alternates share a name)
 
 @pm.pattern
 def Spine(s, a, b):  # noqa: F811
-    return P.convert_element_type(Spine(s, a, b))
+    y = P.convert_element_type(Spine(s, a, b))
+    assert region_cast(y.dtype)
+    return y
 
 
 @pm.pattern
