@@ -127,6 +127,7 @@ def row(r: RewriteRecord, on: int | None = None) -> dict[str, Any]:
         "source": (
             None if r.source is None else {"file": short_path(r.source.file), "line": r.source.line}
         ),
+        "detail": r.detail or None,  # a region the kernel compiles (its logits, mask, band)
     }
 
 
@@ -266,12 +267,18 @@ def table(rows: Sequence[Mapping[str, Any]], printable: Callable[[str], str]) ->
         body, notes = _strip_common(header, body)
     widths = _fit(header, _natural(header, body), WIDTH)
     paths = [name in _PATHS for name in header]
-    lines = [
-        "  ".join(
-            _cut(cell, w, path).ljust(w) for cell, w, path in zip(r, widths, paths, strict=True)
-        ).rstrip()
-        for r in [header, *body]
-    ]
+    details = [None] + [d.get("detail") for _, d in final(rows)]
+    lines = []
+    for r, detail in zip([header, *body], details, strict=True):
+        lines.append(
+            "  ".join(
+                _cut(cell, w, path).ljust(w) for cell, w, path in zip(r, widths, paths, strict=True)
+            ).rstrip()
+        )
+        if detail:  # the region under its row, wrapped to the table's width
+            lines += textwrap.wrap(
+                printable(detail), WIDTH, initial_indent="  ", subsequent_indent="    "
+            )
     return "\n".join([*notes, *lines])
 
 

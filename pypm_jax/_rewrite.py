@@ -150,12 +150,14 @@ class RewriteRecord:
     created: tuple[int, ...] = ()  # ids of the nodes the rewrite added
     # the nodes the rewrite added (operator, attributes, type), for the report's kernel columns
     built: tuple[Built, ...] = dataclasses.field(default=(), compare=False)
+    detail: str = ""  # what the replacement's attributes say of themselves (a region)
 
     def __str__(self) -> str:
         where = f" at {self.source}" if self.source is not None else ""
         module = f" [{self.module_path}]" if self.module_path else ""
+        detail = f": {self.detail}" if self.detail else ""
         return printable(
-            f"{self.rule} ({self.pattern}) replaced %{self.root} {self.op}{where}{module}"
+            f"{self.rule} ({self.pattern}) replaced %{self.root} {self.op}{where}{module}{detail}"
         )
 
 
@@ -704,6 +706,7 @@ class _Driver:
                 for n in created.values()
                 if n._alive and n.outputs
             ),
+            detail=_describe(pairs[0][1].node),
         )
         self.report.append(record)
         self.parents.append(self.made_by.get(rnode.id))
@@ -797,6 +800,17 @@ class _Driver:
             f"{rnode.op.name}); the rules that keep firing: {', '.join(ordered)}",
             ordered,
         )
+
+
+def _describe(node: Node) -> str:
+    """What the attributes of a rule's replacement say of themselves: the ``describe()`` of
+    each that has one (a kernel plan carrying a region), for the report."""
+    parts = []
+    for value in node.attrs.values():
+        describe = getattr(value, "describe", None)
+        if callable(describe):
+            parts.append(str(describe()))
+    return "; ".join(parts)
 
 
 def rule_error(rule: RuleDef, what: str) -> RuleError:

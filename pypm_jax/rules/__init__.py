@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _prebuilt, attention, causal, gemm
-from ._kernels import FlashAttention, GemmEpilogue
+from . import _prebuilt, attention, attention_region, causal, gemm
+from ._kernels import AttentionRegion, FlashAttention, GemmEpilogue
 from .attention import (
     ATTENTION_RULES,
     attention_bias,
@@ -26,6 +26,7 @@ from .attention import (
     attention_scaled_mask,
 )
 from .attention import attention as attention_rule
+from .attention_region import REGION_RULES
 from .causal import (
     CAUSAL_RULES,
     attention_causal_bias,
@@ -46,6 +47,8 @@ __all__ = [
     "attention_rules",
     "gemm_rules",
     "FlashAttention",
+    "AttentionRegion",
+    "attention_region",
     "GemmEpilogue",
     "attention",
     "gemm",
@@ -76,8 +79,10 @@ def attention_rules() -> list[Any]:
     """Attention → flash attention, most specific spelling first; then the causal rules:
     ``jax.nn.dot_product_attention(mask=..., is_causal=True)`` with the kernel's causal flag,
     and the rules that let the kernel skip the blocks above the diagonal where its mask (or
-    bias) provably hides them."""
-    return list(ATTENTION_RULES) + list(CAUSAL_RULES)
+    bias) provably hides them. Between them, the region rules take the logits no fixed
+    spelling matched (soft-caps, biases before the scale, masks in any order) into the
+    kernel's ``score_mod`` / ``mask_mod``."""
+    return list(ATTENTION_RULES) + list(REGION_RULES) + list(CAUSAL_RULES)
 
 
 def gemm_rules(*, linear: bool = False) -> list[Any]:

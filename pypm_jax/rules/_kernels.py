@@ -13,8 +13,9 @@ Kernel selection is ``pallas_kernels``'s: Pallas on GPU, the plain-JAX reference
 
 from __future__ import annotations
 
-__all__ = ["FlashAttention", "GemmEpilogue"]
+__all__ = ["FlashAttention", "GemmEpilogue", "AttentionRegion"]
 
+import functools
 from collections.abc import Mapping
 from math import prod
 from typing import Any
@@ -25,6 +26,7 @@ from .._dtypes import as_dtype
 from .._report import KernelInfo, register_describe
 from ..jax import Partitioning, register_impl, register_partitioning
 from ._plans import AttentionPlan, GemmPlan
+from ._region import region_fn
 
 
 def _infer(*_inputs: Any, plan: Any) -> tuple[Any, Any]:
@@ -90,7 +92,7 @@ def flash_attention_impl(
         kernel_mask,
         scale=kernel_scale,
         causal=plan.causal,
-        mask_is_causal=plan.mask_is_causal,
+        band=(None, 0) if plan.mask_is_causal else None,  # keys above the diagonal: skipped
         layout=plan.layout,
     )
     return jnp.transpose(out, plan.perm_out).astype(plan.out_dtype)
@@ -221,3 +223,90 @@ def gemm_epilogue_partitioning(x: Any, w: Any, bias: Any, *, plan: GemmPlan) -> 
         partial=partial,
         finish=finish,
     )
+
+
+# ------------------------------------------------------------ attention score regions
+
+
+def _region_infer(*_inputs: Any, plan: Any) -> tuple[Any, Any]:
+    return plan.attention.out_shape, plan.attention.out_dtype
+
+
+@pm.op(attrs=("plan",), op_class="attention", infer=_region_infer)
+def AttentionRegion(a, b, v, x, c0, c1, c2, c3, c4, c5):  # noqa: N802
+    """Flash attention whose logits are a region of pointwise steps over the scores
+    (:mod:`pypm_jax.rules.attention_region`): ``x`` is the part of the logits not yet taken
+    into the region (the literal 0 once it is), ``c0``..``c5`` the captured operands."""
+    return 1
+
+
+@functools.cache
+def _score_mod(fn: Any) -> Any:
+    """The kernel's ``score_mod`` for a compiled region (one function object per region,
+    as ``region_fn`` is memoized: jit caches keyed by it hit)."""
+
+    def score_mod(s: Any, b: Any, h: Any, qi: Any, ki: Any, *caps: Any) -> Any:
+        return fn(s, *caps, b=b, h=h, q=qi, k=ki)
+
+    return score_mod
+
+
+@functools.cache
+def _mask_mod(fn: Any) -> Any:
+    def mask_mod(b: Any, h: Any, qi: Any, ki: Any, *caps: Any) -> Any:
+        return fn(None, *caps, b=b, h=h, q=qi, k=ki)
+
+    return mask_mod
+
+
+def _to_score_tile(c: Any, frame: tuple[int, ...], perm_scores: tuple[int, ...]) -> Any:
+    """A captured operand, whose axes lie along the program's score axes ``frame``, as a
+    rank-4 array broadcastable to the kernel's ``[B, H, Sq, Skv]``."""
+    import jax.numpy as jnp
+
+    axes = [perm_scores.index(f) for f in frame]  # kernel axis of each of c's axes
+    order = sorted(range(len(axes)), key=axes.__getitem__)
+    c = jnp.transpose(c, order)
+    shape = [1, 1, 1, 1]
+    for i, j in enumerate(order):
+        shape[axes[j]] = c.shape[i]
+    return jnp.reshape(c, shape)
+
+
+@register_impl(AttentionRegion)
+def attention_region_impl(a: Any, b: Any, v: Any, x: Any, *caps: Any, plan: Any) -> Any:
+    import jax.numpy as jnp
+
+    from pallas_kernels import flash_attention
+
+    if plan.spine:  # the rules never leave a region node unfinished (attention_region.py)
+        raise pm.PyPMError("AttentionRegion: the region does not reach the scores yet")
+    att = plan.attention
+    q, k = (a, b) if att.q_operand == 0 else (b, a)
+    q = jnp.transpose(q, att.perm_q).astype(att.dtype)
+    k = jnp.transpose(k, att.perm_k).astype(att.dtype)
+    v = jnp.transpose(v, att.perm_v).astype(att.dtype)
+    captures = tuple(
+        _to_score_tile(c, frame, att.perm_scores)
+        for c, (_, frame) in zip(caps, plan.captures, strict=False)
+    )
+    out = flash_attention(
+        q,
+        k,
+        v,
+        scale=1.0,
+        layout=att.layout,
+        score_mod=_score_mod(region_fn(plan.region, "kernel")) if plan.region else None,
+        mask_mod=_mask_mod(region_fn(plan.mask, "kernel")) if plan.mask else None,
+        captures=captures,
+        band=plan.band,
+    )
+    return jnp.transpose(out, att.perm_out).astype(att.out_dtype)
+
+
+@register_describe(AttentionRegion)
+def describe_attention_region(attrs: Mapping[str, Any], type_: str) -> KernelInfo:
+    """As :func:`describe_attention`, flagged ``region`` (the region itself is the report's
+    detail line: its logits, mask and band)."""
+    info = describe_attention({"plan": attrs["plan"].attention}, type_)
+    return KernelInfo(info.kernel, info.shape, (*info.flags, "region"))

@@ -50,6 +50,7 @@ from typing import Any, NamedTuple
 
 from .._guards import Refusal
 from .._registry import guard_fn
+from ._region import PRIMS, describe, region_error
 
 # --------------------------------------------------------------------------- helpers
 
@@ -858,3 +859,510 @@ def activation_of(root_op: Any, signature_op: Any) -> str | None:
     """Name (in ``pallas_kernels.ACTIVATIONS``) of the activation an epilogue matched."""
     key = (getattr(root_op, "name", None), getattr(signature_op, "name", None))
     return _ACTIVATIONS.get(key)
+
+
+# ----------------------------------------------------------- attention score regions
+#
+# ``rules/attention_region.py`` takes the pointwise region between an attention's scores
+# and its softmax into the kernel one operator at a time, from the softmax down to the
+# scores, and the index expressions it reads (``iota`` comparisons) down to their iotas.
+# A region is data, the pointwise region IR: a tuple of steps ``(prim, params, args)``,
+# each arg ``("acc",)`` (the value below the region: the scores, once reached),
+# ``("in", i)`` (captured operand i), ``("step", j)``, ``("lit", number)`` or
+# ``("idx", "b" | "h" | "q" | "k")`` (a position in the kernel's scores); the last step is
+# the logits. The empty region is the scores themselves.
+#
+# Each captured operand has a *frame*: the axis of the program's scores each of its axes
+# lies along (numpy broadcasting aligns an operand with the last axes; a
+# ``broadcast_in_dim`` may put them anywhere).
+
+# The primitives a region may hold (each has a lowering in rules._region); the two with
+# params have rules of their own.
+REGION_UNARY = frozenset(
+    n for n, k in PRIMS.items() if k == 1 and n not in ("integer_pow", "convert_element_type")
+)
+REGION_BINARY = frozenset(n for n, k in PRIMS.items() if k == 2)
+MAX_CAPTURES = 6  # the AttentionRegion operator's capture inputs
+SCORE_FRAME = (0, 1, 2, 3)
+# Below this a select_n fill masks a key (as rules.attention.MASK_FILL_MAX).
+MASK_FILL_MAX = -1e9
+
+
+class RegionPlan(NamedTuple):
+    """An ``AttentionRegion`` node: the attention's plan (no bias, mask or scale of its own:
+    the region holds them), the region, the ``(shape, frame)`` of each captured operand,
+    whether the node's ``x`` input is still a value to take into the region (``spine``),
+    and, once it is done, the part of the region that masks keys (``mask``: steps whose
+    value is True where a key is attended, the kernel's ``mask_mod``) and the kernel's
+    ``band`` promise."""
+
+    attention: AttentionPlan
+    region: tuple[Any, ...]
+    captures: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+    spine: bool = True
+    mask: tuple[Any, ...] = ()
+    band: tuple[Any, Any] | None = None
+
+    def describe(self) -> str:
+        """One line for reports: ``logits = tanh(acc / 30.0) * 30.0; mask = ...; band = ...``
+        (``acc`` the scores, ``in0``.. the captured operands, ``q``/``k``.. positions)."""
+        parts = [f"logits = {describe(self.region) if self.region else 'acc'}"]
+        if self.mask:
+            parts.append(f"mask = {describe(self.mask)}")
+        if self.band is not None:
+            parts.append(f"band = {self.band}")
+        return "; ".join(parts)
+
+
+@guard_fn("rules.region_op")
+def region_op(name: Any, arity: Any) -> bool:
+    """Can a region hold this primitive (unary: ``arity`` 1, binary: 2)?"""
+    return name in (REGION_UNARY if arity == 1 else REGION_BINARY if arity == 2 else ())
+
+
+@guard_fn("rules.region_seed")
+def region_seed(plan: Any) -> RegionPlan | None:
+    """The plan of a region node for an attention planned without bias, mask or scale."""
+    if not isinstance(plan, AttentionPlan) or plan.bias or plan.mask or plan.scale_input:
+        return None
+    return RegionPlan(plan, (), ()) if attention_supported(plan) else None
+
+
+@guard_fn("rules.region_cast")
+def region_cast(dtype: Any) -> bool:
+    """Can a region cast to this dtype (a ``convert_element_type`` the kernel lowers)?"""
+    step = ("convert_element_type", (("new_dtype", _dtype_name(dtype)),), (("acc",),))
+    return region_error((step,)) is None
+
+
+def _literal(value: Any) -> Any:
+    """A literal as a plain Python number (guards see numpy scalars and 0-d arrays)."""
+    item = getattr(value, "item", None)
+    value = item() if item is not None and getattr(value, "size", 1) == 1 else value
+    return value if isinstance(value, bool | int | float) else None
+
+
+def _param(name: str, value: Any) -> Any:
+    """A step parameter as plain hashable data (dtypes by name)."""
+    if name == "new_dtype":
+        return _dtype_name(value) or str(value)
+    return value
+
+
+def _args(args: Any) -> tuple[Any, ...] | None:
+    """Step arguments as plain data (a literal's value as a Python number)."""
+    out = []
+    for a in args:
+        if a[0] == "lit":
+            value = _literal(a[1])
+            if value is None:
+                return None
+            a = ("lit", value)
+        out.append(tuple(a))
+    return tuple(out)
+
+
+def _renumber(region: tuple[Any, ...], ref: Any) -> tuple[Any, ...]:
+    """The region's steps with every argument ``a`` replaced by ``ref(a)``."""
+    return tuple((p, ps, tuple(ref(a) for a in xs)) for p, ps, xs in region)
+
+
+def _frames(shapes: Any, frame: tuple[int, ...]) -> tuple[Any, ...] | None:
+    """(shape, frame) of operands aligned, as numpy broadcasts, with the last axes of a
+    value whose axes lie along ``frame``."""
+    out = []
+    for s in shapes:
+        s = _ints(s)
+        if s is None or len(s) > len(frame):
+            return None
+        out.append((s, frame[len(frame) - len(s) :]))
+    return tuple(out)
+
+
+@guard_fn("rules.region_push")
+def region_push(plan: Any, prim: Any, args: Any, params: Any = (), captured: Any = ()) -> Any:
+    """``plan`` with the operator below its region taken in: the new step ``prim(args)``
+    (``("acc",)`` now the value below it, ``("in", i)`` the i-th operand in ``captured``,
+    their shapes, ``("lit", v)`` a literal's value) goes first, and the operands it
+    captures go before the node's others. None when the plan is done, a literal is not a
+    number or too many operands would be captured."""
+    if not isinstance(plan, RegionPlan) or not plan.spine:
+        return None
+    new = _frames(captured, SCORE_FRAME)
+    args = _args(args)
+    if new is None or args is None or len(plan.captures) + len(new) > MAX_CAPTURES:
+        return None
+    n = len(new)
+
+    def shift(a: Any) -> Any:
+        if a[0] == "acc":
+            return ("step", 0)
+        if a[0] == "step":
+            return ("step", a[1] + 1)
+        return ("in", a[1] + n) if a[0] == "in" else a
+
+    step = (str(getattr(prim, "name", prim)), _params(params), args)
+    region = (step, *_renumber(plan.region, shift))
+    return plan._replace(region=region, captures=(*new, *plan.captures))
+
+
+def _params(params: Any) -> tuple[Any, ...]:
+    return tuple(sorted((str(n), _param(n, v)) for n, v in params))
+
+
+@guard_fn("rules.region_inline")
+def region_inline(
+    plan: Any, prim: Any, args: Any, params: Any = (), captured: Any = (), keep: Any = 1
+) -> Any:
+    """``plan`` with its first captured operand (``in0``, an index expression) computed in
+    the region instead: the step ``prim(args)``, whose ``("in", i)`` are the operands in
+    ``captured`` (shapes, aligned with in0's frame; the first ``keep`` replace in0, the
+    rest go after them). None when the plan has no capture or too many would be captured."""
+    if not isinstance(plan, RegionPlan) or not plan.spine or not plan.captures:
+        return None
+    frame = plan.captures[0][1]
+    new = _frames(captured, frame)
+    args = _args(args)
+    if new is None or args is None or len(plan.captures) - 1 + len(new) > MAX_CAPTURES:
+        return None
+    n = len(new)
+
+    def shift(a: Any) -> Any:
+        if a == ("in", 0):
+            return ("step", 0)
+        if a[0] == "step":
+            return ("step", a[1] + 1)
+        return ("in", a[1] - 1 + n) if a[0] == "in" else a
+
+    step = (str(getattr(prim, "name", prim)), _params(params), args)
+    region = (step, *_renumber(plan.region, shift))
+    return plan._replace(region=region, captures=(*new, *plan.captures[1:]))
+
+
+@guard_fn("rules.region_index")
+def region_index(plan: Any, dimension: Any, shape: Any) -> Any:
+    """``plan`` with its first captured operand, an ``iota`` along ``dimension``, read as
+    the kernel's position along the score axis that dimension lies along (the literal 0
+    if it has size 1)."""
+    if not isinstance(plan, RegionPlan) or not plan.spine or not plan.captures:
+        return None
+    s, frame = plan.captures[0]
+    shape = _ints(shape)
+    try:
+        d = int(dimension)
+    except (TypeError, ValueError):
+        return None
+    if shape is None or shape != s or not 0 <= d < len(s):
+        return None
+    if s[d] == 1:
+        leaf: Any = ("lit", 0)
+    else:
+        leaf = ("idx", "bhqk"[plan.attention.perm_scores.index(frame[d])])
+
+    def pop(a: Any) -> Any:
+        if a == ("in", 0):
+            return leaf
+        return ("in", a[1] - 1) if a[0] == "in" else a
+
+    return plan._replace(region=_renumber(plan.region, pop), captures=plan.captures[1:])
+
+
+@guard_fn("rules.region_literal")
+def region_literal(plan: Any, value: Any) -> Any:
+    """``plan`` with its first captured operand, all one literal value, read as that."""
+    value = _literal(value)
+    if not isinstance(plan, RegionPlan) or not plan.spine or not plan.captures:
+        return None
+    if value is None:
+        return None
+
+    def pop(a: Any) -> Any:
+        if a == ("in", 0):
+            return ("lit", value)
+        return ("in", a[1] - 1) if a[0] == "in" else a
+
+    return plan._replace(region=_renumber(plan.region, pop), captures=plan.captures[1:])
+
+
+@guard_fn("rules.is_literal")
+def is_literal(value: Any) -> bool:
+    """Is this a literal's value, a Python (or numpy) number?"""
+    return _literal(value) is not None
+
+
+@guard_fn("rules.region_reframe")
+def region_reframe(plan: Any, kind: Any, attrs: Any, in_shape: Any) -> Any:
+    """``plan`` with its first captured operand replaced by the operand of the layout op
+    that made it (``kind``: ``broadcast_in_dim`` with its ``broadcast_dimensions``,
+    ``reshape`` that only adds or drops size-1 axes, ``slice`` from the origin): same
+    values at the same positions, in the frame that op says. None otherwise."""
+    if not isinstance(plan, RegionPlan) or not plan.spine or not plan.captures:
+        return None
+    out_shape, frame = plan.captures[0]
+    inp = _ints(in_shape)
+    if inp is None:
+        return None
+    if kind == "broadcast_in_dim":
+        dims = _ints(attrs)
+        if dims is None or len(dims) != len(inp):
+            return None
+        new_frame = tuple(frame[d] for d in dims)
+    elif kind == "reshape":
+        if attrs is not None or _drop_ones(inp) != _drop_ones(out_shape):
+            return None
+        kept = [frame[i] for i, d in enumerate(out_shape) if d != 1]
+        it = iter(kept)
+        new_frame = tuple(next(it) if d != 1 else -1 for d in inp)
+        if -1 in new_frame:  # a size-1 axis of the operand: any axis it broadcasts along
+            free = [a for a in SCORE_FRAME if a not in kept]
+            fill = iter(free)
+            new_frame = tuple(next(fill) if a == -1 else a for a in new_frame)
+    elif kind == "slice":
+        start, strides = attrs
+        if not slice_keeps_origin(start, strides, len(inp)):
+            return None
+        new_frame = frame
+    else:
+        return None
+    return plan._replace(captures=((inp, new_frame), *plan.captures[1:]))
+
+
+@guard_fn("rules.numpy_broadcast")
+def numpy_broadcast(broadcast_dimensions: Any, in_shape: Any, out_shape: Any) -> bool:
+    """A ``broadcast_in_dim`` as numpy broadcasts: the operand aligned with the result's
+    last axes, each of its axes of size 1 or the result's size. Its operand can be captured
+    instead (the kernel broadcasts captures itself)."""
+    dims, inp, out = _ints(broadcast_dimensions), _ints(in_shape), _ints(out_shape)
+    if dims is None or inp is None or out is None or len(inp) > len(out):
+        return False
+    if dims != tuple(range(len(out) - len(inp), len(out))):
+        return False
+    return all(i in (1, out[d]) for i, d in zip(inp, dims, strict=True))
+
+
+# ------------------------------------------------------------- finishing a region
+
+
+def _extract(steps: tuple[Any, ...], ref: Any) -> tuple[Any, ...]:
+    """The steps computing ``ref`` (a step of ``steps``), alone and renumbered, ending in
+    it."""
+    need: set[int] = set()
+    todo = [ref[1]]
+    while todo:
+        j = todo.pop()
+        if j in need:
+            continue
+        need.add(j)
+        todo.extend(a[1] for a in steps[j][2] if a[0] == "step")
+    order = sorted(need)
+    new = {j: i for i, j in enumerate(order)}
+    return tuple(
+        (p, ps, tuple(("step", new[a[1]]) if a[0] == "step" else a for a in xs))
+        for p, ps, xs in (steps[j] for j in order)
+    )
+
+
+def _reads_acc(steps: tuple[Any, ...], ref: Any) -> bool:
+    if ref[0] == "acc":
+        return True
+    if ref[0] != "step":
+        return False
+    return any(a[0] == "acc" for _, _, xs in _extract(steps, ref) for a in xs)
+
+
+def _mask_split(region: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+    """(score region, mask steps): the region's outer ``where(pred, s, fill)`` steps with a
+    fill at most ``MASK_FILL_MAX`` and a predicate that does not read the scores become the
+    kernel's mask (it replaces masked scores by ``finfo(f32).min``: the same softmax for
+    every row with an attended key, uniform weights for a fully masked row, as the
+    program's fill gives); the rest is its score_mod."""
+    preds: list[tuple[Any, bool]] = []
+    top: Any = ("step", len(region) - 1) if region else ("acc",)
+    while top[0] == "step":
+        prim, _, args = region[top[1]]
+        if prim != "select_n" or len(args) != 3:
+            break
+        pred, no, yes = args
+        if no[0] == "lit" and no[1] <= MASK_FILL_MAX:
+            keep, polarity = yes, True
+        elif yes[0] == "lit" and yes[1] <= MASK_FILL_MAX:
+            keep, polarity = no, False
+        else:
+            break
+        if _reads_acc(region, pred) or not _reads_acc(region, keep):
+            break
+        preds.append((pred, polarity))
+        top = keep
+    score = () if top == ("acc",) else _extract(region, top)
+    if not preds:
+        return score, ()
+    mask: list[Any] = []
+    for pred, polarity in preds:
+        part = _extract(region, pred) if pred[0] == "step" else ()
+        base = len(mask)
+        mask.extend(
+            (p, ps, tuple(("step", a[1] + base) if a[0] == "step" else a for a in xs))
+            for p, ps, xs in part
+        )
+        value = ("step", len(mask) - 1) if part else pred
+        mask.append(("ne", (), (value, ("lit", not polarity))))
+        if base:
+            mask.append(("and", (), (("step", base - 1), ("step", len(mask) - 1))))
+    return score, tuple(mask)
+
+
+# A mask's band: from comparisons of linear forms of the query and key positions (q, k),
+# which bound d = k - q. Values while reading the mask steps: ("lin", aq, ak, c) for
+# aq*q + ak*k + c, ("abs", lin), and predicates ("cmp", op, x, y), ("and" | "or", x, y),
+# ("not", x), read as a band (lo, hi) -- True only where lo <= d <= hi, None: unbounded --
+# at the end.
+_MIRROR = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+_NEGATE = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
+
+
+def _lin_of(v: Any) -> tuple[int, int, int] | None:
+    return v[1:] if v is not None and v[0] == "lin" else None
+
+
+def _compare(op: str, x: Any, y: Any) -> tuple[Any, Any] | None:
+    """The band of ``x op y``, or None."""
+    ly = _lin_of(y)
+    if x is not None and x[0] == "abs" and ly is not None and ly[:2] == (0, 0):
+        aq, ak, c = x[1]
+        w = ly[2]
+        if (aq, ak) == (1, -1):
+            c = -c  # |q - k + c| = |d - c|
+        elif (aq, ak) != (-1, 1):
+            return None
+        if op == "lt":
+            return (-w - c + 1, w - c - 1)
+        return (-w - c, w - c) if op == "le" else None
+    if y is not None and y[0] == "abs":
+        return _compare(_MIRROR[op], y, x)
+    lx = _lin_of(x)
+    if lx is None or ly is None:
+        return None
+    aq, ak, c = (lx[0] - ly[0], lx[1] - ly[1], lx[2] - ly[2])  # (x - y) op 0
+    if (aq, ak) == (1, -1):  # -(d - c) op 0, i.e. d - c mirrored-op 0
+        op, c = _MIRROR[op], -c
+    elif (aq, ak) != (-1, 1):
+        return None
+    bounds = {"lt": (None, -c - 1), "le": (None, -c), "gt": (-c + 1, None),
+              "ge": (-c, None), "eq": (-c, -c)}  # fmt: skip
+    return bounds.get(op)
+
+
+def _meet(x: Any, y: Any) -> Any:
+    """Both hold: within both bands (one unknown: within the other)."""
+    if x is None or y is None:
+        return x if y is None else y
+    lo = x[0] if y[0] is None else y[0] if x[0] is None else max(x[0], y[0])
+    hi = x[1] if y[1] is None else y[1] if x[1] is None else min(x[1], y[1])
+    return (lo, hi)
+
+
+def _join(x: Any, y: Any) -> Any:
+    """Either holds: within the hull of both bands (one unknown: none)."""
+    if x is None or y is None:
+        return None
+    lo = None if x[0] is None or y[0] is None else min(x[0], y[0])
+    hi = None if x[1] is None or y[1] is None else max(x[1], y[1])
+    return (lo, hi)
+
+
+def _band_of(v: Any, negate: bool = False) -> Any:
+    """The band a predicate value (or its negation) keeps keys in, or None."""
+    if v is None:
+        return None
+    kind = v[0]
+    if kind == "cmp":
+        _, op, x, y = v
+        return _compare(_NEGATE[op] if negate else op, x, y)
+    if kind == "not":
+        return _band_of(v[1], not negate)
+    if kind in ("and", "or"):
+        x, y = _band_of(v[1], negate), _band_of(v[2], negate)
+        return _meet(x, y) if (kind == "and") != negate else _join(x, y)
+    return None
+
+
+def _band_step(prim: str, xs: list[Any], args: Any) -> Any:
+    lins = [_lin_of(x) for x in xs]
+    if prim in ("add", "sub") and None not in lins:
+        sign = 1 if prim == "add" else -1
+        return ("lin", *(a + sign * b for a, b in zip(lins[0], lins[1], strict=True)))
+    if prim == "mul" and None not in lins:
+        x, y = lins
+        if y[:2] == (0, 0):
+            return ("lin", *(y[2] * a for a in x))
+        return ("lin", *(x[2] * a for a in y)) if x[:2] == (0, 0) else None
+    if prim == "neg" and lins[0] is not None:
+        return ("lin", *(-a for a in lins[0]))
+    if prim == "abs" and lins[0] is not None:
+        return ("abs", lins[0])
+    if prim == "convert_element_type":
+        return xs[0]
+    if prim in ("ne", "eq") and args[1][0] == "lit" and isinstance(args[1][1], bool):
+        keep = (prim == "ne") != args[1][1]  # x != False, x == True: x
+        return xs[0] if keep else ("not", xs[0])
+    if prim == "not":
+        return ("not", xs[0])
+    if prim in _MIRROR:
+        return ("cmp", prim, xs[0], xs[1])
+    if prim in ("and", "or"):
+        return (prim, xs[0], xs[1])
+    return None
+
+
+def _band(mask: tuple[Any, ...]) -> tuple[Any, Any] | None:
+    """The diagonal band ``(lo, hi)`` outside which the mask steps are False (keys k with
+    ``q + lo <= k <= q + hi`` may be attended), or None when they prove none."""
+    values: list[Any] = []
+
+    def ref(a: Any) -> Any:
+        if a[0] == "step":
+            return values[a[1]]
+        if a == ("idx", "q"):
+            return ("lin", 1, 0, 0)
+        if a == ("idx", "k"):
+            return ("lin", 0, 1, 0)
+        if a[0] == "lit" and isinstance(a[1], int) and not isinstance(a[1], bool):
+            return ("lin", 0, 0, a[1])
+        return None
+
+    for prim, _, args in mask:
+        values.append(_band_step(prim, [ref(a) for a in args], args))
+    band = _band_of(values[-1]) if values else None
+    return None if band is None or band == (None, None) else band
+
+
+@guard_fn("rules.region_done")
+def region_done(plan: Any) -> Any:
+    """``plan`` once its region reaches the scores: the outer masking steps split off as
+    the kernel's mask (:func:`_mask_split`) with the band they prove (:func:`_band`),
+    checked against the kernel's support. None while captures are left that the region
+    still reads as index expressions (the rules take those in first)."""
+    if not isinstance(plan, RegionPlan) or not plan.spine:
+        return None
+    region, mask = _mask_split(plan.region)
+    n = len(plan.captures)
+    for part in (region, mask):
+        if part and region_error(part, n, index_refs=True) is not None:
+            return None
+    done = plan._replace(region=region, mask=mask, spine=False, band=_band(mask))
+    return done if _supported(done) else None
+
+
+def _supported(plan: RegionPlan) -> bool:
+    """Does the kernel take the attention with these captures (in its score axes)?"""
+    from pallas_kernels import supports_attention
+
+    att = plan.attention
+    captures = []
+    for shape, frame in plan.captures:
+        kernel_shape = [1, 1, 1, 1]
+        for size, axis in zip(shape, frame, strict=True):
+            kernel_shape[att.perm_scores.index(axis)] = size
+        captures.append(tuple(kernel_shape))
+    q, k, v, _, _ = att.kernel_shapes
+    return supports_attention(q, k, v, att.dtype, layout=att.layout, capture_shapes=captures)

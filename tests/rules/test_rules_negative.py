@@ -100,12 +100,21 @@ def test_softmax_over_the_query_axis():
 
 
 def test_mask_fill_that_does_not_mask():
+    """A fill of -10 is a penalty, not a mask: no mask rule takes it, and the region rules
+    keep it in the logits (``score_mod``), not in the kernel's mask."""
+
     def soft_mask(q, k, v):
         s = jnp.einsum("bqhd,bkhd->bhqk", q / 8.0, k)
         s = jnp.where(jnp.tril(jnp.ones((S, S), bool)), s, -10.0)  # a penalty, not a mask
         return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
 
-    check(soft_mask, qkv(), {})
+    args = qkv()
+    fast, got, report = rewrite(soft_mask, args)
+    assert all(r.rule.startswith("attention_region") for r in report) and report
+    (node,) = [n for n in fast.lifted(*args).graph.nodes() if n.op.name == "AttentionRegion"]
+    plan = node.attrs["plan"]
+    assert plan.mask == () and plan.band is None and "-10.0" in plan.describe()
+    np.testing.assert_allclose(got, jax.jit(soft_mask)(*args), rtol=1e-5, atol=1e-5)
 
 
 def test_tiled_kv_heads_are_not_read_as_grouped():
@@ -151,7 +160,7 @@ def test_preactivation_used_elsewhere():
 
 def test_unsupported_sites_leave_the_program_untouched():
     """No rule fired: the lifted program is the original, equation for equation."""
-    args = qkv(d=8)
+    args = qkv(d=264)  # the kernel takes head dims 1..256
     fast, _, report = rewrite(attn, args)
     assert list(report) == []
     prims = [n.op.name for n in fast.lifted(*args).graph.nodes() if n.op.name != "const"]
