@@ -92,7 +92,7 @@ class NNXOptimized(nnx.Module):
 
     def missed(self, *args: Any, **kwargs: Any) -> Any:
         """The sites no rule rewrote, and why (see :meth:`Optimized.missed`)."""
-        graphdef, state = self._nnx.split(self.module)
+        graphdef, state = nnx.split(self.module)
         return self.optimized.missed(graphdef, state, *args, **kwargs)
 
 
