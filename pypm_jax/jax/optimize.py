@@ -104,7 +104,7 @@ def rewrite_nested(target: Any, rules: Sequence[Any], **options: Any) -> Rewrite
     options.setdefault("shareable", mask_plumbing)
     options.setdefault("check_types", True)
     graph = target.graph if isinstance(target, LiftedProgram) else target
-    report = OptimizeReport()
+    records: list[RewriteRecord] = []
     stack = [target]
     while stack:
         t = stack.pop()
@@ -114,14 +114,14 @@ def rewrite_nested(target: Any, rules: Sequence[Any], **options: Any) -> Rewrite
             if "weak_type" not in options:
                 opts = {**options, "weak_type": weak_types(t)}
         result = rewrite(g, defs, **opts)
-        report.extend(result.report)
+        records.extend(result.report)
         bodies = []
         for node in result.graph.nodes():
             for value in node.attrs.values():
                 items = value if isinstance(value, tuple) else (value,)
                 bodies.extend(b for b in items if isinstance(b, LiftedProgram))
         stack.extend(reversed(bodies))
-    return RewriteResult(graph, report)
+    return RewriteResult(graph, OptimizeReport.of(records))
 
 
 def weak_types(prog: LiftedProgram) -> Callable[[Value], bool | None]:
@@ -396,7 +396,7 @@ class Optimized:
             with _gc_paused():
                 t1 = time.perf_counter()
                 prog, result, t2 = self._rewrite(closed, _input_names(in_tree, flat), entry)
-                entry.records = list(result.report)
+                entry.records = [*result.report.canonical, *result.report]
                 t3 = time.perf_counter()
                 run = lower(prog)
 

@@ -1,15 +1,16 @@
 """The standard rule library: attention and GEMM epilogues → ``pallas_kernels``.
 
-``default_rules()`` is what ``pm.optimize`` uses when given no rules: the attention rules
-(names ``attention*``), then the dense + activation rules (names ``gemm_epilogue*``). Every
-rule is also importable by name. ``docs/RULES.md`` says what each matches.
+``default_rules()`` is what ``pm.optimize`` uses when given no rules: the canonicalizing
+rules (names ``canonical_*``, which rewrite spellings that compute nothing to one form),
+then the attention rules (names ``attention*``), then the dense + activation rules (names
+``gemm_epilogue*``). Every rule is also importable by name. ``docs/RULES.md`` says what each matches.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import _prebuilt, attention, causal, gemm
+from . import _prebuilt, attention, canonical, causal, gemm, masked_rows
 from ._kernels import FlashAttention, GemmEpilogue
 from .attention import (
     ATTENTION_RULES,
@@ -26,6 +27,14 @@ from .attention import (
     attention_scaled_mask,
 )
 from .attention import attention as attention_rule
+from .canonical import (
+    CANONICAL_RULES,
+    canonical_broadcast,
+    canonical_copy,
+    canonical_reshape,
+    canonical_softmax,
+    canonical_transpose,
+)
 from .causal import (
     CAUSAL_RULES,
     attention_causal_bias,
@@ -40,9 +49,17 @@ from .gemm import (
     gemm_epilogue_linear,
     gemm_epilogue_no_bias,
 )
+from .masked_rows import (
+    MASKED_ROWS_RULES,
+    attention_bias_mask_zero,
+    attention_mask_zero,
+    attention_scaled_bias_mask_zero,
+    attention_scaled_mask_zero,
+)
 
 __all__ = [
     "default_rules",
+    "canonical_rules",
     "attention_rules",
     "gemm_rules",
     "FlashAttention",
@@ -61,23 +78,41 @@ __all__ = [
     "attention_dpa_mask",
     "attention_dpa_bias",
     "attention_dpa_bias_mask",
+    "attention_mask_zero",
+    "attention_bias_mask_zero",
+    "attention_scaled_mask_zero",
+    "attention_scaled_bias_mask_zero",
+    "masked_rows",
     "attention_causal_mask",
     "attention_causal_bias",
     "attention_dpa_mask_causal",
     "attention_dpa_bias_mask_causal",
     "causal",
+    "canonical",
+    "canonical_copy",
+    "canonical_reshape",
+    "canonical_transpose",
+    "canonical_broadcast",
+    "canonical_softmax",
     "gemm_epilogue",
     "gemm_epilogue_no_bias",
     "gemm_epilogue_linear",
 ]
 
 
+def canonical_rules() -> list[Any]:
+    """Rewrites to one form of what computes nothing (``copy``, no-op layout ops) and of the
+    ``vmap``-ped softmax, so the kernel rules see one spelling (``rules/canonical.py``)."""
+    return list(CANONICAL_RULES)
+
+
 def attention_rules() -> list[Any]:
     """Attention → flash attention, most specific spelling first; then the causal rules:
     ``jax.nn.dot_product_attention(mask=..., is_causal=True)`` with the kernel's causal flag,
     and the rules that let the kernel skip the blocks above the diagonal where its mask (or
-    bias) provably hides them."""
-    return list(ATTENTION_RULES) + list(CAUSAL_RULES)
+    bias) provably hides them. Between them, the masked spellings whose probabilities are
+    re-zeroed by the same mask (Keras): the kernel's ``masked_rows="zero"``."""
+    return list(ATTENTION_RULES) + list(MASKED_ROWS_RULES) + list(CAUSAL_RULES)
 
 
 def gemm_rules(*, linear: bool = False) -> list[Any]:
@@ -86,12 +121,15 @@ def gemm_rules(*, linear: bool = False) -> list[Any]:
 
 
 def default_rules() -> list[Any]:
-    """The rules ``pm.optimize`` applies by default: attention rules, then epilogue rules.
+    """The rules ``pm.optimize`` applies by default: the canonicalizing rules, then the
+    attention rules, then the epilogue rules. They run as one rule list: the driver tries
+    rules in this order at every node, and a node the canonical rules rewrite is revisited,
+    so a kernel rule matches the canonical form wherever one exists.
 
     Their core definitions and compile summaries come from the data shipped in the package
     when it was built from these exact sources (:mod:`pypm_jax.rules._prebuilt`), instead of
     running the frontend in every process.
     """
-    rules = attention_rules() + gemm_rules()
+    rules = canonical_rules() + attention_rules() + gemm_rules()
     _prebuilt.prime(rules)
     return rules

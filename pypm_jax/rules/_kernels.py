@@ -88,6 +88,7 @@ def flash_attention_impl(
         causal=plan.causal,
         mask_is_causal=plan.mask_is_causal,
         layout=plan.layout,
+        masked_rows=plan.masked_rows,
     )
     return jnp.transpose(out, plan.perm_out).astype(plan.out_dtype)
 

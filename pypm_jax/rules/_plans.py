@@ -27,6 +27,7 @@ __all__ = [
     "attention_supported",
     "causal_plan",
     "causal_flag_plan",
+    "zero_rows_plan",
     "keeps_axes",
     "moves_last_to_row",
     "slice_keeps_origin",
@@ -39,6 +40,14 @@ __all__ = [
     "interleaved_repeat",
     "softmax_axes",
     "vmapped_softmax_axes",
+    "noop_reshape",
+    "noop_broadcast",
+    "identity_permutation",
+    "inverse_permutation",
+    "composed_permutation",
+    "row_major",
+    "kept_shape",
+    "kept_dims",
     "head_mask_identity",
     "scale_kind",
     "bias_sign",
@@ -226,6 +235,75 @@ def vmapped_softmax_axes(
     return _ints(sum_kept_shape) == kept and _ints(max_kept_shape) == kept
 
 
+# ------------------------------------------------------------------ canonical forms
+
+
+@guard_fn("rules.noop_reshape")
+def noop_reshape(dimensions: Any, in_shape: Any, out_shape: Any) -> bool:
+    """A row-major ``reshape`` (no ``dimensions``) to the operand's own shape."""
+    inp, out = _ints(in_shape), _ints(out_shape)
+    return dimensions is None and inp is not None and inp == out
+
+
+@guard_fn("rules.noop_broadcast")
+def noop_broadcast(broadcast_dimensions: Any, in_shape: Any, out_shape: Any) -> bool:
+    """A ``broadcast_in_dim`` onto the operand's own shape that keeps every axis in place."""
+    dims, inp, out = _ints(broadcast_dimensions), _ints(in_shape), _ints(out_shape)
+    return inp is not None and inp == out and dims == tuple(range(len(inp)))
+
+
+@guard_fn("rules.identity_permutation")
+def identity_permutation(permutation: Any) -> bool:
+    """``transpose`` by ``(0, 1, ..)``: no axis moves."""
+    p = _ints(permutation)
+    return p is not None and p == tuple(range(len(p)))
+
+
+@guard_fn("rules.inverse_permutation")
+def inverse_permutation(first: Any, then: Any) -> bool:
+    """Does ``transpose(transpose(x, first), then)`` give back ``x``?"""
+    a, b = _ints(first), _ints(then)
+    if a is None or b is None or len(a) != len(b) or not _is_perm(a, len(a)):
+        return False
+    return _perm_apply(a, b) == tuple(range(len(a)))
+
+
+@guard_fn("rules.composed_permutation")
+def composed_permutation(first: Any, then: Any) -> tuple[int, ...] | None:
+    """The one permutation of ``transpose(transpose(x, first), then)``, or None."""
+    a, b = _ints(first), _ints(then)
+    if a is None or b is None or len(a) != len(b) or not _is_perm(b, len(b)):
+        return None
+    return _perm_apply(a, b)
+
+
+@guard_fn("rules.row_major")
+def row_major(dimensions: Any) -> bool:
+    """A ``reshape`` without ``dimensions``: it keeps the elements in row-major order."""
+    return dimensions is None
+
+
+@guard_fn("rules.kept_shape")
+def kept_shape(shape: Any, axes: Any) -> tuple[int, ...] | None:
+    """``shape`` with its one reduced axis kept as size 1 (``keepdims=True``), or None."""
+    s = _ints(shape)
+    ax = None if s is None else _axis(axes, len(s))
+    if ax is None:
+        return None
+    return tuple(1 if i == ax else d for i, d in enumerate(s))
+
+
+@guard_fn("rules.kept_dims")
+def kept_dims(shape: Any, axes: Any) -> tuple[int, ...] | None:
+    """The ``broadcast_dimensions`` that put a reduction over one axis back in place (with
+    a size-1 axis there), or None."""
+    s = _ints(shape)
+    ax = None if s is None else _axis(axes, len(s))
+    if ax is None:
+        return None
+    return tuple(i for i in range(len(s)) if i != ax)
+
+
 @guard_fn("rules.head_mask_identity")
 def head_mask_identity(dimension_numbers: Any, permutation: Any, rank: Any) -> bool:
     """``transpose(dot_general(mask[h], p))`` multiplies each head of p by its entry of a
@@ -291,6 +369,7 @@ class AttentionPlan(NamedTuple):
     out_dtype: str
     mask_is_causal: bool = False  # the kernel may skip blocks above the diagonal (causal_plan)
     causal: bool = False  # the kernel masks above the diagonal itself (causal_flag_plan)
+    masked_rows: str = "uniform"  # "zero": a fully masked row gives 0 (zero_rows_plan)
 
 
 _LAYOUT_AXES = {"BHSD": ("B", "H", "S", "D"), "BSHD": ("B", "S", "H", "D")}
@@ -581,6 +660,16 @@ def attention_supported(plan: Any) -> bool:
     return supports_attention(
         q, k, v, plan.dtype, layout=plan.layout, bias_shape=bias, mask_shape=mask
     )
+
+
+@guard_fn("rules.zero_rows_plan")
+def zero_rows_plan(plan: Any) -> AttentionPlan | None:
+    """The plan with the kernel's ``masked_rows="zero"``: a row whose every key the mask
+    hides gives 0 (and no gradient), as a program that re-zeroes its probabilities with the
+    mask that masked its scores computes. None without a mask (nothing to re-zero by)."""
+    if not isinstance(plan, AttentionPlan) or not plan.mask:
+        return None
+    return plan._replace(masked_rows="zero")
 
 
 # --------------------------------------------------------------------- causal masks
