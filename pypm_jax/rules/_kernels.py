@@ -73,7 +73,7 @@ def flash_attention_impl(
     v = jnp.transpose(v, plan.perm_v).astype(plan.dtype)
     kernel_bias = kernel_mask = None
     if plan.bias:
-        kernel_bias = jnp.transpose(bias, plan.perm_scores)
+        kernel_bias = jnp.transpose(bias, plan.perm_scores) if jnp.ndim(bias) else bias
         if plan.bias < 0:
             kernel_bias = -kernel_bias
     if plan.mask:

@@ -399,7 +399,8 @@ def attention_plan(
     ``shapes = (a, b, v)`` (``a``/``b`` may be kv heads *before* an interleaved repeat),
     ``dtypes = (a, b, v)``, ``scores = (dimension_numbers, shape, softmax axes)`` of the scores
     ``dot_general``, ``output = (dimension_numbers, shape, dtype)`` of the output
-    ``dot_general``; ``bias``/``mask`` are ``(shape, dtype)`` in the scores' layout or None;
+    ``dot_general``; ``bias``/``mask`` are ``(shape, dtype)`` in the scores' layout (rank 4,
+    or a rank-0 bias: BEiT's default ``jnp.array(0.0)``) or None;
     ``scaled`` is 1 (-1) when the scores are multiplied (divided) by a scalar input; ``sign``
     is -1 for a subtracted bias.
 
@@ -500,7 +501,7 @@ def attention_plan(
     perm_out = tuple(kernel_axes.index(out_label[lab]) for lab in labels)
 
     extras = []
-    for what in (bias, mask):
+    for rank0_ok, what in ((True, bias), (False, mask)):
         if what is None:
             extras.append(None)
             continue
@@ -509,9 +510,9 @@ def attention_plan(
         except (TypeError, ValueError):
             return None
         e_shape = _ints(e_shape)
-        if e_shape is None or len(e_shape) != 4:
+        if e_shape is None or len(e_shape) not in ((0, 4) if rank0_ok else (4,)):
             return None
-        extras.append(_perm_apply(e_shape, perm_scores))
+        extras.append(_perm_apply(e_shape, perm_scores) if e_shape else ())
     if bias is not None and not str(_dtype_name(bias[1])).startswith(("float", "bfloat")):
         return None  # the kernel adds floating biases
     if mask is not None and not str(_dtype_name(mask[1])).startswith(("bool", "int", "uint")):

@@ -161,6 +161,17 @@ def QueryAtMost():  # noqa: F811
 
 
 @pm.pattern
+def QueryAtMost():  # noqa: F811
+    """A key index plus ``k <= 0``, then moved to the row axis (keras-hub's
+    ``compute_causal_mask`` adds its cache index before ``expand_dims``)."""
+    y, x, c = pm.var(), pm.var(), pm.var()
+    y <= P.broadcast_in_dim(x)
+    x <= P.add(KeyIndex(), Splat(c))
+    assert c.value <= 0 and moves_last_to_row(y.broadcast_dimensions, x.shape, y.shape)
+    return y
+
+
+@pm.pattern
 def KeyAtLeast():
     return KeyIndex()
 
@@ -177,6 +188,21 @@ def KeyAtLeast():  # noqa: F811
     c = pm.var()
     assert c.value >= 0
     return P.add(Splat(c), KeyAtLeast())
+
+
+@pm.pattern
+def NotNegative():
+    """A mask with no negative entry: boolean, or a boolean cast to a number."""
+    x = pm.var()
+    assert x.dtype == pm.bool_
+    return x
+
+
+@pm.pattern
+def NotNegative():  # noqa: F811
+    x = pm.var()
+    assert x.dtype == pm.bool_
+    return P.convert_element_type(x)
 
 
 # ------------------------------------------------------------------ the causal mask
@@ -206,6 +232,31 @@ def Tril():  # noqa: F811
     assert f.op_class == COMPARE and f.name in ("le", "lt")
     assert tril_compare(r.shape, c.shape, y.shape)
     return y
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    """Keras's ``cumsum(ones, axis=-2) >= cumsum(ones, axis=-1)``: i + 1 >= j + 1."""
+    y, r, c, one_r, one_c = pm.var(), pm.var(), pm.var(), pm.var(), pm.var()
+    y <= P.ge(r, c)
+    r <= P.cumsum(Splat(one_r))
+    c <= P.cumsum(Splat(one_c))
+    assert one_r.value == 1 and one_c.value == 1 and not r.reverse and not c.reverse
+    assert r.axis == r.rank - 2 and c.axis == c.rank - 1
+    assert tril_compare(r.shape, c.shape, y.shape)
+    return y
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    """``minimum`` with a mask that has no negative entry (Keras merges masks with
+    ``ops.minimum``): zero wherever ``Tril()`` is, either order."""
+    return P.min(Tril(), NotNegative())
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    return P.min(NotNegative(), Tril())
 
 
 @pm.pattern

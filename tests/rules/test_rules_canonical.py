@@ -172,3 +172,75 @@ def test_rezeroed_by_another_mask_is_left_alone():
     _, got, report = rewrite(attn, args)
     assert not report
     np.testing.assert_allclose(np.asarray(got), np.asarray(attn(*args)), rtol=1e-6)
+
+
+# ------------------------------------------------------------------ a rank-0 bias
+
+
+@pytest.mark.slow
+def test_a_rank0_bias_goes_to_the_kernel():
+    """BEiT's default config adds ``jnp.array(0.0)`` (its relative position bias off)."""
+
+    def attn(q, k, v, bias):
+        w = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) + bias)
+        return jnp.einsum("bhqk,bkhd->bqhd", w, v)
+
+    args = (*qkv(), jnp.array(0.25))
+    fast = check(attn, args, {"attention_bias": 1}, grad=True)
+    (node,) = kernel_nodes(fast, args)
+    assert node.attrs["plan"].kernel_shapes[3] == ()
+
+
+# ---------------------------------------------------------------- Keras causal masks
+
+
+def keras_mha_causal(q, k, v, pad):
+    """Keras ``MultiHeadAttention(use_causal_mask=True)``: the triangle as ``cumsum(ones)``
+    rows >= columns, ``and``-ed with the padding mask, applied by ``Softmax(mask=)``."""
+    ones = jnp.ones((1, S, S), jnp.int32)
+    causal = jnp.cumsum(ones, axis=-2) >= jnp.cumsum(ones, axis=-1)
+    mask = (pad[:, None, :] & causal)[:, None]
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+    p = jax.nn.softmax(jnp.where(mask, s, -1e9))
+    return jnp.einsum("bhqk,bkhd->bqhd", jnp.where(mask, p, 0.0), v)
+
+
+def keras_hub_causal(q, k, v, pad):
+    """keras-hub's ``compute_causal_mask`` (float aranges, the cache index added before
+    ``expand_dims``) merged with the padding mask by ``ops.minimum`` of int32 masks."""
+    i = jnp.arange(S, dtype=jnp.float32) + jnp.float32(0)
+    causal = jnp.expand_dims(jnp.expand_dims(i, 1) >= jnp.arange(S, dtype=jnp.float32), 0)
+    causal = jnp.broadcast_to(causal, (B, S, S)).astype(jnp.int32)
+    mask = jnp.minimum(pad[:, None, :].astype(jnp.int32), causal)[:, None]
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+    p = jax.nn.softmax(jnp.where(mask != 0, s, -1e9))
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "fn, rule",
+    [(keras_mha_causal, "attention_mask_zero"), (keras_hub_causal, "attention_mask")],
+)
+def test_keras_causal_masks_are_causal(fn, rule):
+    pad = jnp.ones((B, S), bool).at[1, -3:].set(False)
+    args = (*qkv(), pad)
+    fast = check(fn, args, {rule: 1, "attention_causal_mask": 1}, grad=True)
+    (node,) = kernel_nodes(fast, args)
+    assert node.attrs["plan"].mask_is_causal
+
+
+def test_minimum_with_a_possibly_negative_mask_is_not_causal():
+    """``min(m, tril)`` of an int mask m that may hold -1 (nonzero: attend) above the
+    diagonal is not causal: only the attention rule fires."""
+
+    def attn(q, k, v, m):
+        ones = jnp.ones((1, S, S), jnp.int32)
+        causal = (jnp.cumsum(ones, axis=-2) >= jnp.cumsum(ones, axis=-1)).astype(jnp.int32)
+        mask = jnp.minimum(m, causal)[:, None]
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(jnp.where(mask != 0, s, -1e9)), v)
+
+    m = -jnp.ones((B, S, S), jnp.int32)
+    _, _, report = rewrite(attn, (*qkv(), m))
+    assert report.counts() == {"attention_mask": 1}
