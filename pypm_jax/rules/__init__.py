@@ -29,11 +29,10 @@ from .attention import (
 from .attention import attention as attention_rule
 from .canonical import (
     CANONICAL_RULES,
-    canonical_broadcast,
     canonical_copy,
-    canonical_reshape,
+    canonical_reshapes,
     canonical_softmax,
-    canonical_transpose,
+    canonical_transposes,
 )
 from .causal import (
     CAUSAL_RULES,
@@ -90,9 +89,8 @@ __all__ = [
     "causal",
     "canonical",
     "canonical_copy",
-    "canonical_reshape",
-    "canonical_transpose",
-    "canonical_broadcast",
+    "canonical_transposes",
+    "canonical_reshapes",
     "canonical_softmax",
     "gemm_epilogue",
     "gemm_epilogue_no_bias",

@@ -41,10 +41,7 @@ __all__ = [
     "softmax_axes",
     "vmapped_softmax_axes",
     "noop_reshape",
-    "noop_broadcast",
-    "identity_permutation",
     "inverse_permutation",
-    "composed_permutation",
     "row_major",
     "kept_shape",
     "kept_dims",
@@ -245,20 +242,6 @@ def noop_reshape(dimensions: Any, in_shape: Any, out_shape: Any) -> bool:
     return dimensions is None and inp is not None and inp == out
 
 
-@guard_fn("rules.noop_broadcast")
-def noop_broadcast(broadcast_dimensions: Any, in_shape: Any, out_shape: Any) -> bool:
-    """A ``broadcast_in_dim`` onto the operand's own shape that keeps every axis in place."""
-    dims, inp, out = _ints(broadcast_dimensions), _ints(in_shape), _ints(out_shape)
-    return inp is not None and inp == out and dims == tuple(range(len(inp)))
-
-
-@guard_fn("rules.identity_permutation")
-def identity_permutation(permutation: Any) -> bool:
-    """``transpose`` by ``(0, 1, ..)``: no axis moves."""
-    p = _ints(permutation)
-    return p is not None and p == tuple(range(len(p)))
-
-
 @guard_fn("rules.inverse_permutation")
 def inverse_permutation(first: Any, then: Any) -> bool:
     """Does ``transpose(transpose(x, first), then)`` give back ``x``?"""
@@ -266,15 +249,6 @@ def inverse_permutation(first: Any, then: Any) -> bool:
     if a is None or b is None or len(a) != len(b) or not _is_perm(a, len(a)):
         return False
     return _perm_apply(a, b) == tuple(range(len(a)))
-
-
-@guard_fn("rules.composed_permutation")
-def composed_permutation(first: Any, then: Any) -> tuple[int, ...] | None:
-    """The one permutation of ``transpose(transpose(x, first), then)``, or None."""
-    a, b = _ints(first), _ints(then)
-    if a is None or b is None or len(a) != len(b) or not _is_perm(b, len(b)):
-        return None
-    return _perm_apply(a, b)
 
 
 @guard_fn("rules.row_major")

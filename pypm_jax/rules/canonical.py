@@ -6,10 +6,9 @@ alternate for every such spelling inside every piece; instead these rules rewrit
 to a single form first, so every kernel rule sees that form:
 
 * ``copy(x)`` is ``x`` (penzai emits a ``copy`` after every named-axis operation);
-* two transposes in a row are one (``swapaxes`` there and back: none), two row-major
-  reshapes in a row are one (split and merged back: none); JAX elides an identity
-  ``transpose``/``reshape``/``broadcast_in_dim`` when it traces one, these rules when a
-  rewrite makes one;
+* two transposes that cancel (``swapaxes`` there and back) and two row-major reshapes back
+  to the operand's shape (split and merged back) are ``x`` (JAX itself elides a single
+  identity ``transpose``/``reshape``/``broadcast_in_dim`` when it traces one);
 * a softmax in ``vmap``'s form, taken on ``transpose(u)`` (the max taken on ``u`` before the
   transpose) and moved back by the inverse transpose, is the plain softmax of ``u``: that
   is what ``jax.vmap(jax.nn.softmax)`` over any axis but the softmax's (penzai's ``nmap``)
@@ -28,12 +27,9 @@ import pypm_jax as pm
 
 from ..jax import prims as P
 from ._plans import (
-    composed_permutation,
-    identity_permutation,
     inverse_permutation,
     kept_dims,
     kept_shape,
-    noop_broadcast,
     noop_reshape,
     row_major,
     vmapped_softmax_axes,
@@ -44,11 +40,8 @@ __all__ = [
     "CANONICAL_RULES",
     "VmapSoftmaxBack",
     "canonical_copy",
-    "canonical_reshape",
     "canonical_reshapes",
-    "canonical_transpose",
     "canonical_transposes",
-    "canonical_broadcast",
     "canonical_softmax",
 ]
 
@@ -61,38 +54,26 @@ def Copied(x):
 
 
 @pm.pattern
-def SameShapeReshape(x):
-    y = P.reshape(x)
-    assert noop_reshape(y.dimensions, x.shape, y.shape)
-    return y
-
-
-@pm.pattern
-def IdentityTranspose(x):
-    y = P.transpose(x)
-    assert identity_permutation(y.permutation)
-    return y
-
-
-@pm.pattern
-def TwoTransposes(y, x, t):
+def TransposedBack(x):
+    """``transpose(transpose(x, a), b)`` where ``b`` undoes ``a`` (``swapaxes`` there and
+    back). Two transposes that do not cancel stay: ``jax.nn.dot_product_attention``'s rules
+    read its output's two."""
+    y, t = pm.var(), pm.var()
     y <= P.transpose(t)
     t <= P.transpose(x)
+    assert inverse_permutation(t.permutation, y.permutation)
     return y
 
 
 @pm.pattern
-def TwoReshapes(y, x, r):
+def ReshapedBack(x):
+    """``reshape(reshape(x))`` back to ``x``'s shape, both row-major (split and merged
+    back): the elements never moved."""
+    y, r = pm.var(), pm.var()
     y <= P.reshape(r)
     r <= P.reshape(x)
     assert row_major(y.dimensions) and row_major(r.dimensions)
-    return y
-
-
-@pm.pattern
-def SameShapeBroadcast(x):
-    y = P.broadcast_in_dim(x)
-    assert noop_broadcast(y.broadcast_dimensions, x.shape, y.shape)
+    assert noop_reshape(None, x.shape, y.shape)
     return y
 
 
@@ -102,38 +83,15 @@ def canonical_copy(x):
     return x
 
 
-@pm.rule(SameShapeReshape)
-def canonical_reshape(x):
-    """A row-major ``reshape`` to the operand's own shape → the operand."""
+@pm.rule(TransposedBack)
+def canonical_transposes(x):
+    """Two transposes that cancel → the operand."""
     return x
 
 
-@pm.rule(IdentityTranspose)
-def canonical_transpose(x):
-    """``transpose(x, (0, 1, ..))`` → ``x``."""
-    return x
-
-
-@pm.rule(TwoTransposes)
-def canonical_transposes(y, x, t):
-    """``transpose(transpose(x, a), b)`` → ``transpose(x, a[b])`` (the identity is ``x``)."""
-    if inverse_permutation(t.permutation, y.permutation):
-        return x
-    return P.transpose(x, permutation=composed_permutation(t.permutation, y.permutation))
-
-
-@pm.rule(TwoReshapes)
-def canonical_reshapes(y, x, r):
-    """``reshape(reshape(x))`` → ``reshape(x)`` (row-major both: the elements keep their
-    order), or ``x`` itself when that is its own shape."""
-    if noop_reshape(None, x.shape, y.shape):
-        return x
-    return P.reshape(x, new_sizes=y.new_sizes, dimensions=None)
-
-
-@pm.rule(SameShapeBroadcast)
-def canonical_broadcast(x):
-    """``broadcast_in_dim`` onto the operand's own shape, axes in place → the operand."""
+@pm.rule(ReshapedBack)
+def canonical_reshapes(x):
+    """Two row-major reshapes back to the operand's shape → the operand."""
     return x
 
 
@@ -203,8 +161,5 @@ CANONICAL_RULES = [
     canonical_copy,
     canonical_transposes,
     canonical_reshapes,
-    canonical_reshape,
-    canonical_transpose,
-    canonical_broadcast,
     canonical_softmax,
 ]

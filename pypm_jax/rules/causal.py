@@ -67,6 +67,8 @@ __all__ = [
     "QueryAtMost",
     "KeyAtLeast",
     "Tril",
+    "AtMostZero",
+    "Causal",
     "CausalBias",
     "attention_causal_mask",
     "attention_causal_bias",
@@ -190,21 +192,6 @@ def KeyAtLeast():  # noqa: F811
     return P.add(Splat(c), KeyAtLeast())
 
 
-@pm.pattern
-def NotNegative():
-    """A mask with no negative entry: boolean, or a boolean cast to a number."""
-    x = pm.var()
-    assert x.dtype == pm.bool_
-    return x
-
-
-@pm.pattern
-def NotNegative():  # noqa: F811
-    x = pm.var()
-    assert x.dtype == pm.bool_
-    return P.convert_element_type(x)
-
-
 # ------------------------------------------------------------------ the causal mask
 #
 # Tril: y[..., i, j] is zero (False) wherever j > i.
@@ -249,14 +236,18 @@ def Tril():  # noqa: F811
 
 @pm.pattern
 def Tril():  # noqa: F811
-    """``minimum`` with a mask that has no negative entry (Keras merges masks with
-    ``ops.minimum``): zero wherever ``Tril()`` is, either order."""
-    return P.min(Tril(), NotNegative())
+    """A boolean ``minimum`` of masks (Keras merges masks with ``ops.minimum``): False
+    wherever one of them is, either order."""
+    y = P.min(Tril(), pm.var())
+    assert y.dtype == pm.bool_
+    return y
 
 
 @pm.pattern
 def Tril():  # noqa: F811
-    return P.min(NotNegative(), Tril())
+    y = P.min(pm.var(), Tril())
+    assert y.dtype == pm.bool_
+    return y
 
 
 @pm.pattern
@@ -363,6 +354,51 @@ def Tril():  # noqa: F811
 # (jnp.tril(ones)[None, None]), the one place the rules use it.
 
 
+# AtMostZero: y[..., i, j] <= 0 wherever j > i (a Tril(), or its minimum with anything);
+# Causal: a mask proven False above the diagonal, Tril() or AtMostZero() > c >= 0.
+
+
+@pm.pattern
+def AtMostZero():
+    return Tril()
+
+
+@pm.pattern
+def AtMostZero():  # noqa: F811
+    """``minimum`` with any mask, either order (keras-hub merges int32 padding and causal
+    masks with ``ops.minimum``; the padding mask is data, maybe negative: the result is
+    still at most zero above the diagonal)."""
+    return P.min(AtMostZero(), pm.var())
+
+
+@pm.pattern
+def AtMostZero():  # noqa: F811
+    return P.min(pm.var(), AtMostZero())
+
+
+@pm.pattern
+def AtMostZero():  # noqa: F811
+    y, x = pm.var(), pm.var()
+    y <= P.broadcast_in_dim(x)
+    x <= AtMostZero()
+    assert keeps_axes(y.broadcast_dimensions, x.shape, y.shape, 2)
+    return y
+
+
+@pm.pattern
+def Causal():
+    return Tril()
+
+
+@pm.pattern
+def Causal():  # noqa: F811
+    """``mask > c`` (c >= 0) of a mask at most zero above the diagonal: keras-hub's
+    ``minimum`` of int32 padding and causal masks, then ``mask > 0.5`` in its Softmax."""
+    c = pm.var()
+    assert c.value >= 0
+    return P.gt(AtMostZero(), Splat(c))
+
+
 @pm.pattern
 def ExactQuery():
     return QueryIndex()
@@ -430,7 +466,7 @@ def CausalBias(p):
     big_negative must be at most the kernel's ``MASK_VALUE / 2`` (``finfo.min``, of float32
     or bfloat16, is): a row whose every key it masks then looks fully masked to the kernel."""
     fill, zero = pm.var(), pm.var()
-    p <= Tril()
+    p <= Causal()
     assert fill.value <= CAUSAL_FILL_MAX and zero.value == 0
     return P.select_n(Rows(p), Splat(fill), Splat(zero))
 
@@ -464,7 +500,7 @@ def CausalBias(p):  # noqa: F811
 @pm.pattern
 def CausalMasked(f, a, b, v, bias, mask, c):
     f <= FlashAttention(a, b, v, bias, Rows(mask), c)
-    mask <= Tril()
+    mask <= Causal()
     return f
 
 

@@ -57,26 +57,18 @@ def test_copies_and_layout_round_trips_disappear():
     assert len(kernel_nodes(fast, args)) == 1
 
 
-def test_transposes_compose_and_reshapes_merge():
+def test_only_round_trips_disappear():
+    """Transposes or reshapes that do not give the operand back are real layout changes."""
+
     def f(x):
         y = jnp.transpose(jnp.transpose(x, (1, 2, 0)), (0, 2, 1))
         return y.reshape(4, 15).reshape(60) * 2.0
 
     x = jax.random.normal(jax.random.PRNGKey(5), (3, 4, 5))
     fast, got, report = rewrite(f, (x,))
-    assert canonical(report) == {"canonical_transposes": 1, "canonical_reshapes": 1}
+    assert not report.canonical
     ops = [n.op.name for n in fast.lifted(x).graph.nodes()]
-    assert ops.count("transpose") == 1 and ops.count("reshape") == 1
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(f(x)))
-
-
-def test_a_copy_alone_is_removed_and_the_result_is_unchanged():
-    def f(x):
-        return jnp.copy(x * 2.0) + 1.0
-
-    x = jnp.arange(6.0)
-    fast, got, report = rewrite(f, (x,))
-    assert canonical(report) == {"canonical_copy": 1} and not report
+    assert ops.count("transpose") == 2 and ops.count("reshape") == 2
     np.testing.assert_array_equal(np.asarray(got), np.asarray(f(x)))
 
 
@@ -207,20 +199,21 @@ def keras_mha_causal(q, k, v, pad):
 
 def keras_hub_causal(q, k, v, pad):
     """keras-hub's ``compute_causal_mask`` (float aranges, the cache index added before
-    ``expand_dims``) merged with the padding mask by ``ops.minimum`` of int32 masks."""
+    ``expand_dims``) merged with the int32 padding mask by ``ops.minimum``; its Softmax
+    reads the int mask as ``mask > 0``."""
     i = jnp.arange(S, dtype=jnp.float32) + jnp.float32(0)
     causal = jnp.expand_dims(jnp.expand_dims(i, 1) >= jnp.arange(S, dtype=jnp.float32), 0)
     causal = jnp.broadcast_to(causal, (B, S, S)).astype(jnp.int32)
-    mask = jnp.minimum(pad[:, None, :].astype(jnp.int32), causal)[:, None]
+    mask = jnp.minimum(pad.astype(jnp.int32)[:, None, :], causal)[:, None] > 0
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k)
-    p = jax.nn.softmax(jnp.where(mask != 0, s, -1e9))
-    return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+    p = jax.nn.softmax(jnp.where(mask, s, -1e9))
+    return jnp.einsum("bhqk,bkhd->bqhd", jnp.where(mask, p, 0.0), v)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "fn, rule",
-    [(keras_mha_causal, "attention_mask_zero"), (keras_hub_causal, "attention_mask")],
+    [(keras_mha_causal, "attention_mask_zero"), (keras_hub_causal, "attention_mask_zero")],
 )
 def test_keras_causal_masks_are_causal(fn, rule):
     pad = jnp.ones((B, S), bool).at[1, -3:].set(False)
@@ -231,8 +224,8 @@ def test_keras_causal_masks_are_causal(fn, rule):
 
 
 def test_minimum_with_a_possibly_negative_mask_is_not_causal():
-    """``min(m, tril)`` of an int mask m that may hold -1 (nonzero: attend) above the
-    diagonal is not causal: only the attention rule fires."""
+    """``min(m, tril) != 0`` of an int mask m that may hold -1 attends above the diagonal
+    (``> 0`` would not): only the attention rule fires."""
 
     def attn(q, k, v, m):
         ones = jnp.ones((1, S, S), jnp.int32)
