@@ -237,3 +237,22 @@ def test_minimum_with_a_possibly_negative_mask_is_not_causal():
     m = -jnp.ones((B, S, S), jnp.int32)
     _, _, report = rewrite(attn, (*qkv(), m))
     assert report.counts() == {"attention_mask": 1}
+
+
+# ------------------------------------------------------------ fused attention already
+
+
+@pytest.mark.slow
+def test_a_program_calling_a_pallas_kernel_is_left_alone():
+    """A program that already calls a fused attention (here the Pallas kernel itself, in
+    the interpreter) has no softmax for the rules to see: nothing is rewritten, and the
+    kernel call runs as the program wrote it."""
+    from pallas_kernels import flash_attention
+
+    def attn(q, k, v):
+        return flash_attention(q, k, v, impl="interpret")
+
+    args = qkv()
+    _, got, report = rewrite(attn, args)
+    assert not report and not report.canonical
+    np.testing.assert_allclose(np.asarray(got), np.asarray(attn(*args)), rtol=1e-6)
