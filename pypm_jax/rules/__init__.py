@@ -58,6 +58,7 @@ from .masked_rows import (
 
 __all__ = [
     "default_rules",
+    "standard_rules",
     "canonical_rules",
     "attention_rules",
     "gemm_rules",
@@ -118,6 +119,12 @@ def gemm_rules(*, linear: bool = False) -> list[Any]:
     return list(GEMM_RULES) + (list(GEMM_LINEAR_RULES) if linear else [])
 
 
+def standard_rules() -> list[Any]:
+    """The default rules in their order, as their sources define them (not primed): what
+    ``python -m pypm_jax.rules --regenerate`` builds the shipped data from."""
+    return canonical_rules() + attention_rules() + gemm_rules()
+
+
 def default_rules() -> list[Any]:
     """The rules ``pm.optimize`` applies by default: the canonicalizing rules, then the
     attention rules, then the epilogue rules. They run as one rule list: the driver tries
@@ -128,6 +135,6 @@ def default_rules() -> list[Any]:
     when it was built from these exact sources (:mod:`pypm_jax.rules._prebuilt`), instead of
     running the frontend in every process.
     """
-    rules = canonical_rules() + attention_rules() + gemm_rules()
+    rules = standard_rules()
     _prebuilt.prime(rules)
     return rules
