@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _prebuilt, attention, canonical, causal, gemm, masked_rows
-from ._kernels import FlashAttention, GemmEpilogue
+from . import _prebuilt, attention, canonical, causal, gemm, masked_rows, sinks
+from ._kernels import FlashAttention, FlashAttentionSinks, GemmEpilogue
 from .attention import (
     ATTENTION_RULES,
     attention_bias,
@@ -55,6 +55,13 @@ from .masked_rows import (
     attention_scaled_bias_mask_zero,
     attention_scaled_mask_zero,
 )
+from .sinks import (
+    SINKS_RULES,
+    attention_bias_sinks,
+    attention_scaled_bias_sinks,
+    attention_scaled_sinks,
+    attention_sinks,
+)
 
 __all__ = [
     "default_rules",
@@ -79,6 +86,12 @@ __all__ = [
     "attention_dpa_bias",
     "attention_dpa_bias_mask",
     "attention_mask_zero",
+    "attention_sinks",
+    "attention_scaled_sinks",
+    "attention_bias_sinks",
+    "attention_scaled_bias_sinks",
+    "sinks",
+    "FlashAttentionSinks",
     "attention_bias_mask_zero",
     "attention_scaled_mask_zero",
     "attention_scaled_bias_mask_zero",
@@ -110,8 +123,9 @@ def attention_rules() -> list[Any]:
     ``jax.nn.dot_product_attention(mask=..., is_causal=True)`` with the kernel's causal flag,
     and the rules that let the kernel skip the blocks above the diagonal where its mask (or
     bias) provably hides them. Between them, the masked spellings whose probabilities are
-    re-zeroed by the same mask (Keras): the kernel's ``masked_rows="zero"``."""
-    return list(ATTENTION_RULES) + list(MASKED_ROWS_RULES) + list(CAUSAL_RULES)
+    re-zeroed by the same mask (Keras): the kernel's ``masked_rows="zero"``; and those with a
+    per-head sink logit (GPT-OSS): the kernel's ``sinks``."""
+    return list(ATTENTION_RULES) + list(MASKED_ROWS_RULES) + list(SINKS_RULES) + list(CAUSAL_RULES)
 
 
 def gemm_rules(*, linear: bool = False) -> list[Any]:

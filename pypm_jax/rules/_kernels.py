@@ -13,7 +13,7 @@ Kernel selection is ``pallas_kernels``'s: Pallas on GPU, the plain-JAX reference
 
 from __future__ import annotations
 
-__all__ = ["FlashAttention", "GemmEpilogue"]
+__all__ = ["FlashAttention", "FlashAttentionSinks", "GemmEpilogue"]
 
 from typing import Any
 
@@ -33,6 +33,12 @@ def FlashAttention(a, b, v, bias, mask, scale):  # noqa: N802 (operators are nam
     return 1
 
 
+@pm.op(attrs=("plan",), op_class="attention", infer=_infer)
+def FlashAttentionSinks(a, b, v, bias, mask, scale, sinks):  # noqa: N802
+    """``FlashAttention`` whose softmax also counts one logit ``sinks[h]`` per head."""
+    return 1
+
+
 @pm.op(attrs=("plan",), op_class="gemm", infer=_infer)
 def GemmEpilogue(x, w, bias):  # noqa: N802
     return 1
@@ -49,8 +55,17 @@ def _static_scalar(x: Any) -> float | None:
 
 
 @register_impl(FlashAttention)
+@register_impl(FlashAttentionSinks)
 def flash_attention_impl(
-    a: Any, b: Any, v: Any, bias: Any, mask: Any, scale: Any, *, plan: AttentionPlan
+    a: Any,
+    b: Any,
+    v: Any,
+    bias: Any,
+    mask: Any,
+    scale: Any,
+    sinks: Any = None,
+    *,
+    plan: AttentionPlan,
 ) -> Any:
     import jax.numpy as jnp
 
@@ -89,6 +104,7 @@ def flash_attention_impl(
         mask_is_causal=plan.mask_is_causal,
         layout=plan.layout,
         masked_rows=plan.masked_rows,
+        sinks=None if sinks is None else jnp.asarray(sinks),
     )
     return jnp.transpose(out, plan.perm_out).astype(plan.out_dtype)
 

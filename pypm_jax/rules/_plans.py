@@ -28,6 +28,8 @@ __all__ = [
     "causal_plan",
     "causal_flag_plan",
     "zero_rows_plan",
+    "sink_axis",
+    "sinks_plan",
     "keeps_axes",
     "moves_last_to_row",
     "slice_keeps_origin",
@@ -344,6 +346,7 @@ class AttentionPlan(NamedTuple):
     mask_is_causal: bool = False  # the kernel may skip blocks above the diagonal (causal_plan)
     causal: bool = False  # the kernel masks above the diagonal itself (causal_flag_plan)
     masked_rows: str = "uniform"  # "zero": a fully masked row gives 0 (zero_rows_plan)
+    sinks: bool = False  # the node's last input is one extra logit per head (sinks_plan)
 
 
 _LAYOUT_AXES = {"BHSD": ("B", "H", "S", "D"), "BSHD": ("B", "S", "H", "D")}
@@ -645,6 +648,47 @@ def zero_rows_plan(plan: Any) -> AttentionPlan | None:
     if not isinstance(plan, AttentionPlan) or not plan.mask:
         return None
     return plan._replace(masked_rows="zero")
+
+
+@guard_fn("rules.sink_axis")
+def sink_axis(broadcast_dimensions: Any, src_shape: Any, sinks_shape: Any) -> int | None:
+    """The axis of a broadcast sink column along which the ``[N]`` sinks lie: ``src`` (the
+    broadcast's operand) is the sinks themselves, or the sinks reshaped to one non-unit axis
+    (``sinks.reshape(1, -1, 1, 1)``); None otherwise."""
+    dims, src, s = _ints(broadcast_dimensions), _ints(src_shape), _ints(sinks_shape)
+    if dims is None or src is None or s is None or len(s) != 1 or len(dims) != len(src):
+        return None
+    big = [i for i, d in enumerate(src) if d != 1]
+    if len(src) == 1 or (len(big) == 1 and src[big[0]] == s[0]):
+        return dims[big[0]] if big else dims[0]
+    return None
+
+
+@guard_fn("rules.sinks_plan")
+def sinks_plan(plan: Any, axis: Any, concat: Any, sliced: Any) -> AttentionPlan | None:
+    """The plan with the kernel's ``sinks``: the logits were concatenated with a column of
+    per-head sink logits (broadcast from ``[N]`` along the scores' ``axis``) on the softmax
+    axis, after the logits, and the probabilities sliced back to the logits' keys.
+
+    ``concat = (dimension, logits shape)``; ``sliced = (start, limit, strides)`` of the
+    ``slice``. None unless the column lies along the heads and the slice keeps exactly the
+    logits' entries."""
+    if not isinstance(plan, AttentionPlan) or plan.sinks:
+        return None
+    try:
+        dim, x_shape = concat
+        start, limit, strides = sliced
+        dim, axis = int(dim), int(axis)
+    except (TypeError, ValueError):
+        return None
+    x, st, li = _ints(x_shape), _ints(start), _ints(limit)
+    if x is None or st is None or li is None or len(x) != 4:
+        return None
+    if dim != plan.perm_scores[3] or axis != plan.perm_scores[1]:
+        return None
+    if any(st) or li != x or (strides is not None and any(d != 1 for d in _ints(strides) or (0,))):
+        return None
+    return plan._replace(sinks=True)
 
 
 # --------------------------------------------------------------------- causal masks

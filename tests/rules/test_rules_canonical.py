@@ -256,3 +256,44 @@ def test_a_program_calling_a_pallas_kernel_is_left_alone():
     _, got, report = rewrite(attn, args)
     assert not report and not report.canonical
     np.testing.assert_allclose(np.asarray(got), np.asarray(attn(*args)), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------- attention sinks
+
+
+def gpt_oss(q, k, v, sinks, bias):
+    """GPT-OSS: a per-head sink logit concatenated to the scores before the softmax and
+    sliced off after (the causal mask is an added bias)."""
+    w = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (D**-0.5) + bias
+    col = jnp.broadcast_to(sinks.reshape(1, -1, 1, 1), (B, H, S, 1))
+    p = jax.nn.softmax(jnp.concatenate([w, col], axis=-1), axis=-1)[..., :-1]
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+def sink_args():
+    causal = jnp.where(jnp.tril(jnp.ones((S, S), bool)), 0.0, jnp.finfo(jnp.float32).min)
+    return (*qkv(), jnp.array([0.5, -1.0]), causal[None, None])
+
+
+@pytest.mark.slow
+def test_attention_sinks_go_to_the_kernel():
+    args = sink_args()
+    fast = check(gpt_oss, args, {"attention_scaled_bias_sinks": 1}, grad=True)
+    (node,) = kernel_nodes(fast, args)
+    assert node.attrs["plan"].sinks and len(node.inputs) == 7
+    want = jax.grad(lambda s: jnp.sum(gpt_oss(*args[:3], s, args[4]) ** 2))(args[3])
+    got = jax.grad(lambda s: jnp.sum(fast(*args[:3], s, args[4]) ** 2))(args[3])
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-3, atol=1e-6)
+
+
+def test_a_sink_column_sliced_off_elsewhere_is_left_alone():
+    """Slicing off another entry than the sink is not the kernel's sinks."""
+
+    def attn(q, k, v, sinks, bias):
+        w = jnp.einsum("bqhd,bkhd->bhqk", q, k) + bias
+        col = jnp.broadcast_to(sinks.reshape(1, -1, 1, 1), (B, H, S, 1))
+        p = jax.nn.softmax(jnp.concatenate([w, col], axis=-1), axis=-1)[..., 1:]
+        return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+    _, _, report = rewrite(attn, sink_args())
+    assert not report
