@@ -95,7 +95,7 @@ def rewrite_nested(target: Any, rules: Sequence[Any], **options: Any) -> Rewrite
     """Rewrite a lifted program (or graph) and every scan/while/cond body inside it.
 
     The report lists the outer program's rewrites first, then each body's (depth first, in
-    node order). ``options`` go to :func:`pypm_jax._rewrite.rewrite` (``max_iterations``,
+    node order); the canonicalizing ones are in its ``canonical``. ``options`` go to :func:`pypm_jax._rewrite.rewrite` (``max_iterations``,
     ``engine``, ``shareable``: by default :func:`mask_plumbing`; ``check_types``: by default
     on, a rule replacing a value by one of another type raises
     :class:`~pypm_jax._errors.RuleError`; ``weak_type``: by default the lifted avals').
