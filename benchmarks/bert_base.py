@@ -74,7 +74,7 @@ def _rule_definitions() -> tuple[float, float]:
     from pypm_jax._frontend import Rule
     from pypm_jax.rules import _prebuilt
 
-    rules = R.attention_rules() + R.gemm_rules()  # the default rules, not primed
+    rules = R.standard_rules()  # the default rules, not primed
     assert all(r._definition is None for r in rules)
     gc.disable()  # as pm.optimize does while it rewrites (the heap holds the model)
     try:

@@ -101,7 +101,7 @@ def rewrite_nested(target: Any, rules: Sequence[Any], **options: Any) -> Rewrite
     """Rewrite a lifted program (or graph) and every scan/while/cond body inside it.
 
     The report lists the outer program's rewrites first, then each body's (depth first, in
-    node order). ``options`` go to :func:`pypm_jax._rewrite.rewrite` (``max_iterations``,
+    node order); the canonicalizing ones are in its ``canonical``. ``options`` go to :func:`pypm_jax._rewrite.rewrite` (``max_iterations``,
     ``engine``, ``shareable``: by default :func:`mask_plumbing`; ``check_types``: by default
     on, a rule replacing a value by one of another type raises
     :class:`~pypm_jax._errors.RuleError`; ``weak_type``: by default the lifted avals').
@@ -110,7 +110,7 @@ def rewrite_nested(target: Any, rules: Sequence[Any], **options: Any) -> Rewrite
     options.setdefault("shareable", mask_plumbing)
     options.setdefault("check_types", True)
     graph = target.graph if isinstance(target, LiftedProgram) else target
-    report = OptimizeReport()
+    records: list[RewriteRecord] = []
     stack = [target]
     while stack:
         t = stack.pop()
@@ -120,14 +120,14 @@ def rewrite_nested(target: Any, rules: Sequence[Any], **options: Any) -> Rewrite
             if "weak_type" not in options:
                 opts = {**options, "weak_type": weak_types(t)}
         result = rewrite(g, defs, **opts)
-        report.extend(result.report)
+        records.extend(result.report)
         bodies = []
         for node in result.graph.nodes():
             for value in node.attrs.values():
                 items = value if isinstance(value, tuple) else (value,)
                 bodies.extend(b for b in items if isinstance(b, LiftedProgram))
         stack.extend(reversed(bodies))
-    return RewriteResult(graph, report)
+    return RewriteResult(graph, OptimizeReport.of(records))
 
 
 def weak_types(prog: LiftedProgram) -> Callable[[Value], bool | None]:
@@ -466,7 +466,7 @@ class Optimized:
             with _gc_paused():
                 t1 = time.perf_counter()
                 prog, result, t2 = self._rewrite(closed, _input_names(in_tree, flat), entry)
-                entry.records = list(result.report)
+                entry.records = [*result.report.canonical, *result.report]
                 t3 = time.perf_counter()
                 run = lower(prog)
 

@@ -42,19 +42,33 @@ class VerificationError(PyPMError):
         super().__init__(message)
 
 
+# Rules named ``canonical_*`` rewrite spellings to one form for the kernel rules (the
+# standard library's ``pypm_jax/rules/canonical.py``); reports list them apart from the
+# kernel rewrites (the sites).
+CANONICAL_PREFIX = "canonical_"
+
+
 class OptimizeReport(RewriteReport):
     """The rewrites in firing order (outer program first, then scan/while/cond bodies).
 
-    ``fallback`` is the reason the original program runs instead, or None; ``disabled`` why
-    each rule left out for this signature was. ``str()`` is a table at most 100 columns
-    wide, one row per kernel that runs: rule, kernel, its shapes/dtype and flags, the number
-    of nodes replaced, the Flax module path, the user's source line (names escaped: one line
-    per row whatever they hold), then counts by kernel and by module. ``to_dict()`` /
-    ``to_json()`` give every rewrite as data.
+    The list holds the kernel rewrites; ``canonical`` the canonicalizing ones (rules named
+    ``canonical_*``), which only bring spellings to one form. ``fallback`` is the reason the
+    original program runs instead, or None; ``disabled`` why each rule left out for this
+    signature was. ``str()`` is a table at most 100 columns wide, one row per kernel that
+    runs: rule, kernel, its shapes/dtype and flags, the number of nodes replaced, the Flax
+    module path, the user's source line (names escaped: one line per row whatever they
+    hold), then counts by kernel and by module. ``to_dict()`` / ``to_json()`` give every
+    rewrite as data.
     """
 
     fallback: str | None = None
     disabled: tuple[str, ...] = ()
+
+    def __init__(
+        self, records: Iterable[RewriteRecord] = (), canonical: Iterable[RewriteRecord] = ()
+    ):
+        super().__init__(records)
+        self.canonical = RewriteReport(canonical)
 
     @classmethod
     def of(
@@ -63,7 +77,10 @@ class OptimizeReport(RewriteReport):
         fallback: str | None = None,
         disabled: Iterable[str] = (),
     ) -> OptimizeReport:
-        out = cls(records)
+        """The report of ``records`` (kernel and canonical rewrites, in firing order)."""
+        records = list(records)
+        canonical = [r for r in records if r.rule.startswith(CANONICAL_PREFIX)]
+        out = cls([r for r in records if not r.rule.startswith(CANONICAL_PREFIX)], canonical)
         out.fallback = fallback
         out.disabled = tuple(disabled)
         return out
@@ -80,6 +97,9 @@ class OptimizeReport(RewriteReport):
         lines = [f"rule left out: {printable(why)}" for why in self.disabled]
         if self.fallback:
             lines.append(f"fell back to the original program: {printable(self.fallback)}")
+        if self.canonical:
+            done = ", ".join(f"{name} x{n}" for name, n in self.canonical.counts().items())
+            lines.append(f"canonical forms: {printable(done)}")
         return "\n".join([*lines, super().__str__()])
 
 

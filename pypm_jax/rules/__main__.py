@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import _prebuilt, attention_rules, gemm_rules
+from . import _prebuilt, standard_rules
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--regenerate", action="store_true", help="rewrite the shipped data")
     what.add_argument("--check", action="store_true", help="exit 1 if it is not current")
     args = ap.parse_args(argv)
-    rules = attention_rules() + gemm_rules()
+    rules = standard_rules()
     if args.check:
         current = _prebuilt.read_data() == _prebuilt.render(rules)
         print(

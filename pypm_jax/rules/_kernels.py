@@ -13,7 +13,7 @@ Kernel selection is ``pallas_kernels``'s: Pallas on GPU, the plain-JAX reference
 
 from __future__ import annotations
 
-__all__ = ["FlashAttention", "GemmEpilogue", "AttentionRegion"]
+__all__ = ["FlashAttention", "FlashAttentionSinks", "GemmEpilogue", "AttentionRegion"]
 
 import functools
 from collections.abc import Mapping
@@ -39,6 +39,12 @@ def FlashAttention(a, b, v, bias, mask, scale):  # noqa: N802 (operators are nam
     return 1
 
 
+@pm.op(attrs=("plan",), op_class="attention", infer=_infer)
+def FlashAttentionSinks(a, b, v, bias, mask, scale, sinks):  # noqa: N802
+    """``FlashAttention`` whose softmax also counts one logit ``sinks[h]`` per head."""
+    return 1
+
+
 @pm.op(attrs=("plan",), op_class="gemm", infer=_infer)
 def GemmEpilogue(x, w, bias):  # noqa: N802
     return 1
@@ -55,8 +61,17 @@ def _static_scalar(x: Any) -> float | None:
 
 
 @register_impl(FlashAttention)
+@register_impl(FlashAttentionSinks)
 def flash_attention_impl(
-    a: Any, b: Any, v: Any, bias: Any, mask: Any, scale: Any, *, plan: AttentionPlan
+    a: Any,
+    b: Any,
+    v: Any,
+    bias: Any,
+    mask: Any,
+    scale: Any,
+    sinks: Any = None,
+    *,
+    plan: AttentionPlan,
 ) -> Any:
     import jax.numpy as jnp
 
@@ -79,7 +94,7 @@ def flash_attention_impl(
     v = jnp.transpose(v, plan.perm_v).astype(plan.dtype)
     kernel_bias = kernel_mask = None
     if plan.bias:
-        kernel_bias = jnp.transpose(bias, plan.perm_scores)
+        kernel_bias = jnp.transpose(bias, plan.perm_scores) if jnp.ndim(bias) else bias
         if plan.bias < 0:
             kernel_bias = -kernel_bias
     if plan.mask:
@@ -94,6 +109,8 @@ def flash_attention_impl(
         causal=plan.causal,
         band=(None, 0) if plan.mask_is_causal else None,  # keys above the diagonal: skipped
         layout=plan.layout,
+        masked_rows=plan.masked_rows,
+        sinks=None if sinks is None else jnp.asarray(sinks),
     )
     return jnp.transpose(out, plan.perm_out).astype(plan.out_dtype)
 
@@ -120,6 +137,7 @@ def _short_dtype(name: str) -> str:
 
 
 @register_describe(FlashAttention)
+@register_describe(FlashAttentionSinks)
 def describe_attention(attrs: Mapping[str, Any], _type: str) -> KernelInfo:
     """``attention  f32 B2 H8/2 S128x256 D64  causal,bias``: batch, query/kv heads (one
     number without GQA), query x key lengths (one when equal), head dim; the flags say which
@@ -137,6 +155,8 @@ def describe_attention(attrs: Mapping[str, Any], _type: str) -> KernelInfo:
             ("causal", plan.causal or plan.mask_is_causal),
             ("mask", plan.mask),
             ("bias", plan.bias),
+            ("zero-rows", plan.masked_rows == "zero"),
+            ("sinks", plan.sinks),
         )
         if on
     ]

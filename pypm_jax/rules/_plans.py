@@ -27,6 +27,9 @@ __all__ = [
     "attention_supported",
     "causal_plan",
     "causal_flag_plan",
+    "zero_rows_plan",
+    "sink_axis",
+    "sinks_plan",
     "keeps_axes",
     "moves_last_to_row",
     "slice_keeps_origin",
@@ -39,6 +42,11 @@ __all__ = [
     "interleaved_repeat",
     "softmax_axes",
     "vmapped_softmax_axes",
+    "noop_reshape",
+    "inverse_permutation",
+    "row_major",
+    "kept_shape",
+    "kept_dims",
     "head_mask_identity",
     "scale_kind",
     "bias_sign",
@@ -228,6 +236,52 @@ def vmapped_softmax_axes(
     return _ints(sum_kept_shape) == kept and _ints(max_kept_shape) == kept
 
 
+# ------------------------------------------------------------------ canonical forms
+
+
+@guard_fn("rules.noop_reshape")
+def noop_reshape(dimensions: Any, in_shape: Any, out_shape: Any) -> bool:
+    """A row-major ``reshape`` (no ``dimensions``) to the operand's own shape."""
+    inp, out = _ints(in_shape), _ints(out_shape)
+    return dimensions is None and inp is not None and inp == out
+
+
+@guard_fn("rules.inverse_permutation")
+def inverse_permutation(first: Any, then: Any) -> bool:
+    """Does ``transpose(transpose(x, first), then)`` give back ``x``?"""
+    a, b = _ints(first), _ints(then)
+    if a is None or b is None or len(a) != len(b) or not _is_perm(a, len(a)):
+        return False
+    return _perm_apply(a, b) == tuple(range(len(a)))
+
+
+@guard_fn("rules.row_major")
+def row_major(dimensions: Any) -> bool:
+    """A ``reshape`` without ``dimensions``: it keeps the elements in row-major order."""
+    return dimensions is None
+
+
+@guard_fn("rules.kept_shape")
+def kept_shape(shape: Any, axes: Any) -> tuple[int, ...] | None:
+    """``shape`` with its one reduced axis kept as size 1 (``keepdims=True``), or None."""
+    s = _ints(shape)
+    ax = None if s is None else _axis(axes, len(s))
+    if ax is None:
+        return None
+    return tuple(1 if i == ax else d for i, d in enumerate(s))
+
+
+@guard_fn("rules.kept_dims")
+def kept_dims(shape: Any, axes: Any) -> tuple[int, ...] | None:
+    """The ``broadcast_dimensions`` that put a reduction over one axis back in place (with
+    a size-1 axis there), or None."""
+    s = _ints(shape)
+    ax = None if s is None else _axis(axes, len(s))
+    if ax is None:
+        return None
+    return tuple(i for i in range(len(s)) if i != ax)
+
+
 @guard_fn("rules.head_mask_identity")
 def head_mask_identity(dimension_numbers: Any, permutation: Any, rank: Any) -> bool:
     """``transpose(dot_general(mask[h], p))`` multiplies each head of p by its entry of a
@@ -293,6 +347,8 @@ class AttentionPlan(NamedTuple):
     out_dtype: str
     mask_is_causal: bool = False  # the kernel may skip blocks above the diagonal (causal_plan)
     causal: bool = False  # the kernel masks above the diagonal itself (causal_flag_plan)
+    masked_rows: str = "uniform"  # "zero": a fully masked row gives 0 (zero_rows_plan)
+    sinks: bool = False  # the node's last input is one extra logit per head (sinks_plan)
 
 
 _LAYOUT_AXES = {"BHSD": ("B", "H", "S", "D"), "BSHD": ("B", "S", "H", "D")}
@@ -322,7 +378,8 @@ def attention_plan(
     ``shapes = (a, b, v)`` (``a``/``b`` may be kv heads *before* an interleaved repeat),
     ``dtypes = (a, b, v)``, ``scores = (dimension_numbers, shape, softmax axes)`` of the scores
     ``dot_general``, ``output = (dimension_numbers, shape, dtype)`` of the output
-    ``dot_general``; ``bias``/``mask`` are ``(shape, dtype)`` in the scores' layout or None;
+    ``dot_general``; ``bias``/``mask`` are ``(shape, dtype)`` in the scores' layout (rank 4,
+    or a rank-0 bias: BEiT's default ``jnp.array(0.0)``) or None;
     ``scaled`` is 1 (-1) when the scores are multiplied (divided) by a scalar input; ``sign``
     is -1 for a subtracted bias.
 
@@ -423,7 +480,7 @@ def attention_plan(
     perm_out = tuple(kernel_axes.index(out_label[lab]) for lab in labels)
 
     extras = []
-    for what in (bias, mask):
+    for rank0_ok, what in ((True, bias), (False, mask)):
         if what is None:
             extras.append(None)
             continue
@@ -432,9 +489,9 @@ def attention_plan(
         except (TypeError, ValueError):
             return None
         e_shape = _ints(e_shape)
-        if e_shape is None or len(e_shape) != 4:
+        if e_shape is None or len(e_shape) not in ((0, 4) if rank0_ok else (4,)):
             return None
-        extras.append(_perm_apply(e_shape, perm_scores))
+        extras.append(_perm_apply(e_shape, perm_scores) if e_shape else ())
     if bias is not None and not str(_dtype_name(bias[1])).startswith(("float", "bfloat")):
         return None  # the kernel adds floating biases
     if mask is not None and not str(_dtype_name(mask[1])).startswith(("bool", "int", "uint")):
@@ -585,6 +642,57 @@ def attention_supported(plan: Any) -> bool | Refusal:
         q, k, v, plan.dtype, layout=plan.layout, bias_shape=bias, mask_shape=mask
     )
     return True if why is None else Refusal(f"the attention kernel does not take it: {why}")
+
+
+@guard_fn("rules.zero_rows_plan")
+def zero_rows_plan(plan: Any) -> AttentionPlan | None:
+    """The plan with the kernel's ``masked_rows="zero"``: a row whose every key the mask
+    hides gives 0 (and no gradient), as a program that re-zeroes its probabilities with the
+    mask that masked its scores computes. None without a mask (nothing to re-zero by)."""
+    if not isinstance(plan, AttentionPlan) or not plan.mask:
+        return None
+    return plan._replace(masked_rows="zero")
+
+
+@guard_fn("rules.sink_axis")
+def sink_axis(broadcast_dimensions: Any, src_shape: Any, sinks_shape: Any) -> int | None:
+    """The axis of a broadcast sink column along which the ``[N]`` sinks lie: ``src`` (the
+    broadcast's operand) is the sinks themselves, or the sinks reshaped to one non-unit axis
+    (``sinks.reshape(1, -1, 1, 1)``); None otherwise."""
+    dims, src, s = _ints(broadcast_dimensions), _ints(src_shape), _ints(sinks_shape)
+    if dims is None or src is None or s is None or len(s) != 1 or len(dims) != len(src):
+        return None
+    big = [i for i, d in enumerate(src) if d != 1]
+    if len(src) == 1 or (len(big) == 1 and src[big[0]] == s[0]):
+        return dims[big[0]] if big else dims[0]
+    return None
+
+
+@guard_fn("rules.sinks_plan")
+def sinks_plan(plan: Any, axis: Any, concat: Any, sliced: Any) -> AttentionPlan | None:
+    """The plan with the kernel's ``sinks``: the logits were concatenated with a column of
+    per-head sink logits (broadcast from ``[N]`` along the scores' ``axis``) on the softmax
+    axis, after the logits, and the probabilities sliced back to the logits' keys.
+
+    ``concat = (dimension, logits shape)``; ``sliced = (start, limit, strides)`` of the
+    ``slice``. None unless the column lies along the heads and the slice keeps exactly the
+    logits' entries."""
+    if not isinstance(plan, AttentionPlan) or plan.sinks:
+        return None
+    try:
+        dim, x_shape = concat
+        start, limit, strides = sliced
+        dim, axis = int(dim), int(axis)
+    except (TypeError, ValueError):
+        return None
+    x, st, li = _ints(x_shape), _ints(start), _ints(limit)
+    if x is None or st is None or li is None or len(x) != 4:
+        return None
+    if dim != plan.perm_scores[3] or axis != plan.perm_scores[1]:
+        return None
+    if any(st) or li != x or (strides is not None and any(d != 1 for d in _ints(strides) or (0,))):
+        return None
+    return plan._replace(sinks=True)
 
 
 # --------------------------------------------------------------------- causal masks

@@ -67,6 +67,8 @@ __all__ = [
     "QueryAtMost",
     "KeyAtLeast",
     "Tril",
+    "AtMostZero",
+    "Causal",
     "CausalBias",
     "attention_causal_mask",
     "attention_causal_bias",
@@ -161,6 +163,17 @@ def QueryAtMost():  # noqa: F811
 
 
 @pm.pattern
+def QueryAtMost():  # noqa: F811
+    """A key index plus ``k <= 0``, then moved to the row axis (keras-hub's
+    ``compute_causal_mask`` adds its cache index before ``expand_dims``)."""
+    y, x, c = pm.var(), pm.var(), pm.var()
+    y <= P.broadcast_in_dim(x)
+    x <= P.add(KeyIndex(), Splat(c))
+    assert c.value <= 0 and moves_last_to_row(y.broadcast_dimensions, x.shape, y.shape)
+    return y
+
+
+@pm.pattern
 def KeyAtLeast():
     return KeyIndex()
 
@@ -205,6 +218,35 @@ def Tril():  # noqa: F811
     c <= KeyAtLeast()
     assert f.op_class == COMPARE and f.name in ("le", "lt")
     assert tril_compare(r.shape, c.shape, y.shape)
+    return y
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    """Keras's ``cumsum(ones, axis=-2) >= cumsum(ones, axis=-1)``: i + 1 >= j + 1."""
+    y, r, c, one_r, one_c = pm.var(), pm.var(), pm.var(), pm.var(), pm.var()
+    y <= P.ge(r, c)
+    r <= P.cumsum(Splat(one_r))
+    c <= P.cumsum(Splat(one_c))
+    assert one_r.value == 1 and one_c.value == 1 and not r.reverse and not c.reverse
+    assert r.axis == r.rank - 2 and c.axis == c.rank - 1
+    assert tril_compare(r.shape, c.shape, y.shape)
+    return y
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    """A boolean ``minimum`` of masks (Keras merges masks with ``ops.minimum``): False
+    wherever one of them is, either order."""
+    y = P.min(Tril(), pm.var())
+    assert y.dtype == pm.bool_
+    return y
+
+
+@pm.pattern
+def Tril():  # noqa: F811
+    y = P.min(pm.var(), Tril())
+    assert y.dtype == pm.bool_
     return y
 
 
@@ -312,6 +354,51 @@ def Tril():  # noqa: F811
 # (jnp.tril(ones)[None, None]), the one place the rules use it.
 
 
+# AtMostZero: y[..., i, j] <= 0 wherever j > i (a Tril(), or its minimum with anything);
+# Causal: a mask proven False above the diagonal, Tril() or AtMostZero() > c >= 0.
+
+
+@pm.pattern
+def AtMostZero():
+    return Tril()
+
+
+@pm.pattern
+def AtMostZero():  # noqa: F811
+    """``minimum`` with any mask, either order (keras-hub merges int32 padding and causal
+    masks with ``ops.minimum``; the padding mask is data, maybe negative: the result is
+    still at most zero above the diagonal)."""
+    return P.min(AtMostZero(), pm.var())
+
+
+@pm.pattern
+def AtMostZero():  # noqa: F811
+    return P.min(pm.var(), AtMostZero())
+
+
+@pm.pattern
+def AtMostZero():  # noqa: F811
+    y, x = pm.var(), pm.var()
+    y <= P.broadcast_in_dim(x)
+    x <= AtMostZero()
+    assert keeps_axes(y.broadcast_dimensions, x.shape, y.shape, 2)
+    return y
+
+
+@pm.pattern
+def Causal():
+    return Tril()
+
+
+@pm.pattern
+def Causal():  # noqa: F811
+    """``mask > c`` (c >= 0) of a mask at most zero above the diagonal: keras-hub's
+    ``minimum`` of int32 padding and causal masks, then ``mask > 0.5`` in its Softmax."""
+    c = pm.var()
+    assert c.value >= 0
+    return P.gt(AtMostZero(), Splat(c))
+
+
 @pm.pattern
 def ExactQuery():
     return QueryIndex()
@@ -379,7 +466,7 @@ def CausalBias(p):
     big_negative must be at most the kernel's ``MASK_VALUE / 2`` (``finfo.min``, of float32
     or bfloat16, is): a row whose every key it masks then looks fully masked to the kernel."""
     fill, zero = pm.var(), pm.var()
-    p <= Tril()
+    p <= Causal()
     assert fill.value <= CAUSAL_FILL_MAX and zero.value == 0
     return P.select_n(Rows(p), Splat(fill), Splat(zero))
 
@@ -413,7 +500,7 @@ def CausalBias(p):  # noqa: F811
 @pm.pattern
 def CausalMasked(f, a, b, v, bias, mask, c):
     f <= FlashAttention(a, b, v, bias, Rows(mask), c)
-    mask <= Tril()
+    mask <= Causal()
     return f
 
 

@@ -15,7 +15,7 @@ import pytest
 import pypm_jax as pm
 from pypm_jax.jax import _compat, optimize
 from pypm_jax.jax.report import OptimizationFallbackWarning
-from pypm_jax.rules import FlashAttention, GemmEpilogue, default_rules
+from pypm_jax.rules import FlashAttention, FlashAttentionSinks, GemmEpilogue, default_rules
 from pypm_testing import corpus
 
 # Output tolerances (relative to the largest magnitude of each output, plus elementwise):
@@ -96,7 +96,7 @@ def kernel_nodes(fast: Any, args: tuple[Any, ...]) -> list[Any]:
     while stack:
         g = stack.pop()
         for n in g.nodes():
-            if n.op in (FlashAttention, GemmEpilogue):
+            if n.op in (FlashAttention, FlashAttentionSinks, GemmEpilogue):
                 out.append(n)
             for value in n.attrs.values():
                 items = value if isinstance(value, tuple) else (value,)

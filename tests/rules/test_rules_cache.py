@@ -63,7 +63,7 @@ def test_the_shipped_data_is_current():
 
     shipped = _prebuilt.read_data()
     assert shipped is not None, f"{_prebuilt.DATA_PATH} is missing: run {_prebuilt.REGENERATE}"
-    assert shipped == _prebuilt.render(R.attention_rules() + R.gemm_rules()), (
+    assert shipped == _prebuilt.render(R.standard_rules()), (
         f"{_prebuilt.DATA_PATH} is not what the rules' sources build: run {_prebuilt.REGENERATE}"
     )
 
@@ -234,7 +234,7 @@ def test_regenerate_writes_atomically_for_every_reader(tmp_path):
 
     path = tmp_path / "_prebuilt.pypm"
     path.write_bytes(b"old")
-    rules = R.attention_rules() + R.gemm_rules()
+    rules = R.standard_rules()
     assert _prebuilt.regenerate(rules, str(path)) is True
     assert path.read_bytes() == _prebuilt.read_data()
     assert stat.S_IMODE(path.stat().st_mode) == 0o644  # package data, as the code
@@ -342,7 +342,7 @@ def cache_dirs(tmp_path, monkeypatch):
 
 def unprimed() -> list[Rule]:
     """The default rules, as ``default_rules()`` gives them but without loading anything."""
-    return R.attention_rules() + R.gemm_rules()
+    return R.standard_rules()
 
 
 def _plant(cache_dirs, defs) -> None:

@@ -11,12 +11,15 @@ from pypm_jax.jax.optimize import default_rules as optimize_default_rules
 from pypm_testing.rules import check
 
 
-def test_default_rules_attention_first_then_epilogues():
+def test_default_rules_canonical_first_then_attention_then_epilogues():
     names = [r.name for r in R.default_rules()]
+    n_canonical = len(R.canonical_rules())
     n_attention = sum(n.startswith("attention") for n in names)
-    assert n_attention == len(R.attention_rules()) and n_attention >= 10
-    assert all(n.startswith("attention") for n in names[:n_attention])
-    assert all(n.startswith("gemm_epilogue") for n in names[n_attention:])
+    assert n_canonical >= 4 and n_attention == len(R.attention_rules()) and n_attention >= 10
+    assert all(n.startswith("canonical_") for n in names[:n_canonical])
+    assert all(n.startswith("attention") for n in names[n_canonical : n_canonical + n_attention])
+    assert all(n.startswith("gemm_epilogue") for n in names[n_canonical + n_attention :])
+    assert names == [r.name for r in R.standard_rules()]
     assert "gemm_epilogue_linear" not in names
     assert [r.name for r in R.gemm_rules(linear=True)][-1] == "gemm_epilogue_linear"
     assert [r.name for r in optimize_default_rules()] == names  # what pm.optimize uses
@@ -27,9 +30,10 @@ def test_rules_compile_and_name_their_patterns():
         d = rule.definition
         assert d.branches and d.pattern.name[0].isupper()
         # attention_causal_* and the region rules after attention_region replace a kernel
-        # node and keep reading its (shared) mask or captured operands
-        on_kernel = rule.name.startswith(("attention_causal", "attention_region_"))
-        assert d.single_use == (not on_kernel), rule.name
+        # node and keep reading its (shared) mask or captured operands; the canonical rules
+        # replace a value by an equal one (nothing computed twice)
+        shared = rule.name.startswith(("attention_causal", "attention_region_", "canonical_"))
+        assert d.single_use == (not shared), rule.name
 
 
 def test_serialized_rules_rewrite_the_same():

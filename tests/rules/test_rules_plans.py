@@ -120,6 +120,26 @@ def test_attention_plan_bias_mask_scale_sign():
     assert hf_plan(bias=((2, 1, 1, 8), i32)) is None  # the kernel adds float biases
     assert hf_plan(mask=((2, 1, 1, 8), f32)) is None  # masks are boolean/integer
     assert hf_plan(bias=((2, 8), f32)) is None
+    scalar = hf_plan(bias=((), f32))  # BEiT's default jnp.array(0.0)
+    assert scalar is not None and scalar.bias == 1 and scalar.kernel_shapes[3] == ()
+    assert hf_plan(mask=((), b1)) is None  # a mask has the scores' rank
+
+
+def test_zero_rows_plan_needs_a_mask():
+    masked = hf_plan(mask=((1, 1, 8, 8), b1))
+    assert masked.masked_rows == "uniform"
+    assert G.zero_rows_plan(masked).masked_rows == "zero"
+    assert G.zero_rows_plan(hf_plan()) is None and G.zero_rows_plan(None) is None
+
+
+def test_canonical_layout_predicates():
+    assert G.noop_reshape(None, (2, 3), (2, 3)) and not G.noop_reshape(None, (2, 3), (3, 2))
+    assert not G.noop_reshape((1, 0), (2, 3), (2, 3))
+    assert G.inverse_permutation((1, 2, 0), (2, 0, 1)) and not G.inverse_permutation(
+        (1, 2, 0), (1, 2, 0)
+    )
+    assert G.kept_shape((2, 3, 4), (1,)) == (2, 1, 4) and G.kept_dims((2, 3, 4), (-1,)) == (0, 1)
+    assert G.kept_shape((2, 3), (0, 1)) is None and G.row_major(None)
 
 
 def test_attention_plan_bhsd_probabilities_first():
