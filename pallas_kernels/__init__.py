@@ -2,7 +2,8 @@
 
 * :func:`flash_attention` / :func:`attention_reference` / :func:`supports_attention`
 * :func:`gemm_epilogue` (``act(x @ w + b)``), :func:`gemm_fused` (any elementwise
-  epilogue), their references, :func:`supports_gemm` and :data:`ACTIVATIONS`.
+  epilogue reading column, row, full-tile and scalar operands: :func:`operand_kind`),
+  their references, :func:`supports_gemm` and :data:`ACTIVATIONS`.
 
 Implementation selection (``impl`` argument of every kernel):
 
@@ -31,6 +32,7 @@ from ._gemm import (
     gemm_epilogue_reference,
     gemm_fused,
     gemm_fused_reference,
+    operand_kind,
     supports_gemm,
 )
 
@@ -44,6 +46,7 @@ __all__ = [
     "gemm_epilogue_reference",
     "gemm_fused",
     "gemm_fused_reference",
+    "operand_kind",
     "supports_attention",
     "supports_gemm",
 ]

@@ -146,12 +146,14 @@ class RewriteRecord:
     module_path: str | None  # e.g. the Flax module of the root node
     op: str = ""  # the root node's operator
     created: tuple[int, ...] = ()  # ids of the nodes the rewrite added
+    detail: str = ""  # what the built nodes' operators describe (``Operator.describe``)
 
     def __str__(self) -> str:
         where = f" at {self.source}" if self.source is not None else ""
         module = f" [{self.module_path}]" if self.module_path else ""
+        detail = f": {self.detail}" if self.detail else ""
         return printable(
-            f"{self.rule} ({self.pattern}) replaced %{self.root} {self.op}{where}{module}"
+            f"{self.rule} ({self.pattern}) replaced %{self.root} {self.op}{where}{module}{detail}"
         )
 
 
@@ -169,6 +171,9 @@ class RewriteReport(list[RewriteRecord]):
         if not self:
             return "no rewrites"
         header = ("#", "rule", "pattern", "root", "replaced", "source", "module")
+        details = any(r.detail for r in self)
+        if details:
+            header = (*header, "detail")
         rows = [
             tuple(
                 printable(cell)
@@ -180,6 +185,7 @@ class RewriteReport(list[RewriteRecord]):
                     " ".join(f"%{n}" for n in r.replaced),
                     str(r.source) if r.source is not None else "-",
                     r.module_path or "-",
+                    *((r.detail or "-",) if details else ()),
                 )
             )
             for i, r in enumerate(self)
@@ -691,6 +697,7 @@ class _Driver:
             module_path=rnode._meta.get("module_path") if rnode._meta else None,
             op=rnode.op.name,
             created=tuple(n.id for n in created.values() if n._alive),
+            detail=_detail(created.values()),
         )
         self.report.append(record)
         self.parents.append(self.made_by.get(rnode.id))
@@ -855,6 +862,21 @@ class _Instantiate:
 
 
 # ------------------------------------------------------------------------------ the API
+
+
+def _detail(nodes: Iterable[Node]) -> str:
+    """What the operators of a rewrite's new nodes say about them (``Operator.describe``);
+    a describe that fails says so rather than failing the rewrite."""
+    texts = []
+    for n in nodes:
+        fn = getattr(n.op, "describe", None)
+        if fn is None or not n._alive:
+            continue
+        try:
+            texts.append(str(fn(**n.attrs)))
+        except Exception as exc:  # a report line must not stop a rewrite
+            texts.append(f"<{n.op.name}: describe raised {type(exc).__name__}>")
+    return "; ".join(texts)
 
 
 def rewrite(

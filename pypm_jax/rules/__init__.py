@@ -1,16 +1,17 @@
 """The standard rule library: attention and GEMM epilogues → ``pallas_kernels``.
 
 ``default_rules()`` is what ``pm.optimize`` uses when given no rules: the attention rules
-(names ``attention*``), then the dense + activation rules (names ``gemm_epilogue*``). Every
-rule is also importable by name. ``docs/RULES.md`` says what each matches.
+(names ``attention*``), then the dense + activation rules and the GEMM epilogue region rule
+(names ``gemm_epilogue*``). Every rule is also importable by name. ``docs/RULES.md`` says
+what each matches, and how ``$PYPM_GEMM_FUSE`` decides where a fused GEMM runs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import _prebuilt, attention, causal, gemm
-from ._kernels import FlashAttention, GemmEpilogue
+from . import _prebuilt, attention, causal, epilogue, gemm
+from ._kernels import FlashAttention, GemmEpilogue, GemmRegion
 from .attention import (
     ATTENTION_RULES,
     attention_bias,
@@ -40,6 +41,7 @@ from .gemm import (
     gemm_epilogue_linear,
     gemm_epilogue_no_bias,
 )
+from .epilogue import EPILOGUE_RULES, gemm_epilogue_region
 
 __all__ = [
     "default_rules",
@@ -47,6 +49,7 @@ __all__ = [
     "gemm_rules",
     "FlashAttention",
     "GemmEpilogue",
+    "GemmRegion",
     "attention",
     "gemm",
     "attention_rule",
@@ -69,6 +72,8 @@ __all__ = [
     "gemm_epilogue",
     "gemm_epilogue_no_bias",
     "gemm_epilogue_linear",
+    "gemm_epilogue_region",
+    "epilogue",
 ]
 
 
@@ -80,9 +85,12 @@ def attention_rules() -> list[Any]:
     return list(ATTENTION_RULES) + list(CAUSAL_RULES)
 
 
-def gemm_rules(*, linear: bool = False) -> list[Any]:
-    """Dense + activation → GEMM with fused epilogue; ``linear=True`` adds plain dense + bias."""
-    return list(GEMM_RULES) + (list(GEMM_LINEAR_RULES) if linear else [])
+def gemm_rules(*, linear: bool = False, regions: bool = True) -> list[Any]:
+    """Dense + activation → GEMM with fused epilogue; ``linear=True`` adds plain dense + bias
+    (before the region rule, so it takes those sites); ``regions=False`` leaves out the
+    region rule (any pointwise epilogue, grown over the kernels the other rules build)."""
+    rules = list(GEMM_RULES) + (list(GEMM_LINEAR_RULES) if linear else [])
+    return rules + (list(EPILOGUE_RULES) if regions else [])
 
 
 def default_rules() -> list[Any]:

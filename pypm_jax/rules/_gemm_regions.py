@@ -1,0 +1,317 @@
+"""Guard functions of the GEMM epilogue region rules (:mod:`pypm_jax.rules.epilogue`).
+
+The region pattern matches the structure (pointwise operators over one GEMM, literals and
+at most one new operand); :func:`region_plan` reads the matched terms (``x.term``) and turns
+them into a :data:`~pypm_jax.rules._region.Region` and a :class:`GemmRegionPlan`: which
+operand kinds the kernel tiles, the result's type, and whether XLA already fuses the same
+epilogue into its own GEMM (the fuse policy of :mod:`pypm_jax.rules._kernels`). Pure Python
+over terms and attribute values, never JAX; total: a site it cannot plan is ``None``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GemmRegionPlan",
+    "MAX_STEPS",
+    "MAX_OPERANDS",
+    "region_prim",
+    "is_literal",
+    "region_plan",
+    "gemm_has_bias",
+    "activation_steps",
+]
+
+import math
+from typing import Any, NamedTuple
+
+from .._registry import guard_fn
+from .._terms import CONST
+from ..jax.primitives import is_table_op
+from ._plans import GemmPlan, gemm_plan
+from ._region import PRIMS, Region, Step, region_error, step
+
+MAX_STEPS = 64  # a longer region is left alone (its pattern still matched: explain says so)
+MAX_OPERANDS = 8
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+_QUICK_GELU_SCALE = 1.702  # pallas_kernels.QUICK_GELU_SCALE
+
+# attributes a lifted pointwise equation carries that do not change what it computes when
+# they have these values (``accuracy=None``: the default approximation)
+_NEUTRAL = {"accuracy": None, "out_dtype": None, "weak_type": None, "sharding": None}
+_KEPT = {"integer_pow": ("y",), "convert_element_type": ("new_dtype",)}
+
+
+class GemmRegionPlan(NamedTuple):
+    """How a ``GemmRegion`` node runs on ``pallas_kernels.gemm_fused``.
+
+    ``operands`` is the kind of each operand the region reads (``"col"``, ``"row"``,
+    ``"full"``, ``"scalar"``: see ``pallas_kernels.operand_kind``), in the order of the
+    node's operand pack; ``xla_fuses`` says the region is one XLA:GPU fuses into its own
+    GEMM (a bias or residual add, then at most a ReLU or tanh-GELU).
+    """
+
+    transpose_w: bool  # w is stored [N, K]
+    k: int
+    n: int
+    dtype: str
+    out_shape: tuple[int, ...]
+    out_dtype: str
+    operands: tuple[str, ...]
+    xla_fuses: bool
+
+
+@guard_fn("rules.gemm_has_bias")
+def gemm_has_bias(plan: Any) -> bool:
+    """Does a ``GemmEpilogue``'s plan read its bias input?"""
+    return isinstance(plan, GemmPlan) and plan.bias
+
+
+@guard_fn("rules.region_prim")
+def region_prim(name: Any) -> bool:
+    """Can a region step be this primitive (does the kernel's epilogue lower it)?"""
+    return name in PRIMS
+
+
+def _number(term: Any) -> Any:
+    """The Python number a literal term holds, or None."""
+    if getattr(term, "op", None) is not CONST:
+        return None
+    v = term.attrs.get("value")
+    if isinstance(v, bool | int | float) and not (isinstance(v, float) and math.isnan(v)):
+        return v
+    return None
+
+
+@guard_fn("rules.is_literal")
+def is_literal(term: Any) -> bool:
+    """Is ``term`` a scalar (or splat) literal the region can carry as a number?"""
+    return _number(term) is not None
+
+
+# -------------------------------------------------------------------------- operands
+
+
+def _varying_axes(term: Any, rank: int) -> set[int] | None:
+    """The axes of a ``[*lead, N]`` result along which an operand's value can change,
+    looking through ``broadcast_in_dim`` (so a broadcast bias varies along N only)."""
+    shape = getattr(term, "shape", None)
+    if shape is None or len(shape) > rank:
+        return None
+    op = getattr(term, "op", None)
+    if op is not None and op.name == "broadcast_in_dim" and is_table_op(op) and term.inputs:
+        src = term.inputs[0].shape
+        dims = term.attrs.get("broadcast_dimensions")
+        if src is not None and dims is not None and len(shape) == rank:
+            return {int(d) for d, s in zip(dims, src, strict=True) if s != 1}
+    offset = rank - len(shape)
+    return {offset + i for i, d in enumerate(shape) if d != 1}
+
+
+def operand_kind_of(term: Any, out_shape: tuple[int, ...]) -> str | None:
+    """How the kernel tiles ``term`` read against the ``out_shape`` result, or None."""
+    axes = _varying_axes(term, len(out_shape))
+    if axes is None:
+        return None
+    last = len(out_shape) - 1
+    if not axes:
+        return "scalar"
+    if axes == {last}:
+        return "col"
+    if last not in axes:
+        return "row"
+    return "full"
+
+
+# ---------------------------------------------------------------------------- walking
+
+
+def _params(term: Any) -> tuple[tuple[str, Any], ...] | None:
+    """The step params of a lifted pointwise equation, or None if one changes its meaning
+    in a way a region cannot say (a non-default ``accuracy``, a sharding...)."""
+    kept = _KEPT.get(term.op.name, ())
+    out: dict[str, Any] = {}
+    for name, value in term.attrs.items():
+        if name in kept:
+            out[name] = getattr(value, "numpy_name", value)
+        elif name not in _NEUTRAL or (value is not None and value is not False):
+            return None
+    return tuple(sorted(out.items()))
+
+
+class _Walk:
+    """Steps computing ``root`` from the base value, the operands and literals."""
+
+    def __init__(self, prefix: Region, base: Any, base_ref: tuple[Any, ...], operands: dict):
+        self.steps: list[Step] = list(prefix)
+        self.refs: dict[int, tuple[Any, ...]] = {id(base): base_ref}
+        for term, ref in operands.items():
+            self.refs[id(term)] = ref
+        self.operands = operands
+
+    def ref(self, term: Any, depth: int = 0) -> tuple[Any, ...] | None:
+        known = self.refs.get(id(term))
+        if known is not None:
+            return known
+        value = _number(term)
+        if value is not None:
+            return ("lit", value)
+        op = getattr(term, "op", None)
+        if op is None or not is_table_op(op) or op.name not in PRIMS or depth > MAX_STEPS:
+            return None
+        params = _params(term)
+        if params is None:
+            return None
+        if op.name == "copy":  # no step: a region that only copies adds nothing
+            return self.ref(term.inputs[0], depth + 1)
+        args = []
+        for t in term.inputs:
+            r = self.ref(t, depth + 1)
+            if r is None:
+                return None
+            args.append(r)
+        if len(self.steps) >= MAX_STEPS:
+            return None
+        self.steps.append((op.name, params, tuple(args)))
+        ref = ("step", len(self.steps) - 1)
+        self.refs[id(term)] = ref
+        return ref
+
+
+# ------------------------------------------------------------------ activations as steps
+
+_ACT = ("step", -1)  # placeholder: the activation's input, resolved by activation_steps
+
+
+def activation_steps(activation: str, bias: bool) -> Region | None:
+    """The steps of ``pallas_kernels.gemm_epilogue``'s kernel epilogue (its formulas),
+    so a region can grow over a ``GemmEpilogue`` node a dense + activation rule built."""
+    steps: list[Step] = []
+
+    def put(prim: str, *args: Any, **params: Any) -> tuple[str, int]:
+        steps.append(step(prim, tuple(args), **params))
+        return ("step", len(steps) - 1)
+
+    a: tuple[Any, ...] = put("add", ("acc",), ("in", 0)) if bias else ("acc",)
+
+    def lit(v: float) -> tuple[str, float]:
+        return ("lit", v)
+
+    if activation == "none":
+        pass
+    elif activation == "relu":
+        put("max", a, lit(0.0))
+    elif activation == "gelu_tanh":
+        cube = put("integer_pow", a, y=3)
+        inner = put("add", a, put("mul", lit(0.044715), cube))
+        t = put("tanh", put("mul", lit(_SQRT_2_OVER_PI), inner))
+        put("mul", put("mul", lit(0.5), a), put("add", lit(1.0), t))
+    elif activation == "gelu":
+        e = put("erf", put("mul", a, lit(_INV_SQRT2)))
+        put("mul", put("mul", lit(0.5), a), put("add", lit(1.0), e))
+    elif activation == "silu":
+        put("mul", a, put("logistic", a))
+    elif activation == "sigmoid":
+        put("logistic", a)
+    elif activation == "tanh":
+        put("tanh", a)
+    elif activation == "quick_gelu":
+        put("mul", a, put("logistic", put("mul", lit(_QUICK_GELU_SCALE), a)))
+    else:
+        return None
+    return tuple(steps)
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+def _linear(s: Step, kinds: tuple[str, ...]) -> bool:
+    """A step XLA folds into its own GEMM: a cast, a bias or residual add, a scaling by a
+    literal (cuBLAS's bias, C and alpha)."""
+    prim, _, args = s
+    if prim == "convert_element_type":
+        return True
+    if prim == "add":
+        return any(r[0] == "in" and kinds[r[1]] in ("col", "full") for r in args)
+    return prim in ("mul", "div") and args[1][0] == "lit" or (prim == "mul" and args[0][0] == "lit")
+
+
+def _xla_fuses(region: Region, kinds: tuple[str, ...]) -> bool:
+    """Is ``region`` an epilogue XLA:GPU already fuses into its GEMM (cuBLASLt): casts, a
+    bias or residual add, a literal scale, then at most one ReLU?  (tanh-GELU sites come
+    from the dense + activation rule, whose plan says so.)"""
+    rest = list(region)
+    while rest and _linear(rest[0], kinds):
+        rest.pop(0)
+    return len(rest) <= 1 and all(s[0] == "max" and ("lit", 0.0) in s[2] for s in rest)
+
+
+def _base(base: Any, x_shape: Any, w_shape: Any, dtypes: Any) -> Any:
+    """(prefix steps, operand kinds, GemmPlan-like) of the value the region grows on:
+    no prefix on a bare ``dot_general``, else the region the kernel node already has."""
+    name = base.op.name
+    if name == "dot_general" and is_table_op(base.op):
+        dn = base.attrs.get("dimension_numbers")
+        gp = gemm_plan(x_shape, w_shape, dtypes, dn, (base.shape, base.dtype))
+        return None if gp is None else (None, (), gp)
+    plan = base.attrs.get("plan")
+    if name == "GemmRegion" and isinstance(plan, GemmRegionPlan):
+        return base.attrs.get("region"), plan.operands, plan
+    if name == "GemmEpilogue" and isinstance(plan, GemmPlan):
+        prefix = activation_steps(plan.activation, plan.bias)
+        return None if prefix is None else (prefix, ("col",) * plan.bias, plan)
+    return None
+
+
+@guard_fn("rules.gemm_region_plan")
+def region_plan(
+    root: Any, base: Any, operand: Any, x_shape: Any, w_shape: Any, dtypes: Any
+) -> tuple[Region, GemmRegionPlan] | None:
+    """The region computing ``root`` from ``base`` (a ``dot_general`` contracting x's last
+    axis with a matrix, or a ``GemmRegion`` / ``GemmEpilogue`` node to grow), literals and
+    ``operand`` (None: none), with its plan; None where the kernel cannot take it.
+
+    A region on a bare ``dot_general`` that only adds a bias or residual (and casts) is
+    left to XLA, which folds it into its own GEMM (``gemm_epilogue_linear`` is the opt-in
+    rule for it).
+    """
+    b = _base(base, x_shape, w_shape, dtypes)
+    if b is None or getattr(root, "shape", None) is None:
+        return None
+    prefix, kinds, gp = b
+    bare = prefix is None
+    prefix = prefix or ()
+    out_shape = tuple(root.shape)
+    if out_shape != tuple(gp.out_shape) or (prefix and region_error(prefix) is not None):
+        return None
+    operands: dict[Any, Any] = {}
+    if operand is not None:
+        kind = operand_kind_of(operand, out_shape)
+        if kind is None or len(kinds) >= MAX_OPERANDS or operand is base:
+            return None
+        operands[operand] = ("in", len(kinds))
+        kinds = (*kinds, kind)
+    base_ref = ("step", len(prefix) - 1) if prefix else ("acc",)
+    walk = _Walk(prefix, base, base_ref, operands)
+    if walk.ref(root) is None or len(walk.steps) == len(prefix):
+        return None
+    region = tuple(walk.steps)
+    if operand is not None and not any(("in", len(kinds) - 1) in s[2] for s in region):
+        return None
+    out_dtype = getattr(root.dtype, "numpy_name", None)
+    if out_dtype is None or region_error(region, len(kinds)) is not None:
+        return None
+    if bare and all(_linear(s, kinds) for s in region):
+        return None  # a bias / residual add, a scale on a bare GEMM: XLA's own
+    plan = GemmRegionPlan(
+        transpose_w=gp.transpose_w,
+        k=gp.k,
+        n=gp.n,
+        dtype=gp.dtype,
+        out_shape=out_shape,
+        out_dtype=out_dtype,
+        operands=kinds,
+        xla_fuses=_xla_fuses(region, kinds),
+    )
+    return region, plan
