@@ -163,7 +163,7 @@ def _structure_error(x_shape: Any, w_shape: Any, operand_shapes: tuple[Any, ...]
         if operand_kind(cs, xs[:-1], ws[1]) is None:
             return (
                 f"operand {i} of shape {tuple(cs) if isinstance(cs, tuple | list) else cs!r} "
-                f"is not a scalar, a column [N] = ({ws[1]},), a row {(*xs[:-1], 1)} or a full "
+                f"is not a scalar, a column of shape [N] = ({ws[1]},), a row {(*xs[:-1], 1)} or a full "
                 f"tile {(*xs[:-1], ws[1])}"
             )
     return None

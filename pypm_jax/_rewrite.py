@@ -916,9 +916,7 @@ def rewrite(
         raise ValueError(f"unknown engine {engine!r}: expected one of {ENGINES}")
     limit = 4 * len(graph) + 1000 if max_iterations is None else max_iterations
     budget = MATCH_BUDGET if isinstance(match_budget, _Default) else match_budget
-    driver = _Driver(
-        graph, rules, engine, limit, shareable, check_types, weak_type, budget
-    )
+    driver = _Driver(graph, rules, engine, limit, shareable, check_types, weak_type, budget)
     with collect_guard_failures() as failures:
         if graph._journal is not None:  # (inside a caller's undoable change: theirs to undo)
             driver.run()

@@ -86,8 +86,9 @@ def _number(term: Any) -> Any:
 
 @guard_fn("rules.is_literal")
 def is_literal(term: Any) -> bool:
-    """Is ``term`` a scalar (or splat) literal the region can carry as a number?"""
-    return _number(term) is not None
+    """Is ``term`` computed from literals alone (``0.5``, ``float32(sqrt(32.0))``, a
+    broadcast ``0.0``), so that a region computes it in its steps?"""
+    return _Walk((), None, ("acc",), {}).ref(term) is not None
 
 
 # -------------------------------------------------------------------------- operands
@@ -110,18 +111,25 @@ def _varying_axes(term: Any, rank: int) -> set[int] | None:
 
 
 def operand_kind_of(term: Any, out_shape: tuple[int, ...]) -> str | None:
-    """How the kernel tiles ``term`` read against the ``out_shape`` result, or None."""
+    """How the kernel tiles ``term`` read against the ``out_shape`` result, or None.
+
+    JAX broadcasts size-1 axes of a binary operator's operands, and ``jnp`` writes a
+    ``broadcast_in_dim``: the kind comes from the axes the value varies along; a row or a
+    full tile must also have the result's leading axes (a per-batch ``[B, 1, N]`` bias of a
+    ``[B, S, N]`` result does not: no tile of it lines up with the result's)."""
     axes = _varying_axes(term, len(out_shape))
     if axes is None:
         return None
-    last = len(out_shape) - 1
+    rank = len(out_shape)
+    shape = (1,) * (rank - len(term.shape)) + tuple(term.shape)
+    last = rank - 1
     if not axes:
         return "scalar"
     if axes == {last}:
         return "col"
     if last not in axes:
-        return "row"
-    return "full"
+        return "row" if shape[:-1] == tuple(out_shape[:-1]) else None
+    return "full" if shape == tuple(out_shape) else None
 
 
 # ---------------------------------------------------------------------------- walking
@@ -138,6 +146,11 @@ def _params(term: Any) -> tuple[tuple[str, Any], ...] | None:
         elif name not in _NEUTRAL or (value is not None and value is not False):
             return None
     return tuple(sorted(out.items()))
+
+
+def _one_element(term: Any) -> bool:
+    shape = getattr(term, "shape", None)
+    return shape is not None and all(d == 1 for d in shape)
 
 
 class _Walk:
@@ -158,7 +171,11 @@ class _Walk:
         if value is not None:
             return ("lit", value)
         op = getattr(term, "op", None)
-        if op is None or not is_table_op(op) or op.name not in PRIMS or depth > MAX_STEPS:
+        if op is None or not is_table_op(op) or depth > MAX_STEPS:
+            return None
+        if op.name == "broadcast_in_dim" and _one_element(term.inputs[0]):
+            return self.ref(term.inputs[0], depth + 1)  # steps broadcast like numbers
+        if op.name not in PRIMS:
             return None
         params = _params(term)
         if params is None:
@@ -226,23 +243,37 @@ def activation_steps(activation: str, bias: bool) -> Region | None:
 # ----------------------------------------------------------------------------- plans
 
 
-def _linear(s: Step, kinds: tuple[str, ...]) -> bool:
+def _constant_steps(region: Region) -> set[int]:
+    """The steps computed from literals alone (``float32(sqrt(32.0))``)."""
+    out: set[int] = set()
+    for j, (_, _, args) in enumerate(region):
+        if all(r[0] == "lit" or (r[0] == "step" and r[1] in out) for r in args):
+            out.add(j)
+    return out
+
+
+def _linear(s: Step, kinds: tuple[str, ...], constant: set[int]) -> bool:
     """A step XLA folds into its own GEMM: a cast, a bias or residual add, a scaling by a
-    literal (cuBLAS's bias, C and alpha)."""
+    constant (cuBLAS's bias, C and alpha)."""
     prim, _, args = s
+
+    def const(r: tuple[Any, ...]) -> bool:
+        return r[0] == "lit" or (r[0] == "step" and r[1] in constant)
+
     if prim == "convert_element_type":
         return True
     if prim == "add":
         return any(r[0] == "in" and kinds[r[1]] in ("col", "full") for r in args)
-    return prim in ("mul", "div") and args[1][0] == "lit" or (prim == "mul" and args[0][0] == "lit")
+    return (prim in ("mul", "div") and const(args[1])) or (prim == "mul" and const(args[0]))
 
 
 def _xla_fuses(region: Region, kinds: tuple[str, ...]) -> bool:
     """Is ``region`` an epilogue XLA:GPU already fuses into its GEMM (cuBLASLt): casts, a
-    bias or residual add, a literal scale, then at most one ReLU?  (tanh-GELU sites come
+    bias or residual add, a constant scale, then at most one ReLU?  (tanh-GELU sites come
     from the dense + activation rule, whose plan says so.)"""
-    rest = list(region)
-    while rest and _linear(rest[0], kinds):
+    constant = _constant_steps(region)
+    rest = [s for j, s in enumerate(region) if j not in constant]
+    while rest and _linear(rest[0], kinds, constant):
         rest.pop(0)
     return len(rest) <= 1 and all(s[0] == "max" and ("lit", 0.0) in s[2] for s in rest)
 
@@ -287,6 +318,8 @@ def region_plan(
         return None
     operands: dict[Any, Any] = {}
     if operand is not None:
+        if _Walk((), base, ("acc",), {}).ref(operand) is not None:
+            return None  # computed from literals (and the GEMM): region steps, no operand
         kind = operand_kind_of(operand, out_shape)
         if kind is None or len(kinds) >= MAX_OPERANDS or operand is base:
             return None
@@ -302,7 +335,9 @@ def region_plan(
     out_dtype = getattr(root.dtype, "numpy_name", None)
     if out_dtype is None or region_error(region, len(kinds)) is not None:
         return None
-    if bare and all(_linear(s, kinds) for s in region):
+    constant = _constant_steps(region)
+    linear = all(j in constant or _linear(s, kinds, constant) for j, s in enumerate(region))
+    if bare and linear:
         return None  # a bias / residual add, a scale on a bare GEMM: XLA's own
     plan = GemmRegionPlan(
         transpose_w=gp.transpose_w,

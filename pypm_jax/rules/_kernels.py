@@ -201,9 +201,7 @@ def _operand_tile(value: Any, kind: str, rank: int) -> Any:
 
 
 @register_impl(GemmRegion)
-def gemm_region_impl(
-    x: Any, w: Any, operands: Any, *, region: Any, plan: GemmRegionPlan
-) -> Any:
+def gemm_region_impl(x: Any, w: Any, operands: Any, *, region: Any, plan: GemmRegionPlan) -> Any:
     import jax.numpy as jnp
 
     from pallas_kernels import gemm_fused
@@ -222,4 +220,3 @@ def gemm_region_impl(
         kernel_epilogue=region_fn(region, "kernel"),
         out_dtype=plan.out_dtype,
     )
-
