@@ -34,6 +34,7 @@ from .causal import (
     attention_dpa_bias_mask_causal,
     attention_dpa_mask_causal,
 )
+from .epilogue import EPILOGUE_RULES, gemm_epilogue_region
 from .gemm import (
     GEMM_LINEAR_RULES,
     GEMM_RULES,
@@ -41,7 +42,6 @@ from .gemm import (
     gemm_epilogue_linear,
     gemm_epilogue_no_bias,
 )
-from .epilogue import EPILOGUE_RULES, gemm_epilogue_region
 
 __all__ = [
     "default_rules",
