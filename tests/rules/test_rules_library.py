@@ -17,8 +17,12 @@ def test_default_rules_attention_first_then_epilogues():
     assert n_attention == len(R.attention_rules()) and n_attention >= 10
     assert all(n.startswith("attention") for n in names[:n_attention])
     assert all(n.startswith("gemm_epilogue") for n in names[n_attention:])
-    assert "gemm_epilogue_linear" not in names
-    assert [r.name for r in R.gemm_rules(linear=True)][-1] == "gemm_epilogue_linear"
+    assert "gemm_epilogue_linear" not in names and names[-1] == "gemm_epilogue_region"
+    assert [r.name for r in R.gemm_rules(linear=True)][-2:] == [
+        "gemm_epilogue_linear",
+        "gemm_epilogue_region",
+    ]
+    assert "gemm_epilogue_region" not in [r.name for r in R.gemm_rules(regions=False)]
     assert [r.name for r in optimize_default_rules()] == names  # what pm.optimize uses
 
 
