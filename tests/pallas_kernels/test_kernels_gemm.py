@@ -151,42 +151,42 @@ def test_in_kernel_erf_is_accurate() -> None:
     assert float(jnp.max(jnp.abs(gelu - want))) <= 1e-6
 
 
-# Operands of every kind the kernel tiles, for a [3, 13, 45] result (M=39, N=45: ragged).
+# Operands of every kind the kernel tiles, for a [3, 13, 45] result (M=39, N=45: ragged),
+# in their plain shapes and in shapes with extra size-1 axes.
 OPERAND_SHAPES = {
-    "col": (45,),
-    "col [1, 1, N]": (1, 1, 45),
-    "row": (3, 13, 1),
-    "full": (3, 13, 45),
-    "scalar 0-d": (),
-    "scalar [1, 1]": (1, 1),
+    "plain": {"col": (45,), "row": (3, 13, 1), "full": (3, 13, 45), "scalar": ()},
+    "size-1 axes": {"col": (1, 1, 45), "row": (3, 13, 1), "full": (3, 13, 45), "scalar": (1, 1)},
 }
 
 
-def _scaled_softplus_plus(acc, c):
-    """Reads its operand twice: a product and an add (gradients through both uses)."""
-    return jnp.log1p(jnp.exp(acc * c)) + c
+def _every_kind(acc, col, row, full, scalar):
+    """Reads each operand twice (gradients through both uses)."""
+    h = jnp.log1p(jnp.exp(acc * col + row)) * full + scalar
+    return h + col * row * scalar
 
 
-@pytest.mark.parametrize("kind", list(OPERAND_SHAPES))
-def test_operand_kinds_values_and_gradients(kind: str) -> None:
+@pytest.mark.parametrize("shapes", list(OPERAND_SHAPES))
+def test_operand_kinds_values_and_gradients(shapes: str) -> None:
     x, w = rnd(30, (3, 13, 50), scale=0.5), rnd(31, (50, 45), scale=0.3)
-    c = rnd(32, OPERAND_SHAPES[kind])
-    cot = rnd(33, (3, 13, 45))
+    ops = [rnd(32 + i, s) for i, s in enumerate(OPERAND_SHAPES[shapes].values())]
+    cot = rnd(39, (3, 13, 45))
 
-    def loss(fn):
-        return lambda x, w, c: jnp.sum(fn(x, w, _scaled_softplus_plus, c) * cot)
+    def kernel(x, w, *ops):
+        return gemm_fused(x, w, _every_kind, *ops, impl="interpret")
 
-    kernel = lambda x, w, e, c: gemm_fused(x, w, e, c, impl="interpret")  # noqa: E731
-    out = kernel(x, w, _scaled_softplus_plus, c)
-    want = _scaled_softplus_plus(x @ w, c)
+    def plain(x, w, *ops):
+        return _every_kind(x @ w, *ops)
+
+    out = kernel(x, w, *ops)
     assert out.shape == (3, 13, 45)
-    assert_close(out, want, "float32", what=kind)
-    assert_close(out, gemm_fused_reference(x, w, _scaled_softplus_plus, c), "float32")
-    got = jax.grad(loss(kernel), argnums=(0, 1, 2))(x, w, c)
-    ref = jax.grad(lambda x, w, c: jnp.sum(_scaled_softplus_plus(x @ w, c) * cot), (0, 1, 2))
-    for name, g, r in zip(("dx", "dw", "dc"), got, ref(x, w, c), strict=True):
-        assert g.shape == r.shape, (kind, name)
-        assert_close(g, r, "float32", tol_table=GRAD_TOL, what=f"{kind} {name}")
+    assert_close(out, plain(x, w, *ops), "float32", what=shapes)
+    assert_close(out, gemm_fused_reference(x, w, _every_kind, *ops), "float32", what=shapes)
+    argnums = tuple(range(2 + len(ops)))
+    got = jax.grad(lambda *a: jnp.sum(kernel(*a) * cot), argnums)(x, w, *ops)
+    want = jax.grad(lambda *a: jnp.sum(plain(*a) * cot), argnums)(x, w, *ops)
+    for name, g, r in zip(("dx", "dw", *OPERAND_SHAPES[shapes]), got, want, strict=True):
+        assert g.shape == r.shape, (shapes, name)
+        assert_close(g, r, "float32", tol_table=GRAD_TOL, what=f"{shapes} d{name}")
 
 
 def test_mixed_operands_and_out_dtype() -> None:
