@@ -18,6 +18,7 @@ __all__ = [
     "is_literal",
     "region_plan",
     "gemm_has_bias",
+    "reads_gemm",
     "activation_steps",
 ]
 
@@ -60,6 +61,74 @@ class GemmRegionPlan(NamedTuple):
     out_dtype: str
     operands: tuple[str, ...]
     xla_fuses: bool
+
+
+def _dense_dot(t: Any) -> bool:
+    """A ``dot_general`` contracting x's last axis with one axis of a matrix, no batch axes
+    (what ``gemm_plan`` can plan; attention's batched dots are not)."""
+    if t.op.name != "dot_general" or not is_table_op(t.op) or len(t.inputs) != 2:
+        return False
+    x, w = (getattr(i, "shape", None) for i in t.inputs)
+    try:
+        (lc, rc), (lb, rb) = t.attrs["dimension_numbers"]
+    except (KeyError, TypeError, ValueError):
+        return False
+    return (
+        x is not None
+        and w is not None
+        and len(w) == 2
+        and not lb
+        and not rb
+        and tuple(lc) == (len(x) - 1,)
+        and len(rc) == 1
+    )
+
+
+def _is_gemm(t: Any) -> bool:
+    cls = t.op.op_class
+    return (cls is not None and cls.name == "gemm") or _dense_dot(t)
+
+
+def _pointwise(t: Any) -> bool:
+    op = t.op
+    return is_table_op(op) and (op.name in PRIMS or op.name == "broadcast_in_dim")
+
+
+@guard_fn("rules.reads_gemm")
+def reads_gemm(term: Any) -> bool:
+    """Could ``term`` be a region's root: computed by pointwise operators from one GEMM (a
+    dense ``dot_general`` or a GEMM kernel node), literals and at most one operand applied
+    to the GEMM directly? A linear walk (each value once, at most :data:`MAX_STEPS` deep)
+    before the region pattern explores ``term``'s inputs with backtracking."""
+    if getattr(term, "op", None) is None or not _pointwise(term) or is_literal(term):
+        return False
+    gemms: set[int] = set()
+    operands: set[int] = set()
+    stack, seen = [(term, 0)], set()
+    while stack:
+        t, depth = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if depth > MAX_STEPS or getattr(t, "op", None) is None:
+            return False
+        if _is_gemm(t):
+            gemms.add(id(t))
+            continue
+        if is_literal(t):
+            continue
+        if not _pointwise(t):
+            return False
+        ins = t.inputs
+        if len(ins) == 2 and any(_is_gemm(i) for i in ins):
+            other = ins[1] if _is_gemm(ins[0]) else ins[0]
+            if not _is_gemm(other) and not is_literal(other):
+                # the operand candidate (or, in ``y * logistic(y)``, part of the region):
+                # not walked, so a permissive test; the pattern decides
+                operands.add(id(other))
+                seen.add(id(other))
+        stack.extend((i, depth + 1) for i in ins if id(i) not in seen)
+    return len(gemms) == 1 and len(operands) <= 2
 
 
 @guard_fn("rules.gemm_has_bias")

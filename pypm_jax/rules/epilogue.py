@@ -26,7 +26,7 @@ from __future__ import annotations
 import pypm_jax as pm
 
 from ..jax import prims as P
-from ._gemm_regions import gemm_has_bias, is_literal, region_plan, region_prim
+from ._gemm_regions import gemm_has_bias, is_literal, reads_gemm, region_plan, region_prim
 from ._kernels import GemmEpilogue, GemmRegion, RegionOperands
 
 __all__ = ["EPILOGUE_RULES", "PwRegion", "Gemm", "gemm_epilogue_region"]
@@ -71,7 +71,7 @@ def PwRegion(y, x, w, u, o):  # noqa: F811
     """The operand ``o`` applied to the GEMM: ``y + bias``, ``y * row_scale``..."""
     F = pm.Op(2, 1)
     assert F.op_class == pm.opclass("binary_pointwise") and region_prim(F.name)
-    assert not is_literal(o.term)
+    assert not is_literal(o.term) and not reads_gemm(o.term)
     return F(GemmValue(y, x, w, u), o)
 
 
@@ -79,7 +79,7 @@ def PwRegion(y, x, w, u, o):  # noqa: F811
 def PwRegion(y, x, w, u, o):  # noqa: F811
     F = pm.Op(2, 1)
     assert F.op_class == pm.opclass("binary_pointwise") and region_prim(F.name)
-    assert not is_literal(o.term)
+    assert not is_literal(o.term) and not reads_gemm(o.term)
     return F(o, GemmValue(y, x, w, u))
 
 
@@ -112,7 +112,17 @@ def PwRegion(y, x, w, u, o):  # noqa: F811
 
 
 @pm.pattern
+def FedByGemm(v):
+    """Any value a GEMM feeds through pointwise operators (a cheap walk, no backtracking)."""
+    assert reads_gemm(v.term)
+    return v
+
+
+@pm.pattern
 def GemmEpilogueRegion(r, y, x, w, u, o):
+    """A region's root; ``FedByGemm`` first, so the recursion only explores values a GEMM
+    feeds."""
+    r <= FedByGemm(r)
     r <= PwRegion(y, x, w, u, o)
     return r
 
