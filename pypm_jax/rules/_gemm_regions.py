@@ -120,9 +120,9 @@ def reads_gemm(term: Any) -> bool:
         if not _pointwise(t):
             return False
         ins = t.inputs
-        if len(ins) == 2 and any(_is_gemm(i) for i in ins):
+        if len(ins) == 2 and ins[0] is not ins[1] and any(_is_gemm(i) for i in ins):
             other = ins[1] if _is_gemm(ins[0]) else ins[0]
-            if not _is_gemm(other) and not is_literal(other):
+            if not is_literal(other):
                 # the operand candidate (or, in ``y * logistic(y)``, part of the region):
                 # not walked, so a permissive test; the pattern decides
                 operands.add(id(other))
@@ -312,6 +312,17 @@ def activation_steps(activation: str, bias: bool) -> Region | None:
 # ----------------------------------------------------------------------------- plans
 
 
+def _kernel_takes(x_shape: Any, gp: Any) -> bool:
+    """Does ``pallas_kernels.gemm_fused`` take the GEMM (shapes, a float dtype)?"""
+    from pallas_kernels import supports_gemm
+
+    try:
+        x = tuple(int(d) for d in x_shape)
+    except (TypeError, ValueError):
+        return False
+    return supports_gemm(x, (gp.k, gp.n), gp.dtype)
+
+
 def _constant_steps(region: Region) -> set[int]:
     """The steps computed from literals alone (``float32(sqrt(32.0))``)."""
     out: set[int] = set()
@@ -403,6 +414,8 @@ def region_plan(
         return None
     out_dtype = getattr(root.dtype, "numpy_name", None)
     if out_dtype is None or region_error(region, len(kinds)) is not None:
+        return None
+    if not _kernel_takes(x_shape, gp):
         return None
     constant = _constant_steps(region)
     linear = all(j in constant or _linear(s, kinds, constant) for j, s in enumerate(region))
