@@ -128,10 +128,12 @@ def emit(
 def _chain(records: list[RewriteRecord], i: int) -> list[RewriteRecord]:
     """Record ``i`` and the later records that rewrote the node it made, in turn (a rule
     that refines a kernel, like ``attention_causal_bias`` setting the plan's
-    ``mask_is_causal``): one site, whose kernel is the last one's."""
+    ``mask_is_causal``, or one that grows it, like ``gemm_epilogue_region`` absorbing the
+    operators after it): one site, whose kernel is the last one's."""
     chain = [records[i]]
     for later in records[i + 1 :]:
-        if later.root in chain[-1].created:
+        made = chain[-1].created
+        if later.root in made or any(n in made for n in later.replaced):
             chain.append(later)
     return chain
 
@@ -188,9 +190,15 @@ class _Emitter:
     ) -> None:
         from pypm_jax.jax.impls import impl_for
 
-        root = before.get(chain[0].root)
+        # the value the site replaces: the last rewrite's root where it grew the kernel over
+        # more of the program, the first's where later ones refined the kernel in place
+        root = before.get(chain[-1].root) or before.get(chain[0].root)
         made = chain[-1].created
-        kernels = [alive[i] for i in made if i in alive and impl_for(alive[i].op)]
+        kernels = [
+            alive[i]
+            for i in made
+            if i in alive and impl_for(alive[i].op) and not _is_pack(alive[i])
+        ]
         if root is None or len(kernels) != 1 or len(root.outputs) != 1:
             raise _Skip("not one kernel node replacing one value (only kernels are emitted)")
         (kernel,) = kernels
@@ -206,15 +214,21 @@ class _Emitter:
                     "bodies and while/case/if bodies only)"
                 )
         rid = self.value(old, "the replaced value", before)
-        inputs: list[tuple[str, Any]] = []
         arg_ids: list[int] = []
-        for u in kernel.inputs:
+        arg_values: list[Any] = []
+
+        def spec(u: Any) -> tuple[Any, ...]:
+            """How the kernel's implementation gets input ``u``: a literal, an argument of
+            the private function, or a pack (``RegionOperands``) built from such inputs."""
             if _is_const(u):
-                inputs.append(("const", _const_value(u)))
-                continue
-            inputs.append(("arg", len(arg_ids)))
+                return ("const", _const_value(u))
+            if _is_pack(u.node):
+                return ("pack", u.node.op, tuple(spec(i) for i in u.node.inputs))
             arg_ids.append(self.value(u, "a kernel input", before))
-        arg_values = [u for u in kernel.inputs if not _is_const(u)]
+            arg_values.append(u)
+            return ("arg", len(arg_ids) - 1)
+
+        inputs = [spec(u) for u in kernel.inputs]
         name = self._kernel(kernel, inputs, arg_values)
         call = self.editor.call(rid, name, arg_ids, rid)
         self.editor.replace_uses(rid, call)
@@ -225,7 +239,7 @@ class _Emitter:
         self.replaced[rid] = call
         self.made[new] = call  # a later site may read this kernel's result
 
-    def _kernel(self, kernel: Any, inputs: list[tuple[str, Any]], args: list[Any]) -> str:
+    def _kernel(self, kernel: Any, inputs: list[tuple[Any, ...]], args: list[Any]) -> str:
         """The private function of the kernel's implementation for these inputs (lowered
         and added to the module once per distinct kernel, plan, literals and input types)."""
         from pypm_jax.jax.impls import impl_for
@@ -340,7 +354,13 @@ def _const_value(v: Any) -> Any:
     return arr
 
 
-def _lower_kernel(kernel: Any, inputs: list[tuple[str, Any]], args: list[Any]) -> str:
+def _is_pack(node: Any) -> bool:
+    """Does ``node`` only gather a kernel's inputs (``RegionOperands``: op class ``pack``)?"""
+    cls = node.op.op_class
+    return cls is not None and cls.name == "pack"
+
+
+def _lower_kernel(kernel: Any, inputs: list[tuple[Any, ...]], args: list[Any]) -> str:
     """StableHLO text of the kernel's implementation on its non-literal inputs."""
     import jax
 
@@ -350,9 +370,15 @@ def _lower_kernel(kernel: Any, inputs: list[tuple[str, Any]], args: list[Any]) -
     impl = impl_for(kernel.op)
     attrs = dict(kernel.attrs)
 
+    def build(spec: tuple[Any, ...], arrays: tuple[Any, ...]) -> Any:
+        if spec[0] == "arg":
+            return arrays[spec[1]]
+        if spec[0] == "const":
+            return spec[1]
+        return impl_for(spec[1])(*(build(s, arrays) for s in spec[2]))
+
     def call(*arrays: Any) -> Any:
-        ins = [arrays[x] if kind == "arg" else x for kind, x in inputs]
-        return impl(*ins, **attrs)
+        return impl(*(build(s, arrays) for s in inputs), **attrs)
 
     avals = [jax.ShapeDtypeStruct(tuple(v.shape), numpy_dtype(v.dtype)) for v in args]
     return jax.jit(call, keep_unused=True).lower(*avals).as_text(debug_info=True)

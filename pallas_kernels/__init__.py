@@ -2,7 +2,8 @@
 
 * :func:`flash_attention` / :func:`attention_reference` / :func:`supports_attention`
 * :func:`gemm_epilogue` (``act(x @ w + b)``), :func:`gemm_fused` (any elementwise
-  epilogue), their references, :func:`supports_gemm` and :data:`ACTIVATIONS`.
+  epilogue reading column, row, full-tile and scalar operands: :func:`operand_kind`),
+  their references, :func:`supports_gemm` and :data:`ACTIVATIONS`.
 * :func:`attention_unsupported` / :func:`gemm_unsupported`: why ``supports_*`` is False,
   in words (what ``pm.explain`` shows when a rule does not fire for that reason).
 * :func:`with_forward_mode`: forward-mode derivatives (from a reference) for a kernel whose
@@ -39,6 +40,7 @@ from ._gemm import (
     gemm_epilogue_reference,
     gemm_fused,
     gemm_fused_reference,
+    operand_kind,
     supports_gemm,
 )
 
@@ -55,6 +57,7 @@ __all__ = [
     "gemm_epilogue_reference",
     "gemm_fused",
     "gemm_fused_reference",
+    "operand_kind",
     "supports_attention",
     "supports_gemm",
     "with_forward_mode",

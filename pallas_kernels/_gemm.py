@@ -1,10 +1,12 @@
-"""GEMM with a fused elementwise epilogue: ``epilogue(x @ w, *column_vectors)``.
+"""GEMM with a fused elementwise epilogue: ``epilogue(x @ w, *operands)``.
 
 The kernel accumulates ``x @ w`` in f32 over K tiles and applies the epilogue to
 the f32 accumulator tile before the single store, so ``act(x @ w + b)`` costs one
 pass over the output.  ``gemm_fused`` takes any elementwise epilogue (a traced
-chain of pointwise JAX ops); ``gemm_epilogue`` instantiates it for the standard
-activations.  M, N, K that are not tile multiples are zero-padded (padding never
+chain of pointwise JAX ops) and operands the kernel tiles with the output: column
+vectors ``[N]`` (a bias), row vectors ``[..., 1]`` (a per-row scale), full tiles
+``[..., N]`` (a residual) and scalars; ``gemm_epilogue`` instantiates it for the
+standard activations.  M, N, K that are not tile multiples are zero-padded (padding never
 reaches the result).  Gradients (``custom_vjp``) are computed by XLA: the epilogue
 is differentiated with ``jax.vjp`` on the recomputed accumulator.
 
@@ -119,7 +121,34 @@ _REF_EPILOGUES = {
 # --------------------------------------------------------------------------- #
 
 
-def _structure_error(x_shape: Any, w_shape: Any, col_shapes: tuple[Any, ...]) -> str | None:
+OPERAND_KINDS: tuple[str, ...] = ("col", "row", "full", "scalar")
+
+
+def operand_kind(shape: Any, lead: tuple[int, ...], n: int) -> str | None:
+    """How the kernel tiles an operand of ``shape`` read against a ``[*lead, N]`` result:
+    ``"scalar"`` (one element), ``"col"`` (``[N]``, or ``[1, .., N]``), ``"row"``
+    (``[*lead, 1]``), ``"full"`` (``[*lead, N]``), or None (a shape it cannot tile, such
+    as a per-batch ``[B, 1, N]`` bias of a ``[B, S, N]`` result)."""
+    try:
+        s = tuple(int(d) for d in shape)
+    except TypeError:
+        return None
+    out = (*lead, n)
+    if len(s) > len(out):
+        return None
+    s = (1,) * (len(out) - len(s)) + s
+    if math.prod(s) == 1:
+        return "scalar"
+    if s[-1] == n and all(d == 1 for d in s[:-1]):
+        return "col"
+    if lead and s == (*lead, 1):
+        return "row"
+    if s == out:
+        return "full"
+    return None
+
+
+def _structure_error(x_shape: Any, w_shape: Any, operand_shapes: tuple[Any, ...]) -> str | None:
     try:
         xs = tuple(int(d) for d in x_shape)
         ws = tuple(int(d) for d in w_shape)
@@ -131,20 +160,20 @@ def _structure_error(x_shape: Any, w_shape: Any, col_shapes: tuple[Any, ...]) ->
         return f"w must be rank 2 [K, N], got shape {ws}"
     if xs[-1] != ws[0]:
         return f"contraction mismatch: x[..., {xs[-1]}] @ w[{ws[0]}, ...]"
-    for i, cs in enumerate(col_shapes):
-        try:
-            cs = tuple(int(d) for d in cs)
-        except TypeError:
-            return f"column operand {i} shape {cs!r} is not a shape"
-        if cs != (ws[1],):
-            return f"column operand {i} must have shape [N] = ({ws[1]},), got {cs}"
+    for i, cs in enumerate(operand_shapes):
+        if operand_kind(cs, xs[:-1], ws[1]) is None:
+            return (
+                f"operand {i} of shape {tuple(cs) if isinstance(cs, tuple | list) else cs!r} "
+                f"is not a scalar, a column of shape [N] = ({ws[1]},), a row {(*xs[:-1], 1)} or a full "
+                f"tile {(*xs[:-1], ws[1])}"
+            )
     return None
 
 
 def _kernel_error(
-    x_shape: Any, w_shape: Any, dtype: Any, col_shapes: tuple[Any, ...]
+    x_shape: Any, w_shape: Any, dtype: Any, operand_shapes: tuple[Any, ...]
 ) -> str | None:
-    err = _structure_error(x_shape, w_shape, col_shapes)
+    err = _structure_error(x_shape, w_shape, operand_shapes)
     if err is not None:
         return err
     name = dsp.dtype_name(dtype)
@@ -155,14 +184,29 @@ def _kernel_error(
     return None
 
 
-def supports_gemm(x_shape: Any, w_shape: Any, dtype: Any, *, bias_shape: Any = None) -> bool:
-    """True iff the Pallas GEMM handles ``x[..., K] @ w[K, N] (+ bias[N])`` in ``dtype``.
+def supports_gemm(
+    x_shape: Any,
+    w_shape: Any,
+    dtype: Any,
+    *,
+    bias_shape: Any = None,
+    operand_shapes: tuple[Any, ...] = (),
+) -> bool:
+    """True iff the Pallas GEMM handles ``x[..., K] @ w[K, N] (+ bias[N])`` in ``dtype``
+    with epilogue operands of ``operand_shapes`` (see :func:`operand_kind`); a bias is
+    exactly ``[N]``.
 
     Pure Python; ``dtype`` may be a name or a dtype.  Any M, N, K >= 1 work (padded
     to tiles); dtype must be float32, bfloat16 or float16.
     """
-    cols = () if bias_shape is None else (bias_shape,)
-    return _kernel_error(x_shape, w_shape, dtype, cols) is None
+    if bias_shape is not None:
+        try:
+            if tuple(int(d) for d in bias_shape) != (int(tuple(w_shape)[-1]),):
+                return False
+        except (TypeError, ValueError, IndexError):
+            return False
+    ops = (() if bias_shape is None else (bias_shape,)) + tuple(operand_shapes)
+    return _kernel_error(x_shape, w_shape, dtype, ops) is None
 
 
 # --------------------------------------------------------------------------- #
@@ -243,6 +287,50 @@ def _gemm_kernel(
     o_ref[...] = out.astype(o_ref.dtype)
 
 
+def _tiled_kind(c: jax.Array) -> str:
+    """The kind of an operand already in kernel form (:func:`_as_kernel_operands`)."""
+    if c.ndim == 1:
+        return "col"
+    if c.shape[1] != 1:
+        return "full"
+    return "scalar" if c.shape[0] == 1 else "row"
+
+
+def _pad_operand(c: jax.Array, rows: int, cols: int) -> jax.Array:
+    kind = _tiled_kind(c)
+    if kind == "col":
+        return c if c.shape[0] == cols else jnp.pad(c, (0, cols - c.shape[0]))
+    if kind == "row":
+        return _pad2(c, rows, 1)
+    if kind == "full":
+        return _pad2(c, rows, cols)
+    return c
+
+
+def _operand_spec(c: jax.Array, bm: int, bn: int, m_of: Any, n_of: Any) -> Any:
+    """Column tiles are ``[bn]``, row tiles ``[bm, 1]``, full tiles ``[bm, bn]``, a scalar
+    ``[1, 1]``: each broadcasts against the ``[bm, bn]`` accumulator in the epilogue."""
+    kind = _tiled_kind(c)
+    if kind == "col":
+        return pl.BlockSpec((bn,), lambda p: (n_of(p),))
+    if kind == "row":
+        return pl.BlockSpec((bm, 1), lambda p: (m_of(p), 0))
+    if kind == "full":
+        return pl.BlockSpec((bm, bn), lambda p: (m_of(p), n_of(p)))
+    return pl.BlockSpec((1, 1), lambda p: (0, 0))
+
+
+def _as_kernel_operands(
+    operands: tuple[jax.Array, ...], lead: tuple[int, ...], n: int
+) -> tuple[jax.Array, ...]:
+    """Each operand in the form both the kernel and the reference feed the epilogue: a
+    column ``[N]``, a row ``[M, 1]``, a full ``[M, N]`` or a scalar ``[1, 1]``
+    (M = prod(lead)). Shapes were checked by :func:`_structure_error`."""
+    m = math.prod(lead)
+    shapes = {"col": (n,), "row": (m, 1), "full": (m, n), "scalar": (1, 1)}
+    return tuple(jnp.reshape(c, shapes[operand_kind(c.shape, lead, n) or "full"]) for c in operands)
+
+
 def _pad2(x: jax.Array, rows: int, cols: int) -> jax.Array:
     if x.shape == (rows, cols):
         return x
@@ -275,7 +363,7 @@ def _gemm_pallas(
     mp, np_, kp = dsp.round_up(m, bm), dsp.round_up(n, bn), dsp.round_up(k, bk)
     xp = _pad2(x, mp, kp)
     wp = _pad2(w, kp, np_)
-    colsp = tuple(c if n == np_ else jnp.pad(c, (0, np_ - n)) for c in cols)
+    colsp = tuple(_pad_operand(c, mp, np_) for c in cols)
     nm, nn = mp // bm, np_ // bn
     gm = max(1, min(blocks.group_m, nm))
 
@@ -294,7 +382,7 @@ def _gemm_pallas(
             pl.BlockSpec((bm, kp), lambda p: (m_of(p), 0)),
             pl.BlockSpec((kp, bn), lambda p: (0, n_of(p))),
         ]
-        + [pl.BlockSpec((bn,), lambda p: (n_of(p),)) for _ in cols],
+        + [_operand_spec(c, bm, bn, m_of, n_of) for c in cols],
         out_specs=pl.BlockSpec((bm, bn), lambda p: (m_of(p), n_of(p))),
         out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
         name="gemm_fused",
@@ -352,7 +440,8 @@ _gemm_core.defvjp(_gemm_core_fwd, _gemm_core_bwd)
 
 
 @functools.partial(
-    jax.jit, static_argnames=("epilogue", "interpret", "blocks", "precision", "backend")
+    jax.jit,
+    static_argnames=("epilogue", "interpret", "blocks", "precision", "backend", "out_dtype"),
 )
 def _gemm_kernel_path(
     x: jax.Array,
@@ -364,12 +453,13 @@ def _gemm_kernel_path(
     blocks: GemmBlocks | mgpu.MosaicGemmConfig | None,
     precision: Any,
     backend: str,
+    out_dtype: Any,
 ) -> jax.Array:
     lead = x.shape[:-1]
     x2 = x.reshape(math.prod(lead), x.shape[-1])
-    out_dtype = jnp.result_type(x.dtype, w.dtype)
     cfg = (out_dtype, interpret, blocks, precision, backend)
-    out = _gemm_core(x2, w, tuple(cols), epilogue, cfg)
+    ops = _as_kernel_operands(tuple(cols), lead, w.shape[1])
+    out = _gemm_core(x2, w, ops, epilogue, cfg)
     return out.reshape(*lead, w.shape[1])
 
 
@@ -379,17 +469,28 @@ def _gemm_kernel_path(
 
 
 def gemm_fused_reference(
-    x: jax.Array, w: jax.Array, epilogue: Callable[..., Any], *col_operands: jax.Array
+    x: jax.Array,
+    w: jax.Array,
+    epilogue: Callable[..., Any],
+    *col_operands: jax.Array,
+    out_dtype: Any = None,
 ) -> jax.Array:
-    """Plain JAX: ``epilogue(dot(x, w) in f32, *[c in f32]).astype(result dtype)``."""
+    """Plain JAX: ``epilogue(dot(x, w) in f32, *[c in f32]).astype(result dtype)``, the
+    operands in the form the kernel gives them to the epilogue (see :func:`gemm_fused`)."""
     x, w = jnp.asarray(x), jnp.asarray(w)
     cols = tuple(jnp.asarray(c) for c in col_operands)
     _validate(x, w, cols, "gemm_fused_reference")
-    acc = jnp.dot(x, w, preferred_element_type=jnp.float32)
-    return _apply_epilogue(epilogue, acc, cols, jnp.result_type(x.dtype, w.dtype))
+    lead, n = x.shape[:-1], w.shape[1]
+    acc = jnp.dot(x.reshape(-1, x.shape[-1]), w, preferred_element_type=jnp.float32)
+    ops = _as_kernel_operands(cols, lead, n)
+    out_dtype = jnp.result_type(x.dtype, w.dtype) if out_dtype is None else out_dtype
+    out = _apply_epilogue(epilogue, acc, ops, out_dtype)
+    return out.reshape(*lead, n)
 
 
-_gemm_reference_jit = jax.jit(gemm_fused_reference, static_argnums=(2,))
+_gemm_reference_jit = jax.jit(
+    gemm_fused_reference, static_argnums=(2,), static_argnames=("out_dtype",)
+)
 
 
 def gemm_epilogue_reference(
@@ -422,8 +523,14 @@ MOSAIC_AUTO_ON_HOPPER = False
 
 
 def _mosaic_reason(
-    impl: str, dtype: Any, col_dtypes: tuple[Any, ...], epilogue: Callable[..., Any]
+    impl: str,
+    dtype: Any,
+    col_dtypes: tuple[Any, ...],
+    epilogue: Callable[..., Any],
+    operand_kinds: tuple[Any, ...] = (),
 ) -> str | None:
+    if any(k != "col" for k in operand_kinds):
+        return f"the Mosaic kernel takes column operands only, got {operand_kinds}"
     reason = mgpu.mosaic_error(dtype, col_dtypes, epilogue)
     if reason is None and impl == "pallas":
         cc = dsp.gpu_compute_capability()
@@ -438,6 +545,7 @@ def resolve_gemm_backend(
     dtype: Any,
     col_dtypes: tuple[Any, ...],
     epilogue: Callable[..., Any],
+    operand_kinds: tuple[Any, ...] = (),
 ) -> str:
     """Which Pallas kernel runs a ``"pallas"``/``"interpret"`` GEMM: ``"triton"`` or
     ``"mosaic"`` (the Hopper kernel of ``_gemm_mgpu``).
@@ -462,7 +570,7 @@ def resolve_gemm_backend(
         if (
             prefer
             and impl == "pallas"
-            and _mosaic_reason(impl, dtype, col_dtypes, epilogue) is None
+            and _mosaic_reason(impl, dtype, col_dtypes, epilogue, operand_kinds) is None
         ):
             return "mosaic"
         return "triton"
@@ -472,7 +580,7 @@ def resolve_gemm_backend(
             "(or 'auto', or 'prefer-mosaic' in the environment)."
         )
     if requested == "mosaic":
-        reason = _mosaic_reason(impl, dtype, col_dtypes, epilogue)
+        reason = _mosaic_reason(impl, dtype, col_dtypes, epilogue, operand_kinds)
         if reason is not None:
             raise ValueError(f"gemm_fused: {source}='mosaic' cannot handle this call: {reason}")
     return requested
@@ -482,52 +590,68 @@ def gemm_fused(
     x: jax.Array,
     w: jax.Array,
     epilogue: Callable[..., Any],
-    *col_operands: jax.Array,
+    *operands: jax.Array,
     impl: str | None = None,
+    kernel_epilogue: Callable[..., Any] | None = None,
+    out_dtype: Any = None,
     _blocks: GemmBlocks | mgpu.MosaicGemmConfig | None = None,
     _backend: str | None = None,
 ) -> jax.Array:
-    """``epilogue(x @ w, *col_operands)`` with the epilogue fused into the GEMM.
+    """``epilogue(x @ w, *operands)`` with the epilogue fused into the GEMM.
 
     Args:
       x: ``[..., K]``; leading dims are flattened into M.
       w: ``[K, N]``.
-      epilogue: elementwise ``fn(acc_f32_tile, *col_tiles) -> tile``; ``acc`` is the
-        f32 accumulator ``[bm, bn]`` and each column tile is that operand's ``[bn]``
-        slice (floats upcast to f32), or, in the Hopper kernel, that slice broadcast to
-        ``[bm, bn]``: write it with broadcasting arithmetic (``acc * s + t``).  It is
-        traced into the kernel, so it must be a pure elementwise JAX function; it is a
-        static (hashable) argument.
-      *col_operands: ``[N]`` vectors (bias-like).
+      epilogue: elementwise ``fn(acc_f32_tile, *operand_tiles) -> tile``; ``acc`` is the
+        f32 accumulator ``[bm, bn]`` and each operand tile broadcasts against it: a column
+        operand's ``[bn]`` slice, a row operand's ``[bm, 1]``, a full operand's
+        ``[bm, bn]``, a scalar's ``[1, 1]`` (floats upcast to f32); in the Hopper kernel a
+        column slice comes broadcast to ``[bm, bn]``: write the epilogue with broadcasting
+        arithmetic (``acc * s + t``).  It is traced into the kernel, so it must be a pure
+        elementwise JAX function; it is a static (hashable) argument.
+      *operands: arrays the epilogue reads, each (see :func:`operand_kind`) a column
+        ``[N]`` (a bias), a row ``[*lead, 1]`` (a per-row scale), a full ``[*lead, N]``
+        tile (a residual) or a scalar (any shape of one element).
       impl: None (auto), "xla", "interpret" or "pallas".
+      kernel_epilogue: the same function for the Pallas kernel, where it differs (written
+        with operations Pallas-Triton lowers); default ``epilogue``.
+      out_dtype: the result's dtype; default ``result_type(x, w)``.
 
-    Returns ``[..., N]`` in ``result_type(x, w)``.  Differentiable: reverse mode by the
-    kernel's ``custom_vjp`` (XLA backward), forward mode from the reference.
+    Returns ``[..., N]``.  Differentiable in x, w and every float operand: reverse mode by
+    the kernel's ``custom_vjp`` (XLA backward), forward mode from the reference.
     """
     epilogue = dsp.as_callable(epilogue, "epilogue")
+    kernel_epilogue = (
+        epilogue if kernel_epilogue is None else dsp.as_callable(kernel_epilogue, "epilogue")
+    )
     x, w = jnp.asarray(x), jnp.asarray(w)
-    cols = tuple(jnp.asarray(c) for c in col_operands)
+    cols = tuple(jnp.asarray(c) for c in operands)
     _validate(x, w, cols, "gemm_fused")
+    out_dtype = jnp.dtype(jnp.result_type(x.dtype, w.dtype) if out_dtype is None else out_dtype)
     reason = _kernel_error(x.shape, w.shape, x.dtype, tuple(c.shape for c in cols))
     if reason is None and x.dtype != w.dtype:
         reason = f"x and w must share a dtype, got {x.dtype} and {w.dtype}"
     impl = dsp.resolve_impl(impl, reason, "gemm_fused")
     if impl == "xla":
-        return _gemm_reference_jit(x, w, epilogue, *cols)
+        return _gemm_reference_jit(x, w, epilogue, *cols, out_dtype=out_dtype)
     if isinstance(_blocks, mgpu.MosaicGemmConfig) and _backend is None:
         _backend = "mosaic"
-    backend = resolve_gemm_backend(_backend, impl, x.dtype, tuple(c.dtype for c in cols), epilogue)
+    kinds = tuple(operand_kind(c.shape, x.shape[:-1], w.shape[1]) for c in cols)
+    backend = resolve_gemm_backend(
+        _backend, impl, x.dtype, tuple(c.dtype for c in cols), kernel_epilogue, kinds
+    )
     kernel = functools.partial(
         _gemm_kernel_path,
-        epilogue=epilogue,
+        epilogue=kernel_epilogue,
         interpret=impl == "interpret",
         blocks=_blocks,
         precision=dsp.matmul_precision(x.dtype),
         backend=backend,
+        out_dtype=out_dtype,
     )
 
     def reference(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...]) -> jax.Array:
-        return _gemm_reference_jit(x, w, epilogue, *cols)
+        return _gemm_reference_jit(x, w, epilogue, *cols, out_dtype=out_dtype)
 
     return with_forward_mode(kernel, reference)(x, w, cols)
 

@@ -89,12 +89,14 @@ def op(
     name: str | None = None,
     pure: bool = True,
     infer: Callable[..., Any] | None = None,
+    describe: Callable[..., str] | None = None,
 ) -> Any:
     """Declare an operator: arity = number of parameters, outputs = the int it returns.
 
     ``@pm.op`` or ``@pm.op(attrs=("stride",), op_class="conv")``. ``infer(*inputs,
     **attrs)`` may return ``(shape, dtype)`` (a list of them for several outputs) so terms
-    built with the operator carry types.
+    built with the operator carry types. ``describe(**attrs)`` may return a short text that
+    rewrite reports show for a node a rule built (a region rule's region).
     """
 
     def make(f: Callable[..., int]) -> Operator:
@@ -130,6 +132,7 @@ def op(
             namespace=f.__module__,
             pure=pure,
             infer=infer,
+            describe=describe,
         )
         return register_op(operator)
 

@@ -52,7 +52,15 @@ def guard_fn(name: str | None = None) -> Callable[[Callable[..., Any]], Callable
     """Decorator: ``@pm.guard_fn()`` makes a pure predicate callable inside guards."""
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        full = name or f"{fn.__module__}.{fn.__qualname__}"
+        origin = f"{fn.__module__}.{fn.__qualname__}"
+        full = name or origin
+        taken = GUARD_FNS.get(full)
+        if taken is not None and getattr(taken.fn, "origin", origin) != origin:
+            # two functions under one name: guards would silently call the later one
+            raise ValueError(
+                f"guard function name {full!r} is taken by {taken.fn.origin}; "
+                f"give {origin} another name"
+            )
         register_guard_fn(full, _reporting(full, fn))
         return fn
 
@@ -86,6 +94,7 @@ def _reporting(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             raise
 
     functools.update_wrapper(call, fn)  # (``__wrapped__`` is ``fn``: the frontend's look-up)
+    call.origin = f"{fn.__module__}.{fn.__qualname__}"  # type: ignore[attr-defined]
     return call
 
 

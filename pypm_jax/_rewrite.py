@@ -150,7 +150,7 @@ class RewriteRecord:
     created: tuple[int, ...] = ()  # ids of the nodes the rewrite added
     # the nodes the rewrite added (operator, attributes, type), for the report's kernel columns
     built: tuple[Built, ...] = dataclasses.field(default=(), compare=False)
-    detail: str = ""  # what the replacement's attributes say of themselves (a region)
+    detail: str = ""  # what the built nodes' operators describe (``Operator.describe``)
 
     def __str__(self) -> str:
         where = f" at {self.source}" if self.source is not None else ""
@@ -706,7 +706,7 @@ class _Driver:
                 for n in created.values()
                 if n._alive and n.outputs
             ),
-            detail=_describe(pairs[0][1].node),
+            detail=_detail(created.values()),
         )
         self.report.append(record)
         self.parents.append(self.made_by.get(rnode.id))
@@ -802,17 +802,6 @@ class _Driver:
         )
 
 
-def _describe(node: Node) -> str:
-    """What the attributes of a rule's replacement say of themselves: the ``describe()`` of
-    each that has one (a kernel plan carrying a region), for the report."""
-    parts = []
-    for value in node.attrs.values():
-        describe = getattr(value, "describe", None)
-        if callable(describe):
-            parts.append(str(describe()))
-    return "; ".join(parts)
-
-
 def rule_error(rule: RuleDef, what: str) -> RuleError:
     """``rule name (file:line): what`` as the error that disables the rule."""
     where = f" ({rule.loc})" if rule.loc is not None else ""
@@ -882,6 +871,21 @@ class _Instantiate:
 
 
 # ------------------------------------------------------------------------------ the API
+
+
+def _detail(nodes: Iterable[Node]) -> str:
+    """What the operators of a rewrite's new nodes say about them (``Operator.describe``);
+    a describe that fails says so rather than failing the rewrite."""
+    texts = []
+    for n in nodes:
+        fn = getattr(n.op, "describe", None)
+        if fn is None or not n._alive:
+            continue
+        try:
+            texts.append(str(fn(**n.attrs)))
+        except Exception as exc:  # a report line must not stop a rewrite
+            texts.append(f"<{n.op.name}: describe raised {type(exc).__name__}>")
+    return "; ".join(texts)
 
 
 def rewrite(

@@ -44,7 +44,7 @@ def definition_error(message: str) -> NoReturn:
 # ``_guards.op_attr``: a parameter used as both is known only once the body is traced); any
 # other attribute is one an operator declares (``Operator.attrs``: a JAX primitive's
 # params, a ``@pm.op``'s attributes).
-TERM_ATTRS = frozenset({"shape", "rank", "dtype", "eltType", "op", "op_class", "index"})
+TERM_ATTRS = frozenset({"shape", "rank", "dtype", "eltType", "op", "op_class", "index", "term"})
 OP_ATTRS = frozenset({"op_class", "name", "n_in", "arity", "n_out"})
 
 

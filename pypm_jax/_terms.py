@@ -88,6 +88,7 @@ class Operator:
         "namespace",
         "pure",
         "infer",
+        "describe",
         "__weakref__",
     )
 
@@ -102,6 +103,7 @@ class Operator:
         namespace: str = "",
         pure: bool = True,
         infer: Callable[..., Any] | None = None,
+        describe: Callable[..., str] | None = None,
     ):
         if n_in is not None and (not isinstance(n_in, int) or n_in < 0):
             raise TypeError(f"operator {name}: arity must be a non-negative int or None")
@@ -116,6 +118,7 @@ class Operator:
         self.namespace = namespace
         self.pure = pure
         self.infer = infer
+        self.describe = describe
 
     @property
     def qualname(self) -> str:
@@ -324,6 +327,10 @@ def term_attr(term: Any, name: str) -> Any:
         return term.op.op_class if term.op.op_class is not None else UNDEFINED
     if name == "index":
         return term.index
+    if name == "term":
+        # the term itself: guard functions that read a matched region's structure (its
+        # operators, inputs and attributes) take it, e.g. the GEMM epilogue region rules
+        return term
     attrs = term.attrs
     if name in attrs:
         return attrs[name]

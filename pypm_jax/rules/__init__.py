@@ -2,16 +2,34 @@
 
 ``default_rules()`` is what ``pm.optimize`` uses when given no rules: the canonicalizing
 rules (names ``canonical_*``, which rewrite spellings that compute nothing to one form),
-then the attention rules (names ``attention*``), then the dense + activation rules (names
-``gemm_epilogue*``). Every rule is also importable by name. ``docs/RULES.md`` says what each matches.
+then the attention rules (names ``attention*``), then the dense + activation rules and the
+GEMM epilogue region rule (names ``gemm_epilogue*``). Every rule is also importable by
+name. ``docs/RULES.md`` says what each matches, and how ``$PYPM_GEMM_FUSE`` decides where a
+fused GEMM runs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import _prebuilt, attention, attention_region, canonical, causal, gemm, masked_rows, sinks
-from ._kernels import AttentionRegion, FlashAttention, FlashAttentionSinks, GemmEpilogue
+from . import (
+    _prebuilt,
+    attention,
+    attention_region,
+    canonical,
+    causal,
+    epilogue,
+    gemm,
+    masked_rows,
+    sinks,
+)
+from ._kernels import (
+    AttentionRegion,
+    FlashAttention,
+    FlashAttentionSinks,
+    GemmEpilogue,
+    GemmRegion,
+)
 from .attention import (
     ATTENTION_RULES,
     attention_bias,
@@ -42,6 +60,7 @@ from .causal import (
     attention_dpa_bias_mask_causal,
     attention_dpa_mask_causal,
 )
+from .epilogue import EPILOGUE_RULES, gemm_epilogue_region
 from .gemm import (
     GEMM_LINEAR_RULES,
     GEMM_RULES,
@@ -74,6 +93,7 @@ __all__ = [
     "AttentionRegion",
     "attention_region",
     "GemmEpilogue",
+    "GemmRegion",
     "attention",
     "gemm",
     "attention_rule",
@@ -112,6 +132,8 @@ __all__ = [
     "gemm_epilogue",
     "gemm_epilogue_no_bias",
     "gemm_epilogue_linear",
+    "gemm_epilogue_region",
+    "epilogue",
 ]
 
 
@@ -139,9 +161,12 @@ def attention_rules() -> list[Any]:
     )
 
 
-def gemm_rules(*, linear: bool = False) -> list[Any]:
-    """Dense + activation → GEMM with fused epilogue; ``linear=True`` adds plain dense + bias."""
-    return list(GEMM_RULES) + (list(GEMM_LINEAR_RULES) if linear else [])
+def gemm_rules(*, linear: bool = False, regions: bool = True) -> list[Any]:
+    """Dense + activation → GEMM with fused epilogue; ``linear=True`` adds plain dense + bias
+    (before the region rule, so it takes those sites); ``regions=False`` leaves out the
+    region rule (any pointwise epilogue, grown over the kernels the other rules build)."""
+    rules = list(GEMM_RULES) + (list(GEMM_LINEAR_RULES) if linear else [])
+    return rules + (list(EPILOGUE_RULES) if regions else [])
 
 
 def standard_rules() -> list[Any]:

@@ -9,13 +9,29 @@ are a literal ``0`` the plan tells the implementation to ignore.
 
 Kernel selection is ``pallas_kernels``'s: Pallas on GPU, the plain-JAX reference on CPU,
 ``PYPM_KERNEL_IMPL=interpret`` for the Pallas interpreter.
+
+GEMM epilogues follow a *fuse policy* (``$PYPM_GEMM_FUSE``: ``auto``, ``always``,
+``never``; see :func:`gemm_impl`): where XLA already fuses the same epilogue into its own
+GEMM, the automatic choice leaves the site to XLA.
 """
 
 from __future__ import annotations
 
-__all__ = ["FlashAttention", "FlashAttentionSinks", "GemmEpilogue", "AttentionRegion"]
+__all__ = [
+    "FlashAttention",
+    "FlashAttentionSinks",
+    "GemmEpilogue",
+    "AttentionRegion",
+    "GemmRegion",
+    "RegionOperands",
+    "FUSE_ENV",
+    "FUSE_POLICIES",
+    "fuse_policy",
+    "gemm_impl",
+]
 
 import functools
+import os
 from collections.abc import Mapping
 from math import prod
 from typing import Any
@@ -25,11 +41,15 @@ import pypm_jax as pm
 from .._dtypes import as_dtype
 from .._report import KernelInfo, register_describe
 from ..jax import Partitioning, register_impl, register_partitioning
+from ._gemm_regions import GemmRegionPlan
 from ._plans import AttentionPlan, GemmPlan
-from ._region import region_fn
+from ._region import describe, region_fn
+
+FUSE_ENV = "PYPM_GEMM_FUSE"
+FUSE_POLICIES = ("auto", "always", "never")
 
 
-def _infer(*_inputs: Any, plan: Any) -> tuple[Any, Any]:
+def _infer(*_inputs: Any, plan: Any, **_attrs: Any) -> tuple[Any, Any]:
     """The replaced value's type, which the plan carries."""
     return plan.out_shape, plan.out_dtype
 
@@ -47,6 +67,29 @@ def FlashAttentionSinks(a, b, v, bias, mask, scale, sinks):  # noqa: N802
 
 @pm.op(attrs=("plan",), op_class="gemm", infer=_infer)
 def GemmEpilogue(x, w, bias):  # noqa: N802
+    return 1
+
+
+def _describe_region(*, region: Any, plan: Any) -> str:
+    """The report's text for a ``GemmRegion``: its region (``acc`` is ``x @ w``)."""
+    return describe(region)
+
+
+@pm.op(attrs=("region", "plan"), op_class="gemm", infer=_infer, describe=_describe_region)
+def GemmRegion(x, w, operands):  # noqa: N802
+    """``region(x @ w, *operands)`` (:mod:`pypm_jax.rules._region`); ``operands`` is ``0``
+    (none) or a :func:`RegionOperands` pack."""
+    return 1
+
+
+def _infer_pack(*_inputs: Any) -> tuple[Any, Any]:
+    return None, None
+
+
+@pm.op(op_class="pack", infer=_infer_pack)
+def RegionOperands(rest, operand):  # noqa: N802
+    """The operands of a region: those of ``rest`` (``0``: none, or another pack), then
+    ``operand``. A list grows by one per rewrite, with rules of a fixed shape."""
     return 1
 
 
@@ -115,6 +158,37 @@ def flash_attention_impl(
     return jnp.transpose(out, plan.perm_out).astype(plan.out_dtype)
 
 
+def fuse_policy() -> str:
+    """``$PYPM_GEMM_FUSE`` (default ``auto``), checked: a misspelt policy raises."""
+    policy = os.environ.get(FUSE_ENV, "").strip().lower() or "auto"
+    if policy not in FUSE_POLICIES:
+        raise ValueError(f"${FUSE_ENV}={policy!r}: expected one of {FUSE_POLICIES}")
+    return policy
+
+
+def gemm_impl(xla_fuses: bool) -> str | None:
+    """The ``impl`` a GEMM-epilogue site asks ``pallas_kernels`` for.
+
+    * ``never``: ``"xla"`` -- XLA's own GEMM and the epilogue as the program wrote it;
+    * ``always``: None -- the kernels' own choice (Pallas on a GPU, ``$PYPM_KERNEL_IMPL``);
+    * ``auto``: like ``always``, except that a site whose epilogue XLA:GPU already fuses into
+      its GEMM (``xla_fuses``: a bias or residual add, then at most a ReLU or tanh-GELU:
+      cuBLASLt's epilogues) runs as ``"xla"`` on a GPU when no kernel implementation was
+      asked for explicitly: the kernel cannot beat the fusion it would replace. (On a CPU
+      the automatic choice is the reference, the original computation, anyway.)
+    """
+    from pallas_kernels import ENV_VAR
+    from pallas_kernels._dispatch import on_gpu
+
+    policy = fuse_policy()
+    if policy == "never":
+        return "xla"
+    explicit = os.environ.get(ENV_VAR, "").strip().lower() not in ("", "auto")
+    if policy == "auto" and xla_fuses and not explicit and on_gpu():
+        return "xla"
+    return None
+
+
 @register_impl(GemmEpilogue)
 def gemm_epilogue_impl(x: Any, w: Any, bias: Any, *, plan: GemmPlan) -> Any:
     import jax.numpy as jnp
@@ -124,7 +198,8 @@ def gemm_epilogue_impl(x: Any, w: Any, bias: Any, *, plan: GemmPlan) -> Any:
     if plan.transpose_w:
         w = jnp.transpose(w)
     b = jnp.reshape(bias, (-1,)) if plan.bias else None  # (N elements; a shard's N/d)
-    out = gemm_epilogue(x, w, b, activation=plan.activation)
+    fused_by_xla = plan.activation in ("none", "relu", "gelu_tanh")
+    out = gemm_epilogue(x, w, b, activation=plan.activation, impl=gemm_impl(fused_by_xla))
     return out.astype(plan.out_dtype)
 
 
@@ -252,7 +327,12 @@ def _region_infer(*_inputs: Any, plan: Any) -> tuple[Any, Any]:
     return plan.attention.out_shape, plan.attention.out_dtype
 
 
-@pm.op(attrs=("plan",), op_class="attention", infer=_region_infer)
+@pm.op(
+    attrs=("plan",),
+    op_class="attention",
+    infer=_region_infer,
+    describe=lambda plan: plan.describe(),
+)
 def AttentionRegion(a, b, v, x, c0, c1, c2, c3, c4, c5):  # noqa: N802
     """Flash attention whose logits are a region of pointwise steps over the scores
     (:mod:`pypm_jax.rules.attention_region`): ``x`` is the part of the logits not yet taken
@@ -330,3 +410,57 @@ def describe_attention_region(attrs: Mapping[str, Any], type_: str) -> KernelInf
     detail line: its logits, mask and band)."""
     info = describe_attention({"plan": attrs["plan"].attention}, type_)
     return KernelInfo(info.kernel, info.shape, (*info.flags, "region"))
+
+
+@register_impl(RegionOperands)
+def region_operands_impl(rest: Any, operand: Any) -> tuple[Any, ...]:
+    return (*(rest if isinstance(rest, tuple) else ()), operand)
+
+
+def _operand_tile(value: Any, kind: str, rank: int) -> Any:
+    """The part of an operand (the value the program read, of the result's shape where it
+    was broadcast) the kernel tiles: XLA folds these slices of a broadcast away."""
+    import jax.numpy as jnp
+
+    value = jnp.asarray(value)
+    value = jnp.reshape(value, (1,) * (rank - value.ndim) + value.shape)
+    if kind == "col":
+        return value[(0,) * (rank - 1)]
+    if kind == "row":
+        return value[..., :1]
+    if kind == "scalar":
+        return value[(0,) * rank]
+    return value
+
+
+@register_impl(GemmRegion)
+def gemm_region_impl(x: Any, w: Any, operands: Any, *, region: Any, plan: GemmRegionPlan) -> Any:
+    import jax.numpy as jnp
+
+    from pallas_kernels import gemm_fused
+
+    if plan.transpose_w:
+        w = jnp.transpose(w)
+    ops = operands if isinstance(operands, tuple) else ()
+    rank = len(plan.out_shape)
+    tiles = tuple(_operand_tile(v, k, rank) for v, k in zip(ops, plan.operands, strict=True))
+    return gemm_fused(
+        x,
+        w,
+        region_fn(region),
+        *tiles,
+        impl=gemm_impl(plan.xla_fuses),
+        kernel_epilogue=region_fn(region, "kernel"),
+        out_dtype=plan.out_dtype,
+    )
+
+
+@register_describe(GemmRegion)
+def describe_gemm_region(attrs: Mapping[str, Any], _type: str) -> KernelInfo:
+    """``gemm  f32 256x512x1024  region,col,full``: M x K x N, flagged ``region`` and the
+    kinds of the operands the epilogue reads (the region itself is the report's detail
+    line)."""
+    plan: GemmRegionPlan = attrs["plan"]
+    m = prod(plan.out_shape[:-1])
+    flags = ("region", *sorted(set(plan.operands)))
+    return KernelInfo("gemm", f"{_short_dtype(plan.dtype)} {m}x{plan.k}x{plan.n}", flags)

@@ -453,3 +453,40 @@ def test_a_long_run_logs_its_progress(engine, monkeypatch, caplog):
         monkeypatch.setattr(_rewrite, "PROGRESS_SECONDS", 3600.0)
         rewrite(Graph([F1(F1(A))]), [F1_TO_F2], engine=engine)
     assert not [r for r in caplog.records if r.name == "pypm_jax.rewrite"]  # a short run: quiet
+
+
+def test_guards_read_the_term_and_reports_show_what_built_nodes_describe():
+    """``x.term`` hands a guard function the bound term itself; an operator's ``describe``
+    is the report's detail for the nodes a rule built."""
+    import pypm_jax as pm
+
+    @pm.guard_fn("tests.depth")
+    def depth(t):
+        return 1 + max((depth(i) for i in t.inputs), default=0)
+
+    @pm.op(attrs=("n",), describe=lambda n: f"{n} deep")
+    def Deep(x):  # noqa: N802
+        return 1
+
+    @pm.op
+    def Step(x):  # noqa: N802
+        return 1
+
+    @pm.op
+    def Other(x):  # noqa: N802
+        return 1
+
+    @pm.pattern
+    def TwoSteps(x):
+        return Step(Step(x))
+
+    @pm.rule(TwoSteps)
+    def collapse(x):
+        return Deep(x, n=depth(x.term))
+
+    a = pm.leaf("a", shape=(2,), dtype="f32")
+    result = pm.rewrite(pm.Graph([Step(Step(Other(Other(a))))]), [collapse])
+    (record,) = result.report
+    assert record.detail == "3 deep"  # x = Other(Other(a))
+    assert "detail" in str(result.report) and "3 deep" in str(result.report)
+    assert str(record).endswith(": 3 deep")

@@ -243,3 +243,18 @@ def test_unbound_local_variable():
         return Relu(x)
 
     expect_error(Unused, "MARK-unused", "never bound")
+
+
+def test_two_guard_functions_under_one_name_is_an_error():
+    @pm.guard_fn("tests.one_name_for_two")
+    def first(x):
+        return True
+
+    first_again = pm.guard_fn("tests.one_name_for_two")(first)  # the same function: fine
+    assert first_again is first
+
+    def second(x):
+        return False
+
+    with pytest.raises(ValueError, match="tests.one_name_for_two.*is taken by .*first"):
+        pm.guard_fn("tests.one_name_for_two")(second)

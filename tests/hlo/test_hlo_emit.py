@@ -58,11 +58,7 @@ def test_emitted_module_runs_and_matches(name):
     assert lowered.as_text(debug_info=True) == before  # the caller's module is untouched
     # the new module parses, and main calls one kernel per site instead of the site's ops
     families = sorted(f for f, _ in _kernel_calls(result.text))
-    want_families = sorted(
-        ("FlashAttention" if rule.startswith("attention") else "GemmEpilogue")
-        for rule, n in counts.items()
-        for _ in range(n)
-    )
+    want_families = sorted(_family(rule) for rule, n in counts.items() for _ in range(n))
     assert families == want_families
     if name != "mlp":  # every softmax went into a kernel
         assert "stablehlo.exponential" not in [op.name for op in _main(result.text)]
@@ -141,7 +137,7 @@ def test_every_site_of_the_wider_corpus_is_emitted(name):
     # one kernel call per site; the causal rules refine the kernel of an attention site
     refined = ("attention_causal_mask", "attention_causal_bias")
     sites = [r.rule for r in result.report if r.rule not in refined]
-    want = sorted("FlashAttention" if r.startswith("attention") else "GemmEpilogue" for r in sites)
+    want = sorted(_family(r) for r in sites)
     assert sorted(f for f, _ in _kernel_calls(result.text)) == want, desc
     _assert_runs_like(lowered, result.text, jax.tree.leaves(args), desc)
 
@@ -164,6 +160,13 @@ def _assert_runs_like(lowered, text, args, desc=""):
         assert a.shape == b.shape and a.dtype == b.dtype
         scale = max(float(np.max(np.abs(a))), 1e-30)
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * scale, err_msg=desc)
+
+
+def _family(rule):
+    """The kernel op a standard rule builds."""
+    if rule.startswith("attention"):
+        return "FlashAttention"
+    return "GemmRegion" if rule == "gemm_epilogue_region" else "GemmEpilogue"
 
 
 def _kernels_by_depth(text):
@@ -293,8 +296,13 @@ def test_sites_inside_a_private_function_called_twice_are_emitted(kernel_impl):
     lowered = jax.jit(f, keep_unused=True).lower(*args)
     assert "call @_inner_dense_gelu" in lowered.as_text()
     result = hlo.emit(lowered)
-    assert len(result.emitted) == 2 and not result.skipped, str(result)
-    assert _kernels_by_depth(result.text) == [("GemmEpilogue", 0, "func.func")] * 2
+    # the second call's kernel grows over ``+ y``: one site of two rewrites
+    assert result.report.counts() == {"gemm_epilogue": 2, "gemm_epilogue_region": 1}
+    assert len(result.emitted) == 3 and not result.skipped, str(result)
+    assert {k for k in _kernels_by_depth(result.text)} == {
+        ("GemmEpilogue", 0, "func.func"),
+        ("GemmRegion", 0, "func.func"),
+    }
     # inlined at both calls, then erased
     assert "_inner_dense_gelu" not in hlo._compat.load(result.text).funcs
     _assert_runs_like(lowered, result.text, args)

@@ -236,3 +236,17 @@ def test_cpu_fallback_compiles_to_the_original_program_f32(monkeypatch, activati
     assert _instructions(ours.lower(x, w, b).compile().as_text()) == _instructions(
         orig.lower(x, w, b).compile().as_text()
     )
+
+
+def test_operand_kinds_and_support() -> None:
+    lead, n = (3, 13), 45
+    assert pk.operand_kind((45,), lead, n) == "col"
+    assert pk.operand_kind((1, 45), lead, n) == "col"
+    assert pk.operand_kind((3, 13, 1), lead, n) == "row"
+    assert pk.operand_kind((13, 1), lead, n) is None  # a row needs every leading dim
+    assert pk.operand_kind((3, 13, 45), lead, n) == "full"
+    assert pk.operand_kind((), lead, n) == pk.operand_kind((1, 1, 1), lead, n) == "scalar"
+    assert pk.operand_kind((3, 1, 45), lead, n) is None  # per-batch bias: not tileable
+    assert pk.operand_kind((1, 3, 13, 45), lead, n) is None  # rank above the result's
+    assert pk.supports_gemm((3, 13, 8), (8, 45), "float32", operand_shapes=((3, 13, 1), ()))
+    assert not pk.supports_gemm((3, 13, 8), (8, 45), "float32", operand_shapes=((3, 1, 45),))

@@ -149,3 +149,72 @@ def test_in_kernel_erf_is_accurate() -> None:
     gelu = 0.5 * ys * (1.0 + erf(ys / np.sqrt(2.0)))
     want = jax.nn.gelu(ys, approximate=False)
     assert float(jnp.max(jnp.abs(gelu - want))) <= 1e-6
+
+
+# Operands of every kind the kernel tiles, for a [3, 13, 45] result (M=39, N=45: ragged),
+# in their plain shapes and in shapes with extra size-1 axes.
+OPERAND_SHAPES = {
+    "plain": {"col": (45,), "row": (3, 13, 1), "full": (3, 13, 45), "scalar": ()},
+    "size-1 axes": {"col": (1, 1, 45), "row": (3, 13, 1), "full": (3, 13, 45), "scalar": (1, 1)},
+}
+
+
+def _every_kind(acc, col, row, full, scalar):
+    """Reads each operand twice (gradients through both uses)."""
+    h = jnp.log1p(jnp.exp(acc * col + row)) * full + scalar
+    return h + col * row * scalar
+
+
+@pytest.mark.parametrize("shapes", list(OPERAND_SHAPES))
+def test_operand_kinds_values_and_gradients(shapes: str) -> None:
+    x, w = rnd(30, (3, 13, 50), scale=0.5), rnd(31, (50, 45), scale=0.3)
+    ops = [rnd(32 + i, s) for i, s in enumerate(OPERAND_SHAPES[shapes].values())]
+    cot = rnd(39, (3, 13, 45))
+
+    def kernel(x, w, *ops):
+        return gemm_fused(x, w, _every_kind, *ops, impl="interpret")
+
+    def plain(x, w, *ops):
+        return _every_kind(x @ w, *ops)
+
+    out = kernel(x, w, *ops)
+    assert out.shape == (3, 13, 45)
+    assert_close(out, plain(x, w, *ops), "float32", what=shapes)
+    assert_close(out, gemm_fused_reference(x, w, _every_kind, *ops), "float32", what=shapes)
+    argnums = tuple(range(2 + len(ops)))
+    got = jax.grad(lambda *a: jnp.sum(kernel(*a) * cot), argnums)(x, w, *ops)
+    want = jax.grad(lambda *a: jnp.sum(plain(*a) * cot), argnums)(x, w, *ops)
+    for name, g, r in zip(("dx", "dw", *OPERAND_SHAPES[shapes]), got, want, strict=True):
+        assert g.shape == r.shape, (shapes, name)
+        assert_close(g, r, "float32", tol_table=GRAD_TOL, what=f"{shapes} d{name}")
+
+
+def test_mixed_operands_and_out_dtype() -> None:
+    """A bias, a row scale and a residual in one epilogue; an f32 result of bf16 inputs."""
+    x, w = rnd(40, (37, 50), jnp.bfloat16), rnd(41, (50, 45), jnp.bfloat16, scale=0.3)
+    b, s, res = rnd(42, (45,)), rnd(43, (37, 1)), rnd(44, (37, 45), jnp.bfloat16)
+
+    def epi(acc, b, s, res):
+        return jax.nn.relu(acc + b) * s + res
+
+    out = gemm_fused(x, w, epi, b, s, res, impl="interpret", out_dtype=jnp.float32)
+    assert out.dtype == jnp.float32
+    want = gemm_fused_reference(x, w, epi, b, s, res, out_dtype=jnp.float32)
+    assert_close(out, want, "float32")
+    assert_close(out, epi(jnp.dot(x, w, preferred_element_type=jnp.float32), b, s, res), "bfloat16")
+
+
+def test_kernel_epilogue_runs_in_the_kernel_only() -> None:
+    x, w = rnd(50, (20, 24)), rnd(51, (24, 18))
+    exact = lambda a: jax.lax.erf(a)  # noqa: E731
+    out = gemm_fused(x, w, exact, impl="interpret", kernel_epilogue=erf)
+    assert_close(out, erf(x @ w), "float32")
+    ref = gemm_fused(x, w, exact, impl="xla", kernel_epilogue=erf)
+    np.testing.assert_array_equal(ref, jax.jit(lambda x, w: jax.lax.erf(x @ w))(x, w))
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 45), (2, 13, 45), (13, 45, 1), (45, 1)])
+def test_operands_the_kernel_cannot_tile_are_refused(shape) -> None:
+    x, w = rnd(0, (3, 13, 50)), rnd(1, (50, 45))
+    with pytest.raises(ValueError, match="operand 0 of shape"):
+        gemm_fused(x, w, lambda a, c: a + c, jnp.ones(shape), impl="interpret")

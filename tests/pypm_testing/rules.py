@@ -15,7 +15,13 @@ import pytest
 import pypm_jax as pm
 from pypm_jax.jax import _compat, optimize
 from pypm_jax.jax.report import OptimizationFallbackWarning
-from pypm_jax.rules import FlashAttention, FlashAttentionSinks, GemmEpilogue, default_rules
+from pypm_jax.rules import (
+    FlashAttention,
+    FlashAttentionSinks,
+    GemmEpilogue,
+    GemmRegion,
+    default_rules,
+)
 from pypm_testing import corpus
 
 # Output tolerances (relative to the largest magnitude of each output, plus elementwise):
@@ -96,7 +102,7 @@ def kernel_nodes(fast: Any, args: tuple[Any, ...]) -> list[Any]:
     while stack:
         g = stack.pop()
         for n in g.nodes():
-            if n.op in (FlashAttention, FlashAttentionSinks, GemmEpilogue):
+            if n.op in (FlashAttention, FlashAttentionSinks, GemmEpilogue, GemmRegion):
                 out.append(n)
             for value in n.attrs.values():
                 items = value if isinstance(value, tuple) else (value,)
@@ -155,7 +161,12 @@ def driver_counts_shared_constants(chain: bool = False) -> bool:
 CORPUS_SITES: dict[str, dict[str, int]] = {
     "bert": {"attention_bias": 2, "gemm_epilogue": 3},
     "gpt2": {"attention_bias": 2, "attention_causal_bias": 2, "gemm_epilogue": 2},
-    "llama": {"attention_bias": 2, "attention_causal_bias": 2, "gemm_epilogue_no_bias": 2},
+    "llama": {
+        "attention_bias": 2,
+        "attention_causal_bias": 2,
+        "gemm_epilogue_no_bias": 2,
+        "gemm_epilogue_region": 2,  # the product with the up projection, in the gate's kernel
+    },
     "vit": {"attention": 2, "gemm_epilogue": 3},
     "bart": {"attention_bias": 6, "attention_causal_bias": 2, "gemm_epilogue": 4},
     "distilbert": {"attention_bias": 2, "gemm_epilogue": 2},
@@ -185,8 +196,18 @@ MORE_SITES: dict[str, dict[str, int]] = {
         "gemm_epilogue": 2,
     },
     "beit": {"attention_bias": 2, "gemm_epilogue": 2},
-    "mistral": {"attention_bias": 2, "attention_causal_bias": 2, "gemm_epilogue_no_bias": 2},
-    "gemma": {"attention_bias": 2, "attention_causal_bias": 2, "gemm_epilogue_no_bias": 2},
+    "mistral": {
+        "attention_bias": 2,
+        "attention_causal_bias": 2,
+        "gemm_epilogue_no_bias": 2,
+        "gemm_epilogue_region": 2,
+    },
+    "gemma": {
+        "attention_bias": 2,
+        "attention_causal_bias": 2,
+        "gemm_epilogue_no_bias": 2,
+        "gemm_epilogue_region": 2,
+    },
     "opt": {"attention_bias": 2, "attention_causal_bias": 2, "gemm_epilogue": 2},
 }
 CORPUS_BF16 = ("bert", "llama", "linen_mha_masked", "nnx_mha")  # the models also checked in bf16

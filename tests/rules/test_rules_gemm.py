@@ -77,20 +77,24 @@ def test_dense_bias_activation(name):
 
 
 def test_bloom_gelu_needs_sqrt_2_over_pi_to_seven_digits():
+    """Not the kernel's tanh GELU: the region rule fuses it with its own constant."""
+
     def dense(x, w, b):
         return _gelu_bloom_far(x @ w + b)
 
-    check(dense, operands(), {}, what="tanh GELU with 0.7978 for sqrt(2/pi)")
+    check(dense, operands(), {"gemm_epilogue_region": 1}, what="tanh GELU with 0.7978")
 
 
 def test_quick_gelu_needs_its_scale():
-    """``y * sigmoid(1.7 y)`` is neither quick GELU nor SiLU: left alone."""
+    """``y * sigmoid(1.7 y)`` is neither quick GELU nor SiLU: fused as written, a region."""
 
     def dense(x, w, b):
         y = x @ w + b
         return y * jax.nn.sigmoid(1.7 * y)
 
-    check(dense, operands(), {}, what="y * sigmoid(1.7 y)")
+    fast = check(dense, operands(), {"gemm_epilogue_region": 1}, what="y * sigmoid(1.7 y)")
+    (record,) = fast.report(*operands())
+    assert "logistic(1.7" in record.detail
 
 
 @pytest.mark.slow
@@ -129,13 +133,15 @@ def test_bias_first_and_matrix_input():
 
 
 def test_llama_style_gated_mlp():
-    """``silu(x @ w_gate) * (x @ w_up)``: the gate is a dense + activation site."""
+    """``silu(x @ w_gate) * (x @ w_up)``: the gate is a dense + activation site; the product
+    with the up projection then joins the gate's kernel as a region reading a full tile."""
 
     def mlp(x, wg, wu):
         return jax.nn.silu(x @ wg) * (x @ wu)
 
     x, w, _ = operands()
-    check(mlp, (x, w, w * 0.5), {"gemm_epilogue_no_bias": 1})
+    counts = {"gemm_epilogue_no_bias": 1, "gemm_epilogue_region": 1}
+    check(mlp, (x, w, w * 0.5), counts, grad=True)
 
 
 def test_linear_rule_is_opt_in():

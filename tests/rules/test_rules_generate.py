@@ -52,7 +52,10 @@ def _llama():
 
 MODELS = {
     "gpt2": (_gpt2, {"attention_bias": 2, "gemm_epilogue": 2}),
-    "llama": (_llama, {"attention_bias": 2, "gemm_epilogue_no_bias": 2}),
+    "llama": (
+        _llama,
+        {"attention_bias": 2, "gemm_epilogue_no_bias": 2, "gemm_epilogue_region": 2},
+    ),
 }
 
 

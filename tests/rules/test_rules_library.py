@@ -20,8 +20,12 @@ def test_default_rules_canonical_first_then_attention_then_epilogues():
     assert all(n.startswith("attention") for n in names[n_canonical : n_canonical + n_attention])
     assert all(n.startswith("gemm_epilogue") for n in names[n_canonical + n_attention :])
     assert names == [r.name for r in R.standard_rules()]
-    assert "gemm_epilogue_linear" not in names
-    assert [r.name for r in R.gemm_rules(linear=True)][-1] == "gemm_epilogue_linear"
+    assert "gemm_epilogue_linear" not in names and names[-1] == "gemm_epilogue_region"
+    assert [r.name for r in R.gemm_rules(linear=True)][-2:] == [
+        "gemm_epilogue_linear",
+        "gemm_epilogue_region",
+    ]
+    assert "gemm_epilogue_region" not in [r.name for r in R.gemm_rules(regions=False)]
     assert [r.name for r in optimize_default_rules()] == names  # what pm.optimize uses
 
 

@@ -1,0 +1,434 @@
+"""Guard functions of the GEMM epilogue region rules (:mod:`pypm_jax.rules.epilogue`).
+
+The region pattern matches the structure (pointwise operators over one GEMM, literals and
+at most one new operand); :func:`region_plan` reads the matched terms (``x.term``) and turns
+them into a :data:`~pypm_jax.rules._region.Region` and a :class:`GemmRegionPlan`: which
+operand kinds the kernel tiles, the result's type, and whether XLA already fuses the same
+epilogue into its own GEMM (the fuse policy of :mod:`pypm_jax.rules._kernels`). Pure Python
+over terms and attribute values, never JAX; total: a site it cannot plan is ``None``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GemmRegionPlan",
+    "MAX_STEPS",
+    "MAX_OPERANDS",
+    "region_prim",
+    "computed_from_literals",
+    "region_plan",
+    "gemm_has_bias",
+    "reads_gemm",
+    "activation_steps",
+]
+
+import math
+from typing import Any, NamedTuple
+
+from .._registry import guard_fn
+from .._terms import CONST
+from ..jax.primitives import is_table_op
+from ._plans import GemmPlan, gemm_plan
+from ._region import PRIMS, Region, Step, region_error, step
+
+MAX_STEPS = 64  # a longer region is left alone (its pattern still matched: explain says so)
+MAX_OPERANDS = 8
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+_QUICK_GELU_SCALE = 1.702  # pallas_kernels.QUICK_GELU_SCALE
+
+# attributes a lifted pointwise equation carries that do not change what it computes when
+# they have these values (``accuracy=None``: the default approximation)
+_NEUTRAL = {"accuracy": None, "out_dtype": None, "weak_type": None, "sharding": None}
+_KEPT = {"integer_pow": ("y",), "convert_element_type": ("new_dtype",)}
+
+
+class GemmRegionPlan(NamedTuple):
+    """How a ``GemmRegion`` node runs on ``pallas_kernels.gemm_fused``.
+
+    ``operands`` is the kind of each operand the region reads (``"col"``, ``"row"``,
+    ``"full"``, ``"scalar"``: see ``pallas_kernels.operand_kind``), in the order of the
+    node's operand pack; ``xla_fuses`` says the region is one XLA:GPU fuses into its own
+    GEMM (a bias or residual add, then at most a ReLU or tanh-GELU).
+    """
+
+    transpose_w: bool  # w is stored [N, K]
+    k: int
+    n: int
+    dtype: str
+    out_shape: tuple[int, ...]
+    out_dtype: str
+    operands: tuple[str, ...]
+    xla_fuses: bool
+
+
+def _dense_dot(t: Any) -> bool:
+    """A ``dot_general`` contracting x's last axis with one axis of a matrix, no batch axes
+    (what ``gemm_plan`` can plan; attention's batched dots are not)."""
+    if t.op.name != "dot_general" or not is_table_op(t.op) or len(t.inputs) != 2:
+        return False
+    x, w = (getattr(i, "shape", None) for i in t.inputs)
+    try:
+        (lc, rc), (lb, rb) = t.attrs["dimension_numbers"]
+    except (KeyError, TypeError, ValueError):
+        return False
+    return (
+        x is not None
+        and w is not None
+        and len(w) == 2
+        and not lb
+        and not rb
+        and tuple(lc) == (len(x) - 1,)
+        and len(rc) == 1
+    )
+
+
+def _is_gemm(t: Any) -> bool:
+    cls = t.op.op_class
+    return (cls is not None and cls.name == "gemm") or _dense_dot(t)
+
+
+def _pointwise(t: Any) -> bool:
+    op = t.op
+    return is_table_op(op) and (op.name in PRIMS or op.name == "broadcast_in_dim")
+
+
+@guard_fn("rules.reads_gemm")
+def reads_gemm(term: Any) -> bool:
+    """Could ``term`` be a region's root: computed by pointwise operators from one GEMM (a
+    dense ``dot_general`` or a GEMM kernel node), literals and at most one operand applied
+    to the GEMM directly? A linear walk (each value once, at most :data:`MAX_STEPS` deep)
+    before the region pattern explores ``term``'s inputs with backtracking."""
+    if getattr(term, "op", None) is None or not _pointwise(term) or computed_from_literals(term):
+        return False
+    gemms: set[int] = set()
+    operands: set[int] = set()
+    stack, seen = [(term, 0)], set()
+    while stack:
+        t, depth = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if depth > MAX_STEPS or getattr(t, "op", None) is None:
+            return False
+        if _is_gemm(t):
+            gemms.add(id(t))
+            continue
+        if computed_from_literals(t):
+            continue
+        if not _pointwise(t):
+            return False
+        ins = t.inputs
+        if len(ins) == 2 and ins[0] is not ins[1] and any(_is_gemm(i) for i in ins):
+            other = ins[1] if _is_gemm(ins[0]) else ins[0]
+            if not computed_from_literals(other):
+                # the operand candidate (or, in ``y * logistic(y)``, part of the region):
+                # not walked, so a permissive test; the pattern decides
+                operands.add(id(other))
+                seen.add(id(other))
+        stack.extend((i, depth + 1) for i in ins if id(i) not in seen)
+    return len(gemms) == 1 and len(operands) <= 2
+
+
+@guard_fn("rules.gemm_has_bias")
+def gemm_has_bias(plan: Any) -> bool:
+    """Does a ``GemmEpilogue``'s plan read its bias input?"""
+    return isinstance(plan, GemmPlan) and plan.bias
+
+
+@guard_fn("rules.region_prim")
+def region_prim(name: Any) -> bool:
+    """Can a region step be this primitive (does the kernel's epilogue lower it)?"""
+    return name in PRIMS
+
+
+def _number(term: Any) -> Any:
+    """The Python number a literal term holds, or None."""
+    if getattr(term, "op", None) is not CONST:
+        return None
+    v = term.attrs.get("value")
+    if isinstance(v, bool | int | float) and not (isinstance(v, float) and math.isnan(v)):
+        return v
+    return None
+
+
+@guard_fn("rules.computed_from_literals")
+def computed_from_literals(term: Any) -> bool:
+    """Is ``term`` computed from literals alone (``0.5``, ``float32(sqrt(32.0))``, a
+    broadcast ``0.0``), so that a region computes it in its steps?"""
+    return _Walk((), None, ("acc",), {}).ref(term) is not None
+
+
+# -------------------------------------------------------------------------- operands
+
+
+def _varying_axes(term: Any, rank: int) -> set[int] | None:
+    """The axes of a ``[*lead, N]`` result along which an operand's value can change,
+    looking through ``broadcast_in_dim`` (so a broadcast bias varies along N only)."""
+    shape = getattr(term, "shape", None)
+    if shape is None or len(shape) > rank:
+        return None
+    op = getattr(term, "op", None)
+    if op is not None and op.name == "broadcast_in_dim" and is_table_op(op) and term.inputs:
+        src = term.inputs[0].shape
+        dims = term.attrs.get("broadcast_dimensions")
+        if src is not None and dims is not None and len(shape) == rank:
+            return {int(d) for d, s in zip(dims, src, strict=True) if s != 1}
+    offset = rank - len(shape)
+    return {offset + i for i, d in enumerate(shape) if d != 1}
+
+
+def operand_kind_of(term: Any, out_shape: tuple[int, ...]) -> str | None:
+    """How the kernel tiles ``term`` read against the ``out_shape`` result, or None.
+
+    JAX broadcasts size-1 axes of a binary operator's operands, and ``jnp`` writes a
+    ``broadcast_in_dim``: the kind comes from the axes the value varies along; a row or a
+    full tile must also have the result's leading axes (a per-batch ``[B, 1, N]`` bias of a
+    ``[B, S, N]`` result does not: no tile of it lines up with the result's)."""
+    axes = _varying_axes(term, len(out_shape))
+    if axes is None:
+        return None
+    rank = len(out_shape)
+    shape = (1,) * (rank - len(term.shape)) + tuple(term.shape)
+    last = rank - 1
+    if not axes:
+        return "scalar"
+    if axes == {last}:
+        return "col"
+    if last not in axes:
+        return "row" if shape[:-1] == tuple(out_shape[:-1]) else None
+    return "full" if shape == tuple(out_shape) else None
+
+
+# ---------------------------------------------------------------------------- walking
+
+
+def _params(term: Any) -> tuple[tuple[str, Any], ...] | None:
+    """The step params of a lifted pointwise equation, or None if one changes its meaning
+    in a way a region cannot say (a non-default ``accuracy``, a sharding...)."""
+    kept = _KEPT.get(term.op.name, ())
+    out: dict[str, Any] = {}
+    for name, value in term.attrs.items():
+        if name in kept:
+            out[name] = getattr(value, "numpy_name", value)
+        elif name not in _NEUTRAL or (value is not None and value is not False):
+            return None
+    return tuple(sorted(out.items()))
+
+
+def _one_element(term: Any) -> bool:
+    shape = getattr(term, "shape", None)
+    return shape is not None and all(d == 1 for d in shape)
+
+
+class _Walk:
+    """Steps computing ``root`` from the base value, the operands and literals."""
+
+    def __init__(self, prefix: Region, base: Any, base_ref: tuple[Any, ...], operands: dict):
+        self.steps: list[Step] = list(prefix)
+        self.refs: dict[int, tuple[Any, ...]] = {id(base): base_ref}
+        for term, ref in operands.items():
+            self.refs[id(term)] = ref
+        self.operands = operands
+
+    def ref(self, term: Any, depth: int = 0) -> tuple[Any, ...] | None:
+        known = self.refs.get(id(term))
+        if known is not None:
+            return known
+        value = _number(term)
+        if value is not None:
+            return ("lit", value)
+        op = getattr(term, "op", None)
+        if op is None or not is_table_op(op) or depth > MAX_STEPS:
+            return None
+        if op.name == "broadcast_in_dim" and _one_element(term.inputs[0]):
+            return self.ref(term.inputs[0], depth + 1)  # steps broadcast like numbers
+        if op.name not in PRIMS:
+            return None
+        params = _params(term)
+        if params is None:
+            return None
+        if op.name == "copy":  # no step: a region that only copies adds nothing
+            return self.ref(term.inputs[0], depth + 1)
+        args = []
+        for t in term.inputs:
+            r = self.ref(t, depth + 1)
+            if r is None:
+                return None
+            args.append(r)
+        if len(self.steps) >= MAX_STEPS:
+            return None
+        self.steps.append((op.name, params, tuple(args)))
+        ref = ("step", len(self.steps) - 1)
+        self.refs[id(term)] = ref
+        return ref
+
+
+# ------------------------------------------------------------------ activations as steps
+
+_ACT = ("step", -1)  # placeholder: the activation's input, resolved by activation_steps
+
+
+def activation_steps(activation: str, bias: bool) -> Region | None:
+    """The steps of ``pallas_kernels.gemm_epilogue``'s kernel epilogue (its formulas),
+    so a region can grow over a ``GemmEpilogue`` node a dense + activation rule built."""
+    steps: list[Step] = []
+
+    def put(prim: str, *args: Any, **params: Any) -> tuple[str, int]:
+        steps.append(step(prim, tuple(args), **params))
+        return ("step", len(steps) - 1)
+
+    a: tuple[Any, ...] = put("add", ("acc",), ("in", 0)) if bias else ("acc",)
+
+    def lit(v: float) -> tuple[str, float]:
+        return ("lit", v)
+
+    if activation == "none":
+        pass
+    elif activation == "relu":
+        put("max", a, lit(0.0))
+    elif activation == "gelu_tanh":
+        cube = put("integer_pow", a, y=3)
+        inner = put("add", a, put("mul", lit(0.044715), cube))
+        t = put("tanh", put("mul", lit(_SQRT_2_OVER_PI), inner))
+        put("mul", put("mul", lit(0.5), a), put("add", lit(1.0), t))
+    elif activation == "gelu":
+        e = put("erf", put("mul", a, lit(_INV_SQRT2)))
+        put("mul", put("mul", lit(0.5), a), put("add", lit(1.0), e))
+    elif activation == "silu":
+        put("mul", a, put("logistic", a))
+    elif activation == "sigmoid":
+        put("logistic", a)
+    elif activation == "tanh":
+        put("tanh", a)
+    elif activation == "quick_gelu":
+        put("mul", a, put("logistic", put("mul", lit(_QUICK_GELU_SCALE), a)))
+    else:
+        return None
+    return tuple(steps)
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+def _kernel_takes(x_shape: Any, gp: Any) -> bool:
+    """Does ``pallas_kernels.gemm_fused`` take the GEMM (shapes, a float dtype)?"""
+    from pallas_kernels import supports_gemm
+
+    try:
+        x = tuple(int(d) for d in x_shape)
+    except (TypeError, ValueError):
+        return False
+    return supports_gemm(x, (gp.k, gp.n), gp.dtype)
+
+
+def _constant_steps(region: Region) -> set[int]:
+    """The steps computed from literals alone (``float32(sqrt(32.0))``)."""
+    out: set[int] = set()
+    for j, (_, _, args) in enumerate(region):
+        if all(r[0] == "lit" or (r[0] == "step" and r[1] in out) for r in args):
+            out.add(j)
+    return out
+
+
+def _linear(s: Step, kinds: tuple[str, ...], constant: set[int]) -> bool:
+    """A step XLA folds into its own GEMM: a cast, a bias or residual add, a scaling by a
+    constant (cuBLAS's bias, C and alpha)."""
+    prim, _, args = s
+
+    def const(r: tuple[Any, ...]) -> bool:
+        return r[0] == "lit" or (r[0] == "step" and r[1] in constant)
+
+    if prim == "convert_element_type":
+        return True
+    if prim == "add":
+        return any(r[0] == "in" and kinds[r[1]] in ("col", "full") for r in args)
+    return (prim in ("mul", "div") and const(args[1])) or (prim == "mul" and const(args[0]))
+
+
+def _xla_fuses(region: Region, kinds: tuple[str, ...]) -> bool:
+    """Is ``region`` an epilogue XLA:GPU already fuses into its GEMM (cuBLASLt): casts, a
+    bias or residual add, a constant scale, then at most one ReLU?  (tanh-GELU sites come
+    from the dense + activation rule, whose plan says so.)"""
+    constant = _constant_steps(region)
+    rest = [s for j, s in enumerate(region) if j not in constant]
+    while rest and _linear(rest[0], kinds, constant):
+        rest.pop(0)
+    return len(rest) <= 1 and all(s[0] == "max" and ("lit", 0.0) in s[2] for s in rest)
+
+
+def _base(base: Any, x_shape: Any, w_shape: Any, dtypes: Any) -> Any:
+    """(prefix steps, operand kinds, GemmPlan-like) of the value the region grows on:
+    no prefix on a bare ``dot_general``, else the region the kernel node already has."""
+    name = base.op.name
+    if name == "dot_general" and is_table_op(base.op):
+        dn = base.attrs.get("dimension_numbers")
+        gp = gemm_plan(x_shape, w_shape, dtypes, dn, (base.shape, base.dtype))
+        return None if gp is None else (None, (), gp)
+    plan = base.attrs.get("plan")
+    if name == "GemmRegion" and isinstance(plan, GemmRegionPlan):
+        return base.attrs.get("region"), plan.operands, plan
+    if name == "GemmEpilogue" and isinstance(plan, GemmPlan):
+        prefix = activation_steps(plan.activation, plan.bias)
+        return None if prefix is None else (prefix, ("col",) * plan.bias, plan)
+    return None
+
+
+@guard_fn("rules.gemm_region_plan")
+def region_plan(
+    root: Any, base: Any, operand: Any, x_shape: Any, w_shape: Any, dtypes: Any
+) -> tuple[Region, GemmRegionPlan] | None:
+    """The region computing ``root`` from ``base`` (a ``dot_general`` contracting x's last
+    axis with a matrix, or a ``GemmRegion`` / ``GemmEpilogue`` node to grow), literals and
+    ``operand`` (None: none), with its plan; None where the kernel cannot take it.
+
+    A region on a bare ``dot_general`` that only adds a bias or residual (and casts) is
+    left to XLA, which folds it into its own GEMM (``gemm_epilogue_linear`` is the opt-in
+    rule for it).
+    """
+    b = _base(base, x_shape, w_shape, dtypes)
+    if b is None or getattr(root, "shape", None) is None:
+        return None
+    prefix, kinds, gp = b
+    bare = prefix is None
+    prefix = prefix or ()
+    out_shape = tuple(root.shape)
+    if out_shape != tuple(gp.out_shape) or (prefix and region_error(prefix) is not None):
+        return None
+    operands: dict[Any, Any] = {}
+    if operand is not None:
+        if _Walk((), base, ("acc",), {}).ref(operand) is not None:
+            return None  # computed from literals (and the GEMM): region steps, no operand
+        kind = operand_kind_of(operand, out_shape)
+        if kind is None or len(kinds) >= MAX_OPERANDS or operand is base:
+            return None
+        operands[operand] = ("in", len(kinds))
+        kinds = (*kinds, kind)
+    base_ref = ("step", len(prefix) - 1) if prefix else ("acc",)
+    walk = _Walk(prefix, base, base_ref, operands)
+    if walk.ref(root) is None or len(walk.steps) == len(prefix):
+        return None
+    region = tuple(walk.steps)
+    if operand is not None and not any(("in", len(kinds) - 1) in s[2] for s in region):
+        return None
+    out_dtype = getattr(root.dtype, "numpy_name", None)
+    if out_dtype is None or region_error(region, len(kinds)) is not None:
+        return None
+    if not _kernel_takes(x_shape, gp):
+        return None
+    constant = _constant_steps(region)
+    linear = all(j in constant or _linear(s, kinds, constant) for j, s in enumerate(region))
+    if bare and linear:
+        return None  # a bias / residual add, a scale on a bare GEMM: XLA's own
+    plan = GemmRegionPlan(
+        transpose_w=gp.transpose_w,
+        k=gp.k,
+        n=gp.n,
+        dtype=gp.dtype,
+        out_shape=out_shape,
+        out_dtype=out_dtype,
+        operands=kinds,
+        xla_fuses=_xla_fuses(region, kinds),
+    )
+    return region, plan

@@ -1,0 +1,167 @@
+"""GEMM epilogue regions: a GEMM and the pointwise operators after it → one fused kernel.
+
+The paper's directed graph partitioning (``PwSubgraph`` / ``MatMulEpilog``, in the corrected
+form of ``tests/pypm_testing/paper_patterns.py``) as a standard rule. ``PwRegion`` matches a
+value computed from one GEMM ``y`` by pointwise operators, recursively: unary operators and
+casts of a region, binary operators of two regions, ``select_n`` and ``clamp`` of regions,
+literals, and one binary operator applying an operand ``o`` (a bias, a per-row scale, a
+residual, a scalar tensor) to the GEMM itself. Operator variables with op-class guards match
+the operators, like the paper's ``UnaryOp``; :func:`~pypm_jax.rules._gemm_regions.region_prim`
+keeps the ones the kernel's epilogue lowers. ``y`` is a bare ``dot_general`` contracting x's
+last axis with a matrix, or a GEMM kernel node a rule already built (``GemmRegion``,
+``GemmEpilogue``), so a region grows rewrite by rewrite: each rewrite absorbs the pointwise
+operators whose other readers are all inside the match (``single_use``), and at most one new
+operand; the next rewrite continues from the node it built. A region therefore ends where a
+value is read outside it, at an operator the kernel cannot lower, or at an operand the kernel
+cannot tile (``pm.explain`` names the node and the check).
+
+The rule's guard function :func:`~pypm_jax.rules._gemm_regions.region_plan` turns the match
+into the region as data (:mod:`pypm_jax.rules._region`) and the kernel plan; the
+``GemmRegion`` node carries both, the report shows the region, and lowering compiles it into
+``pallas_kernels.gemm_fused``'s epilogue.
+"""
+
+from __future__ import annotations
+
+import pypm_jax as pm
+
+from ..jax import prims as P
+from ._gemm_regions import (
+    computed_from_literals,
+    gemm_has_bias,
+    reads_gemm,
+    region_plan,
+    region_prim,
+)
+from ._kernels import GemmEpilogue, GemmRegion, RegionOperands
+
+__all__ = ["EPILOGUE_RULES", "PwRegion", "Gemm", "gemm_epilogue_region"]
+
+
+@pm.pattern
+def Gemm(x, w, u):
+    """A GEMM kernel node a rule built (``GemmRegion(x, w, u)``, ``GemmEpilogue(x, w, u)``)."""
+    G = pm.Op(3, 1)
+    assert G.op_class == pm.opclass("gemm")
+    return G(x, w, u)
+
+
+@pm.pattern
+def Gemm(x, w, u):  # noqa: F811 (alternates share a name)
+    """A bare ``dot_general(x, w)`` (u stays unbound)."""
+    return P.dot_general(x, w)
+
+
+@pm.pattern
+def GemmValue(y, x, w, u):
+    y <= Gemm(x, w, u)
+    return y
+
+
+@pm.pattern
+def PwRegion(y, x, w, u, o):
+    """The GEMM itself (where the recursion ends)."""
+    return GemmValue(y, x, w, u)
+
+
+@pm.pattern
+def PwRegion(y, x, w, u, o):  # noqa: F811
+    """A literal."""
+    c = pm.var()
+    assert computed_from_literals(c.term)
+    return c
+
+
+@pm.pattern
+def PwRegion(y, x, w, u, o):  # noqa: F811
+    """The operand ``o`` applied to the GEMM: ``y + bias``, ``y * row_scale``..."""
+    F = pm.Op(2, 1)
+    assert F.op_class == pm.opclass("binary_pointwise") and region_prim(F.name)
+    assert not computed_from_literals(o.term) and not reads_gemm(o.term)
+    return F(GemmValue(y, x, w, u), o)
+
+
+@pm.pattern
+def PwRegion(y, x, w, u, o):  # noqa: F811
+    F = pm.Op(2, 1)
+    assert F.op_class == pm.opclass("binary_pointwise") and region_prim(F.name)
+    assert not computed_from_literals(o.term) and not reads_gemm(o.term)
+    return F(o, GemmValue(y, x, w, u))
+
+
+@pm.pattern
+def PwRegion(y, x, w, u, o):  # noqa: F811
+    """A unary pointwise operator or a cast of a region (the paper's ``UnaryOp``)."""
+    F = pm.Op(1, 1)
+    assert (
+        F.op_class == pm.opclass("unary_pointwise") or F.op_class == pm.opclass("conversion")
+    ) and region_prim(F.name)
+    return F(PwRegion(y, x, w, u, o))
+
+
+@pm.pattern
+def PwRegion(y, x, w, u, o):  # noqa: F811
+    """A binary pointwise operator of two regions (or a region and a literal)."""
+    F = pm.Op(2, 1)
+    assert F.op_class == pm.opclass("binary_pointwise") and region_prim(F.name)
+    return F(PwRegion(y, x, w, u, o), PwRegion(y, x, w, u, o))
+
+
+@pm.pattern
+def PwRegion(y, x, w, u, o):  # noqa: F811
+    return P.select_n(PwRegion(y, x, w, u, o), PwRegion(y, x, w, u, o), PwRegion(y, x, w, u, o))
+
+
+@pm.pattern
+def PwRegion(y, x, w, u, o):  # noqa: F811
+    return P.clamp(PwRegion(y, x, w, u, o), PwRegion(y, x, w, u, o), PwRegion(y, x, w, u, o))
+
+
+@pm.pattern
+def FedByGemm(v):
+    """Any value a GEMM feeds through pointwise operators (a cheap walk, no backtracking)."""
+    assert reads_gemm(v.term)
+    return v
+
+
+@pm.pattern
+def GemmEpilogueRegion(r, y, x, w, u, o):
+    """A region's root; ``FedByGemm`` first, so the recursion only explores values a GEMM
+    feeds."""
+    r <= FedByGemm(r)
+    r <= PwRegion(y, x, w, u, o)
+    return r
+
+
+@pm.rule(GemmEpilogueRegion, single_use=True)
+def gemm_epilogue_region(r, y, x, w, u, o):
+    dtypes = (x.dtype, w.dtype, y.dtype)
+    alone = region_plan(r.term, y.term, None, x.shape, w.shape, dtypes)
+    if y.op == P.dot_general:
+        if alone != None:  # noqa: E711 (guards compare with None by value)
+            return GemmRegion(x, w, 0, region=alone[0], plan=alone[1])
+        with_o = region_plan(r.term, y.term, o.term, x.shape, w.shape, dtypes)
+        assert with_o != None  # noqa: E711
+        return GemmRegion(x, w, RegionOperands(0, o), region=with_o[0], plan=with_o[1])
+    elif y.op == GemmRegion:
+        if alone != None:  # noqa: E711
+            return GemmRegion(x, w, u, region=alone[0], plan=alone[1])
+        with_o = region_plan(r.term, y.term, o.term, x.shape, w.shape, dtypes)
+        assert with_o != None  # noqa: E711
+        return GemmRegion(x, w, RegionOperands(u, o), region=with_o[0], plan=with_o[1])
+    elif y.op == GemmEpilogue and gemm_has_bias(y.plan):
+        if alone != None:  # noqa: E711
+            return GemmRegion(x, w, RegionOperands(0, u), region=alone[0], plan=alone[1])
+        with_o = region_plan(r.term, y.term, o.term, x.shape, w.shape, dtypes)
+        assert with_o != None  # noqa: E711
+        packed = RegionOperands(RegionOperands(0, u), o)
+        return GemmRegion(x, w, packed, region=with_o[0], plan=with_o[1])
+    elif y.op == GemmEpilogue:
+        if alone != None:  # noqa: E711
+            return GemmRegion(x, w, 0, region=alone[0], plan=alone[1])
+        with_o = region_plan(r.term, y.term, o.term, x.shape, w.shape, dtypes)
+        assert with_o != None  # noqa: E711
+        return GemmRegion(x, w, RegionOperands(0, o), region=with_o[0], plan=with_o[1])
+
+
+EPILOGUE_RULES = [gemm_epilogue_region]
