@@ -46,6 +46,7 @@ from pypm_jax._calculus import (
 )
 from pypm_jax._dtypes import DTYPES
 from pypm_jax._errors import SourceLoc
+from pypm_jax._guards import MAX_EXPONENT, power_problem
 from pypm_jax._registry import GUARD_FNS
 from pypm_jax._terms import OpClass
 from pypm_testing.format_samples import FRESH, OPS
@@ -96,7 +97,12 @@ def exprs(draw: Any, scope: list[str], depth: int) -> Any:
         case "index":
             return EIndex(sub(), sub())
         case "bin":
-            return EBin(draw(st.sampled_from(["+", "-", "*", "/", "//", "%", "**"])), sub(), sub())
+            op = draw(st.sampled_from(["+", "-", "*", "/", "//", "%", "**"]))
+            left, right = sub(), sub()
+            if op == "**" and power_problem(right) is not None:
+                # the format refuses constant exponents beyond MAX_EXPONENT: valid items only
+                right = EConst(draw(st.integers(-MAX_EXPONENT, MAX_EXPONENT)))
+            return EBin(op, left, right)
         case "unary":
             return EUnary(draw(st.sampled_from(["-", "+"])), sub())
         case "cmp":

@@ -15,7 +15,7 @@ import jax
 import pytest
 
 from pypm_testing import zoo
-from pypm_testing.rules import grads_close, rel_close, rewrite
+from pypm_testing.rules import TOL, grads_close, rel_close, rewrite
 
 # model -> (attention sites covered, attention sites, dense+activation covered, dense sites).
 # The site counts are the models' own (2 layers: 2 attentions, 2 MLPs; BERT's pooler and the
@@ -71,4 +71,6 @@ def test_sites_covered_outputs_and_gradients_match(name):
 def test_bf16_outputs_match(name):
     fn, args, desc = _build(name, "bfloat16")
     _fast, got, _report = rewrite(fn, args)
-    rel_close(jax.jit(fn)(*args), got, desc)
+    # bf16 tolerance even where a model returns f32 (penzai's logits): the kernels round the
+    # bf16 intermediates differently (one rounding of the f32 epilogue), at bf16's precision
+    rel_close(jax.jit(fn)(*args), got, desc, tol=TOL["bfloat16"])
