@@ -248,7 +248,22 @@ def attnax_decoder(dtype: str = "float32") -> Model:
 
 @functools.cache
 def gemma_gm(dtype: str = "float32") -> Model:
-    """``gm.nn.Transformer`` with a Gemma 2-like config (fused gate/up MLP einsum)."""
+    """``gm.nn.Transformer`` with a Gemma 2-like config (fused gate/up MLP einsum).
+
+    Importing ``gemma.gm`` replaces ``flax.linen.Module.param`` for the whole process (to
+    cast parameters while gemma initializes); other Flax models then fail to initialize
+    (Hugging Face's ``param(name, lambda _, shape: ..., shape)``). The original is put back
+    once the model is built: applying it needs no patch."""
+    import flax.linen as nn
+
+    flax_param = nn.Module.param
+    try:
+        return _gemma_gm(dtype)
+    finally:
+        nn.Module.param = flax_param
+
+
+def _gemma_gm(dtype: str) -> Model:
     from gemma import gm
     from gemma.gm.nn import _modules
 
