@@ -5,7 +5,7 @@ JAX starts): ``python tests/jax/sharded_cases.py CASE...`` prints one JSON line 
 what the test asserts. A case is ``model/mesh``: models ``mha`` (a linen attention block with
 an MLP), ``gqa`` (a Llama-style block with grouped kv heads, causal, gated SiLU MLP),
 ``bert`` (Hugging Face FlaxBertModel, one layer), ``llama`` (Hugging Face FlaxLlama, 2 kv
-heads); meshes ``data`` (batch on ``data``),
+heads), ``attnax`` (attnax's decoder, from the living corpus; needs the ``zoo`` extra); meshes ``data`` (batch on ``data``),
 ``tensor`` (heads and MLP columns on ``model``), ``both``; on a 2 x 4 mesh. Options after
 them: ``/gspmd`` partitions with GSPMD instead of Shardy (JAX's default); ``/xla`` runs the
 kernels' plain-JAX reference (cheaper to compile) instead of the Pallas interpreter, inside
@@ -45,8 +45,12 @@ COLUMN = {
     "gate",
     "up",
     "intermediate",
+    "query_proj",
+    "key_proj",
+    "value_proj",
+    "dense1",
 }
-ROW = {"out", "o_proj", "fc2", "down", "output"}
+ROW = {"out", "o_proj", "fc2", "down", "output", "output_proj", "dense2"}
 
 
 def collectives(compiled_text: str) -> dict[str, int]:
@@ -128,8 +132,25 @@ def hf_llama_model() -> tuple[Any, Any, Any]:
     return fn, params, (ids,)
 
 
+def attnax_model() -> tuple[Any, Any, Any]:
+    """attnax's standard decoder (living model code, Flax NNX): 4 heads of 32, so the
+    heads split evenly over the model axis."""
+    from attnax.config import TransformerConfig
+    from attnax.transformer import TransformerDecoder
+    from flax import nnx
+
+    cfg = TransformerConfig(vocab_size=100, d_model=128, num_heads=4, num_layers=1, d_ff=256,
+                            dropout_rate=0.1, max_len=16)  # fmt: skip
+    graphdef, params, rest = nnx.split(TransformerDecoder(nnx.Rngs(0), cfg), nnx.Param, ...)
+
+    def apply(params: Any, ids: jax.Array) -> Any:
+        return nnx.merge(graphdef, params, rest)(ids, deterministic=True)
+
+    return apply, params, (jax.random.randint(jax.random.key(4), (2, 8), 0, 100),)
+
+
 MODELS = {"mha": lambda: linen_model(MHABlock()), "gqa": lambda: linen_model(GQABlock()),
-          "bert": bert_model, "llama": hf_llama_model}  # fmt: skip
+          "bert": bert_model, "llama": hf_llama_model, "attnax": attnax_model}  # fmt: skip
 
 
 def param_spec(path: Any, leaf: Any, tensor: bool) -> P:

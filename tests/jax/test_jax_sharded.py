@@ -1,7 +1,8 @@
 """Optimized programs on 8 host CPU devices keep ``jax.jit``'s SPMD partitioning.
 
 The cases run in one subprocess (``sharded_cases.py``: the device count is fixed when JAX
-starts). For a linen attention block, a GQA Llama-style block and Hugging Face FlaxBert, on
+starts). For a linen attention block, a GQA Llama-style block, Hugging Face FlaxBert and
+attnax's decoder (living model code, when the ``zoo`` extra is installed), on
 data, tensor and data x tensor meshes, under Shardy (and one case under GSPMD): the rules
 fire, outputs and gradients equal ``jax.jit``'s, output and gradient shardings are
 ``jax.jit``'s, and the compiled forward and gradient programs have no more all-gather /
@@ -20,9 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from pypm_testing import zoo
+
 pytestmark = pytest.mark.slow
 
-MODELS = ("mha", "gqa", "bert")
+MODELS = ("mha", "gqa", "bert", "attnax")
 # The linen and GQA blocks on the data x tensor mesh run the Pallas kernels in the
 # interpreter; the other cases run the same partitioned calls around the kernels' plain-JAX
 # reference (half the compile time).
@@ -30,6 +33,7 @@ CASES = [
     "mha/both",
     "gqa/both",
     "bert/both/xla",
+    "attnax/both/xla",
     *(f"{m}/{k}/xla" for m in MODELS for k in ("data", "tensor")),
     "mha/both/gspmd/xla",
 ]
@@ -40,8 +44,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    cases = [c for c in CASES if zoo.has("attnax") or not c.startswith("attnax")]
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *CASES, "llama/tensor/xla", "shard_map", "vmap/xla", "counter"],
+        [sys.executable, str(SCRIPT), *cases, "llama/tensor/xla", "shard_map", "vmap/xla", "counter"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -55,6 +60,8 @@ def test_the_collective_count_sees_an_all_gather(results: dict[str, dict]) -> No
 
 @pytest.mark.parametrize("case", CASES)
 def test_sharded_program_partitions_like_jit(results: dict[str, dict], case: str) -> None:
+    if case.startswith("attnax") and not zoo.has("attnax"):
+        pytest.skip("attnax is not installed (make zoo)")
     r = results[case]
     assert any(rule.startswith("attention") for rule in r["rules"]), r["rules"]
     assert "gemm_epilogue" in r["rules"]
