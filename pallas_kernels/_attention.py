@@ -1016,8 +1016,8 @@ def _dims(cfg: _Cfg, q: jax.Array, k: jax.Array) -> tuple[int, int, int, int, in
     return b, sq, hq, skv, dp
 
 
-def _stats_shape(b: int, hq: int, sq: int) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct((b, hq, sq), jnp.float32)
+def _stats_shape(b: int, hq: int, sq: int, like: jax.Array) -> jax.ShapeDtypeStruct:
+    return dsp.out_struct((b, hq, sq), jnp.float32, like)
 
 
 def _score_operands(
@@ -1062,10 +1062,10 @@ def _fwd_call(
         _act_spec(cfg.layout, skv, dp, _zero, kv_head),
     ]
     in_specs += [_score_spec(full, bq, skv, _ident, _zero) for _, full in score_ops]
-    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+    out_shape = [dsp.out_struct(q.shape, q.dtype, q)]
     out_specs = [_act_spec(cfg.layout, bq, dp, _ident, _ident)]
     if with_stats:
-        out_shape += [_stats_shape(b, hq, sq)] * 2
+        out_shape += [_stats_shape(b, hq, sq, q)] * 2
         out_specs += [_row_spec(bq, _ident)] * 2
     return pl.pallas_call(
         functools.partial(_fwd_kernel, cfg=cfg, with_stats=with_stats),
@@ -1111,7 +1111,7 @@ def _bwd_calls(
         grid=(sq // bq, b, hq),
         in_specs=in_specs,
         out_specs=_act_spec(cfg.layout, bq, dp, _ident, _ident),
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_shape=dsp.out_struct(q.shape, q.dtype, q),
         name="flash_attention_bwd_dq",
         **params,
     )(q, k, v, *ops, do, m, denom, delta)
@@ -1132,7 +1132,7 @@ def _bwd_calls(
         grid=(skv // bk, b, hq),
         in_specs=in_specs,
         out_specs=[_act_spec(cfg.layout, bk, dp, _ident, _ident)] * 2,
-        out_shape=[jax.ShapeDtypeStruct(part_shape, part_dtype)] * 2,
+        out_shape=[dsp.out_struct(part_shape, part_dtype, q)] * 2,
         name="flash_attention_bwd_dkdv",
         **params,
     )(q, k, v, *ops, do, m, denom, delta)

@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._dispatch import vary_together
+
 
 def _is_float(x: Any) -> bool:
     return jnp.issubdtype(x.dtype, jnp.inexact)
@@ -57,6 +59,8 @@ def with_forward_mode(kernel: Callable[..., Any], reference: Callable[..., Any])
 
     def wrapped(*args: Any) -> Any:
         leaves, tree = jax.tree.flatten(args)
+        # inside shard_map(check_vma=True): one varying type for every operand and result
+        leaves = vary_together(leaves)
         return _Call(kernel, reference, tree).call(*leaves)
 
     return wrapped
@@ -125,7 +129,7 @@ class _Call:
             n_res=len(res),
             evaluate=self.reference_tangent,
             transpose=self.backward_kernel,
-            out_types=tuple((o.shape, o.dtype) for o in jax.tree.leaves(out)),
+            out_types=tuple(_aval(o) for o in jax.tree.leaves(out)),
         )
         return jax.tree.unflatten(self.out_tree, t_out)
 
@@ -168,8 +172,14 @@ def _evaluate(*operands: Any, n_in: int, n_res: int, evaluate: Callable, **_: An
     return list(evaluate(*operands[:n_in], *operands[n_in + n_res :]))
 
 
+def _aval(x: Any) -> Any:
+    """``x``'s type: shape, dtype and, inside ``shard_map``, how it varies across the mesh
+    (``_dispatch.out_struct``)."""
+    return jax.typeof(x).update(weak_type=False)
+
+
 def _abstract(*_: Any, out_types: tuple[Any, ...], **__: Any) -> list[Any]:
-    return [jax.core.ShapedArray(shape, dtype) for shape, dtype in out_types]
+    return list(out_types)
 
 
 def _derivative(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> Any:
@@ -185,10 +195,7 @@ def _transpose(cts: Sequence[Any], *operands: Any, n_in: int, n_res: int, transp
     """Reverse mode: the kernel's backward on its residuals."""
     from jax.interpreters import ad
 
-    cts = [
-        jnp.zeros(shape, dtype) if type(c) is ad.Zero else c
-        for c, (shape, dtype) in zip(cts, out_types, strict=True)
-    ]
+    cts = [ad.instantiate_zeros(c) if type(c) is ad.Zero else c for c in cts]
     grads = transpose(*operands[: n_in + n_res], *cts)
     tangents = operands[n_in + n_res :]
     return [None] * (n_in + n_res) + [
@@ -202,7 +209,7 @@ def _batch(args: Sequence[Any], dims: Sequence[Any], *, n_in: int, n_res: int, e
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
     primal_dims = dims[: n_in + n_res]
     eval_dims = (*dims[:n_in], *dims[n_in + n_res :])
-    out_types = tuple(((size, *shape), dtype) for shape, dtype in out_types)
+    out_types = tuple(a.update(shape=(size, *a.shape), sharding=None) for a in out_types)
     outs = kernel_tangent_p.bind(
         *args,
         n_in=n_in,

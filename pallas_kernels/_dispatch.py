@@ -232,3 +232,48 @@ def as_callable(fn: Any, name: str) -> Callable[..., Any]:
     if not callable(fn):
         raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
     return fn
+
+
+# ------------------------------------------------------------- shard_map(check_vma=True)
+#
+# Inside ``jax.shard_map`` with ``check_vma=True`` (its default) every value's type records
+# the mesh axes along which it varies from device to device, and a ``pallas_call`` must
+# declare its results' (``ShapeDtypeStruct(..., manual_axis_type=)``); outside a
+# ``shard_map`` the record is empty and ignored. A kernel's result depends on every operand,
+# so the kernels make their operands vary together first (:func:`vary_together`) and give
+# every result that common type (:func:`out_struct`). Both use public JAX APIs of 0.10 to
+# 0.12 (``jax.typeof(x).manual_axis_type``, ``jax.lax.pcast``,
+# ``jax.ShapeDtypeStruct(manual_axis_type=)``); ``tests/pallas_kernels`` checks them.
+
+
+def varying_axes(x: Any) -> frozenset[str]:
+    """The manual mesh axes ``x`` (an array or an abstract value) varies along (empty
+    outside ``shard_map``)."""
+    mat = getattr(x if isinstance(x, jax.core.ShapedArray) else jax.typeof(x),
+                  "manual_axis_type", None)  # fmt: skip
+    return frozenset(getattr(mat, "varying", None) or ())
+
+
+def vary_together(xs: Sequence[Any]) -> list[Any]:
+    """``xs`` (arrays or None), each cast to vary along every axis some operand varies along.
+
+    ``pcast(..., to="varying")`` is the identity on values; its transpose sums a cotangent
+    over the axes it added, so the gradient of an operand that did not vary (a replicated
+    weight) is the sum of the per-device gradients, as ``jax.jit`` computes it."""
+    if not all(x is None or isinstance(x, jax.Array) for x in xs):
+        return list(xs)  # abstract values (shapes being worked out): nothing to cast
+    axes = frozenset().union(*(varying_axes(x) for x in xs if x is not None))
+    if not axes:
+        return list(xs)
+    out = []
+    for x in xs:
+        missing = None if x is None else axes - varying_axes(x)
+        out.append(lax.pcast(x, tuple(sorted(missing)), to="varying") if missing else x)
+    return out
+
+
+def out_struct(shape: Sequence[int], dtype: Any, like: Any) -> jax.ShapeDtypeStruct:
+    """A ``pallas_call`` result of ``shape`` and ``dtype`` varying as ``like`` (an operand
+    after :func:`vary_together`) does."""
+    mat = getattr(jax.typeof(like), "manual_axis_type", None)
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, manual_axis_type=mat)

@@ -384,7 +384,7 @@ def _gemm_pallas(
         ]
         + [_operand_spec(c, bm, bn, m_of, n_of) for c in cols],
         out_specs=pl.BlockSpec((bm, bn), lambda p: (m_of(p), n_of(p))),
-        out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
+        out_shape=dsp.out_struct((mp, np_), out_dtype, xp),
         name="gemm_fused",
         **dsp.pallas_call_kwargs(interpret, blocks.num_warps, blocks.num_stages),
     )(xp, wp, *colsp)

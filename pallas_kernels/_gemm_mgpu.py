@@ -354,7 +354,7 @@ def gemm_mosaic(
         functools.partial(
             _kernel, n_cols=len(cols), epilogue=epilogue, config=config, interpret=interpret
         ),
-        out_type=jax.ShapeDtypeStruct((mp, np_), out_dtype),
+        out_type=dsp.out_struct((mp, np_), out_dtype, x),
         grid=(grid,),
         grid_names=("cluster_grid",),
         cluster=(1,),

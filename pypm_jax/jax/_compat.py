@@ -355,8 +355,12 @@ def vary_alike(args: Sequence[Any]) -> list[Any]:
     """Operands of one operation in a ``shard_map`` body (``check_vma``) made varying over
     the same manual mesh axes, as JAX's own ``jnp`` operations do before binding: lifting
     drops the ``pvary`` casts JAX put there, and most primitives demand operands of one
-    varying-axes type. ``jax._src.core.auto_insert_reshard`` is what ``jnp`` calls."""
-    return list(_core.auto_insert_reshard(*args))
+    varying-axes type. ``jax._src.core.auto_insert_reshard`` is what ``jnp`` calls. A
+    kernel node's operands may be tuples (captured operands): their arrays are cast too."""
+    leaves, tree = jax.tree.flatten(list(args))
+    if len(leaves) > 1:
+        leaves = list(_core.auto_insert_reshard(*leaves))
+    return jax.tree.unflatten(tree, leaves)
 
 
 def mesh_axes(sharding: Any, mesh: Any, ndim: int) -> tuple[tuple[str, ...], ...] | None:

@@ -6,7 +6,8 @@ what the test asserts. A case is ``model/mesh``: models ``mha`` (a linen attenti
 an MLP), ``gqa`` (a Llama-style block with grouped kv heads, causal, gated SiLU MLP),
 ``bert`` (Hugging Face FlaxBertModel, one layer), ``llama`` (Hugging Face FlaxLlama, 2 kv
 heads), ``attnax`` (attnax's decoder, from the living corpus; needs the ``zoo`` extra); meshes ``data`` (batch on ``data``),
-``tensor`` (heads and MLP columns on ``model``), ``both``; on a 2 x 4 mesh. Options after
+``tensor`` (heads and MLP columns on ``model``), ``both``; on a 2 x 4 mesh; ``shard_map``
+(``shard_map/vma``: with ``check_vma=True``). Options after
 them: ``/gspmd`` partitions with GSPMD instead of Shardy (JAX's default); ``/xla`` runs the
 kernels' plain-JAX reference (cheaper to compile) instead of the Pallas interpreter, inside
 the same partitioned calls.
@@ -182,7 +183,7 @@ def run_case(case: str) -> dict[str, Any]:
     jax.config.update("jax_use_shardy_partitioner", "gspmd" not in options)
     os.environ["PYPM_KERNEL_IMPL"] = "xla" if "xla" in options else "interpret"
     if model == "shard_map":
-        return shard_map_case()
+        return shard_map_case(check_vma="vma" in options, name=case)
     if model == "vmap":
         return vmap_case()
     if model == "counter":
@@ -227,8 +228,10 @@ def run_case(case: str) -> dict[str, Any]:
     }
 
 
-def shard_map_case() -> dict[str, Any]:
-    """Attention and a GEMM epilogue inside a ``shard_map`` body (per device)."""
+def shard_map_case(check_vma: bool = False, name: str = "shard_map") -> dict[str, Any]:
+    """Attention and a GEMM epilogue inside a ``shard_map`` body (per device); with
+    ``check_vma`` (``shard_map``'s default), the kernels declare how their results vary
+    across the mesh."""
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
 
     def body(x: Any, wq: Any, wk: Any, wv: Any, w1: Any, b1: Any) -> Any:
@@ -237,7 +240,7 @@ def shard_map_case() -> dict[str, Any]:
         o = jax.nn.dot_product_attention(q, k, v).reshape(b, s, -1)
         return jax.nn.gelu(o @ w1 + b1)
 
-    fn = jax.shard_map(body, mesh=mesh, out_specs=P("data", "model"), check_vma=False,
+    fn = jax.shard_map(body, mesh=mesh, out_specs=P("data", "model"), check_vma=check_vma,
                        in_specs=(P("data"), *(P(None, "model"),) * 3, P(), P()))  # fmt: skip
     ks = jax.random.split(jax.random.key(3), 6)
     args = (jax.random.normal(ks[0], (4, 8, 64)),
@@ -251,7 +254,7 @@ def shard_map_case() -> dict[str, Any]:
         g_want, g_got = jax.jit(grad(fn))(*args), jax.jit(grad(opt))(*args)
         rules = sorted({r.rule for r in opt.report(*args)})
     return {
-        "case": "shard_map",
+        "case": name,
         "rules": rules,
         "out_rel": _rel(got, want),
         "grad_rel": _rel(g_got, g_want),
