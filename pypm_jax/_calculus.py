@@ -387,8 +387,10 @@ def binds_below(p: Pattern, var: str, memo: dict[Any, bool] | None = None) -> bo
     Then a match constraint ``p ; (var ≈ q)`` matches q against a proper subterm, so a
     recursive reference in q consumes structure just as one under an application does
     (``y <= f(x); x <= P()``). A variable bound outside ``p`` and checked under an
-    application of ``p`` counts: the check demands it equal that subterm. Conservative:
-    False where unsure (calls, which may or may not bind their arguments).
+    application of ``p`` counts: the check demands it equal that subterm. A definition
+    instantiated with ``var`` as an argument binds it where its body binds that parameter.
+    Conservative: False where unsure (recursive references, which may or may not bind
+    their arguments).
 
     Each question (sub-pattern, variable, below) is answered once, with an explicit stack,
     so the cost is linear in the sub-patterns times the variables asked about, whatever the
@@ -451,6 +453,16 @@ def _binds(q: _Question, memo: dict[Any, bool]) -> bool | _Question:
             if answer is not False:
                 return answer
             return ask(pat, var, below)
+        case PMu(_, params, args, body):
+            # a definition instantiated with var as an argument binds var wherever its body
+            # binds that parameter (``UnaryOp(t)`` whose body is ``f(t)``: below). Its own
+            # recursive references (``PCall``) stay unsure.
+            for param, arg in zip(params, args, strict=True):
+                if arg == var and param.kind == "term":
+                    answer = ask(body, param.name, below)
+                    if answer is not False:
+                        return answer
+            return False
     return False
 
 

@@ -97,10 +97,30 @@ def Spine(s, a, b):
 
 
 @pm.pattern
-def Spine(s, a, b):  # noqa: F811 (alternates share a name)
+def UnaryOp(t):
+    """``f(t)``, f a unary operator a region can hold. A sub-pattern's guard is checked as
+    soon as its body matched and a match constraint after the pattern it constrains, so
+    ``t <= Spine(..); return UnaryOp(t)`` turns any other operator away before exploring
+    its operand (a guard beside ``f(Spine(..))`` would be checked only after ``Spine`` had
+    walked back through every operator of that arity: the whole network behind it)."""
     f = pm.Op(1, 1)
     assert region_op(f.name, 1)
-    return f(Spine(s, a, b))
+    return f(t)
+
+
+@pm.pattern
+def BinaryOp(t, u):
+    """``f(t, u)``, f a binary operator a region can hold (see :func:`UnaryOp`)."""
+    f = pm.Op(2, 1)
+    assert region_op(f.name, 2)
+    return f(t, u)
+
+
+@pm.pattern
+def Spine(s, a, b):  # noqa: F811 (alternates share a name)
+    t = pm.var()
+    t <= Spine(s, a, b)
+    return UnaryOp(t)
 
 
 @pm.pattern
@@ -117,16 +137,16 @@ def Spine(s, a, b):  # noqa: F811
 
 @pm.pattern
 def Spine(s, a, b):  # noqa: F811
-    f = pm.Op(2, 1)
-    assert region_op(f.name, 2)
-    return f(Spine(s, a, b), pm.var())
+    t = pm.var()
+    t <= Spine(s, a, b)
+    return BinaryOp(t, pm.var())
 
 
 @pm.pattern
 def Spine(s, a, b):  # noqa: F811
-    f = pm.Op(2, 1)
-    assert region_op(f.name, 2)
-    return f(pm.var(), Spine(s, a, b))
+    t = pm.var()
+    t <= Spine(s, a, b)
+    return BinaryOp(pm.var(), t)
 
 
 @pm.pattern

@@ -90,21 +90,43 @@ def PwRegion(y, x, w, u, o):  # noqa: F811
 
 
 @pm.pattern
-def PwRegion(y, x, w, u, o):  # noqa: F811
-    """A unary pointwise operator or a cast of a region (the paper's ``UnaryOp``)."""
+def UnaryOp(t):
+    """``F(t)``, F a unary pointwise operator or a cast the epilogue lowers (the paper's
+    ``UnaryOp``). A sub-pattern's guard is checked as soon as its body matched, and a match
+    constraint after the pattern it constrains: ``t <= PwRegion(..); return UnaryOp(t)``
+    turns any other operator away before exploring its operand, where a guard beside
+    ``F(PwRegion(..))`` would be checked only once the recursion had walked back through
+    every operator of that arity (the whole network behind a residual add)."""
     F = pm.Op(1, 1)
     assert (
         F.op_class == pm.opclass("unary_pointwise") or F.op_class == pm.opclass("conversion")
     ) and region_prim(F.name)
-    return F(PwRegion(y, x, w, u, o))
+    return F(t)
+
+
+@pm.pattern
+def BinaryOp(t, t2):
+    """``F(t, t2)``, F a binary pointwise operator the epilogue lowers (see :func:`UnaryOp`)."""
+    F = pm.Op(2, 1)
+    assert F.op_class == pm.opclass("binary_pointwise") and region_prim(F.name)
+    return F(t, t2)
+
+
+@pm.pattern
+def PwRegion(y, x, w, u, o):  # noqa: F811
+    """A unary pointwise operator or a cast of a region."""
+    t = pm.var()
+    t <= PwRegion(y, x, w, u, o)
+    return UnaryOp(t)
 
 
 @pm.pattern
 def PwRegion(y, x, w, u, o):  # noqa: F811
     """A binary pointwise operator of two regions (or a region and a literal)."""
-    F = pm.Op(2, 1)
-    assert F.op_class == pm.opclass("binary_pointwise") and region_prim(F.name)
-    return F(PwRegion(y, x, w, u, o), PwRegion(y, x, w, u, o))
+    t, t2 = pm.var(), pm.var()
+    t <= PwRegion(y, x, w, u, o)
+    t2 <= PwRegion(y, x, w, u, o)
+    return BinaryOp(t, t2)
 
 
 @pm.pattern

@@ -29,6 +29,7 @@ from pypm_jax._calculus import (
     PExists,
     PFunVar,
     PGuard,
+    PMu,
     PVar,
     binds_below,
 )
@@ -127,6 +128,11 @@ def _reference_binds(p, var, below):
                 or (below and _reference_binds(c, var, True))
                 or (_reference_binds(pat, x, below) and _reference_binds(c, var, False))
             )
+        case PMu(_, params, args, body):
+            return any(
+                arg == var and prm.kind == "term" and _reference_binds(body, prm.name, below)
+                for prm, arg in zip(params, args, strict=True)
+            )
     return False
 
 
@@ -140,6 +146,9 @@ small_patterns = st.recursive(
         st.builds(lambda a: PGuard(a, EConst(True)), inner),
         st.builds(PExists, NAMES, inner),
         st.builds(PConstr, inner, NAMES, inner),
+        # a definition instantiated at a variable (``UnaryOp(t)``, body ``F(p)``)
+        st.builds(lambda prm, arg, body: PMu("Q", (Param(prm),), (arg,), body),
+                  NAMES, NAMES, inner),  # fmt: skip
     ),
     max_leaves=12,
 )

@@ -3,7 +3,7 @@
 import pytest
 
 import pypm_jax as pm
-from pypm_testing.paper_patterns import Add, MatMul, Relu
+from pypm_testing.paper_patterns import Add, MatMul, Relu, Tanh
 
 HERE = __file__
 
@@ -134,6 +134,56 @@ def test_recursion_through_a_match_constraint_on_a_subterm(engine):
     m = pm.match(C, Relu(Relu(Relu(a))), engine=engine)
     assert m is not None and m["w"] is a
     assert pm.match(C, MatMul(a, a), engine=engine) is None
+
+
+def test_recursion_through_a_sub_pattern_that_binds_under_an_application(engine):
+    """``t <= C(w); return Pointwise(t)``, where ``Pointwise(t)`` is ``F(t)`` with a guard
+    on F: t is bound under Pointwise's application, so C(...) consumes it, and the guard
+    turns other operators away before C explores their operands (rules/epilogue.py and
+    rules/attention_region.py are written so)."""
+
+    @pm.pattern
+    def Pointwise(t):
+        f = pm.Op(1, 1)
+        assert f.name == "Relu"
+        return f(t)
+
+    @pm.pattern
+    def C(w):
+        t = pm.var()
+        t <= C(w)
+        return Pointwise(t)
+
+    @pm.pattern
+    def C(w):  # noqa: F811
+        return MatMul(w, w)
+
+    a = pm.leaf("a", shape=(2, 2), dtype="f32")
+    m = pm.match(C, Relu(Relu(MatMul(a, a))), engine=engine)
+    assert m is not None and m["w"] is a
+    assert pm.match(C, Tanh(MatMul(a, a)), engine=engine) is None
+    # the format's closedness check (the same binds_below) takes it back
+    (loaded,) = pm.deserialize(pm.serialize([C.definition]), ops=[MatMul])
+    assert loaded.name == "C"
+
+
+def test_recursion_through_a_sub_pattern_that_returns_its_argument():
+    @pm.pattern
+    def Same(t):
+        return t
+
+    @pm.pattern
+    def C(w):
+        t = pm.var()
+        t <= C(w)
+        return Same(t)  # MARK-same (t is the very term: nothing consumed)
+
+    @pm.pattern
+    def C(w):  # noqa: F811
+        return Relu(w)
+
+    with pytest.raises(pm.PatternDefinitionError, match="without consuming"):
+        C.definition
 
 
 def test_recursion_through_a_match_constraint_on_a_parameter():
