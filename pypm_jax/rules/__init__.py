@@ -49,7 +49,11 @@ from .attention_region import REGION_RULES
 from .canonical import (
     CANONICAL_RULES,
     canonical_copy,
+    canonical_grouped_probs,
+    canonical_grouped_scores,
+    canonical_grouped_scores_moved,
     canonical_reshapes,
+    canonical_scaled_reshape,
     canonical_softmax,
     canonical_transposes,
 )
@@ -129,6 +133,10 @@ __all__ = [
     "canonical_transposes",
     "canonical_reshapes",
     "canonical_softmax",
+    "canonical_scaled_reshape",
+    "canonical_grouped_scores",
+    "canonical_grouped_scores_moved",
+    "canonical_grouped_probs",
     "gemm_epilogue",
     "gemm_epilogue_no_bias",
     "gemm_epilogue_linear",

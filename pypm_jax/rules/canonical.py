@@ -27,14 +27,17 @@ import pypm_jax as pm
 
 from ..jax import prims as P
 from ._plans import (
+    grouped_probs_plan,
+    grouped_scores_plan,
     inverse_permutation,
     kept_dims,
     kept_shape,
     noop_reshape,
     row_major,
+    scale_kind,
     vmapped_softmax_axes,
 )
-from .attention import NEG_INF, Expand, Splat, StopGrad
+from .attention import NEG_INF, Expand, Probs, Scaled, Softmax, Splat, StopGrad
 
 __all__ = [
     "CANONICAL_RULES",
@@ -43,6 +46,10 @@ __all__ = [
     "canonical_reshapes",
     "canonical_transposes",
     "canonical_softmax",
+    "canonical_scaled_reshape",
+    "canonical_grouped_scores",
+    "canonical_grouped_scores_moved",
+    "canonical_grouped_probs",
 ]
 
 # ---------------------------------------------------------------- no-op layout
@@ -157,9 +164,144 @@ def canonical_softmax(y, u, m, mm, z, x):
     return P.div(e, total)
 
 
+# -------------------------------------------------- grouped-query attention as 5-D einsums
+
+
+@pm.pattern
+def ReshapedScaled(r, s, sc, c):
+    """``reshape(s * c)`` (or ``/ c``) of rank-5 scores ``s`` to rank 4 (tunix scales its
+    5-D grouped scores before merging the query heads)."""
+    r <= P.reshape(sc)
+    sc <= Scaled(s, c)
+    assert s.rank == 5 and r.rank == 4 and row_major(r.dimensions)
+    return r
+
+
+@pm.rule(ReshapedScaled, single_use=True)
+def canonical_scaled_reshape(r, s, sc, c):
+    """``reshape(s * c)`` → ``reshape(s) * c`` for a scalar ``c``: the scale commutes with
+    the layout, and the reshape then meets the scores ``dot_general``."""
+    if scale_kind(sc.op) == -1:
+        return P.div(P.reshape(s, new_sizes=r.shape, dimensions=None), c)
+    return P.mul(P.reshape(s, new_sizes=r.shape, dimensions=None), c)
+
+
+@pm.pattern
+def MergedScores(r, s, a, b):
+    """``reshape(dot_general(a, b))``: 5-D grouped scores with (K, G) merged into heads."""
+    r <= P.reshape(s)
+    s <= P.dot_general(a, b)
+    return r
+
+
+@pm.pattern
+def MergedScoresMoved(r, t, s, a, b):
+    """``reshape(transpose(dot_general(a, b)))``: the same, moved before the merge."""
+    r <= P.reshape(t)
+    t <= P.transpose(s)
+    s <= P.dot_general(a, b)
+    return r
+
+
+@pm.rule(MergedScores, single_use=True)
+def canonical_grouped_scores(r, s, a, b):
+    """Grouped 5-D scores with their (K, G) axes merged → the 4-D scores of q (the merged
+    query heads) and k repeated per group (``jnp.repeat``), which the attention rules read
+    (``Kv``); q's reshape usually cancels with the one that made q 5-D."""
+    plan = grouped_scores_plan(a.shape, b.shape, s.dimension_numbers, None, r.shape,
+                               r.dimensions)  # fmt: skip
+    assert plan is not None
+    q5 = a if plan[0] == 0 else b
+    k4 = b if plan[0] == 0 else a
+    q = P.reshape(q5, new_sizes=plan[1], dimensions=None)
+    k = P.reshape(P.broadcast_in_dim(k4, shape=plan[2], broadcast_dimensions=plan[3]),
+                  new_sizes=plan[4], dimensions=None)  # fmt: skip
+    if plan[5] == 1:
+        d = P.dot_general(k, q, dimension_numbers=plan[6], precision=s.precision,
+                          preferred_element_type=s.preferred_element_type)  # fmt: skip
+    else:
+        d = P.dot_general(q, k, dimension_numbers=plan[6], precision=s.precision,
+                          preferred_element_type=s.preferred_element_type)  # fmt: skip
+    if plan[7] == ():
+        return d
+    return P.transpose(d, permutation=plan[7])
+
+
+@pm.rule(MergedScoresMoved, single_use=True)
+def canonical_grouped_scores_moved(r, t, s, a, b):
+    """The same, for scores transposed before the merge."""
+    plan = grouped_scores_plan(a.shape, b.shape, s.dimension_numbers, t.permutation, r.shape,
+                               r.dimensions)  # fmt: skip
+    assert plan is not None
+    q5 = a if plan[0] == 0 else b
+    k4 = b if plan[0] == 0 else a
+    q = P.reshape(q5, new_sizes=plan[1], dimensions=None)
+    k = P.reshape(P.broadcast_in_dim(k4, shape=plan[2], broadcast_dimensions=plan[3]),
+                  new_sizes=plan[4], dimensions=None)  # fmt: skip
+    if plan[5] == 1:
+        d = P.dot_general(k, q, dimension_numbers=plan[6], precision=s.precision,
+                          preferred_element_type=s.preferred_element_type)  # fmt: skip
+    else:
+        d = P.dot_general(q, k, dimension_numbers=plan[6], precision=s.precision,
+                          preferred_element_type=s.preferred_element_type)  # fmt: skip
+    if plan[7] == ():
+        return d
+    return P.transpose(d, permutation=plan[7])
+
+
+@pm.pattern
+def SplitProbs(o, x, y, p):
+    """``dot_general(x, y)`` where x or y is ``reshape(p)``: rank-4 softmax probabilities
+    with their heads split into (K, G) for a 5-D contraction with unrepeated values. (Only
+    probabilities: a 5-D *scores* contraction of a split q is ``MergedScores``' where its
+    heads are merged back, and ``jax.nn.dot_product_attention``'s rules read it as it is.)"""
+    s, z = pm.var(), pm.var()
+    o <= P.dot_general(x, y)
+    x <= P.reshape(p)
+    p <= Probs(Softmax(s, z))
+    assert row_major(x.dimensions)
+    return o
+
+
+@pm.pattern
+def SplitProbs(o, x, y, p):  # noqa: F811
+    s, z = pm.var(), pm.var()
+    o <= P.dot_general(x, y)
+    y <= P.reshape(p)
+    p <= Probs(Softmax(s, z))
+    assert row_major(y.dimensions)
+    return o
+
+
+@pm.rule(SplitProbs, single_use=True)
+def canonical_grouped_probs(o, x, y, p):
+    """Grouped 5-D probabilities · unrepeated v → the 4-D contraction of the probabilities
+    with v repeated per group (what the attention rules read), its heads split back into
+    (K, G) and moved into the original output's layout."""
+    plan = grouped_probs_plan(x.shape, y.shape, p.shape, o.dimension_numbers, None)
+    assert plan is not None
+    v4 = y if plan[0] == 0 else x
+    v = P.reshape(P.broadcast_in_dim(v4, shape=plan[1], broadcast_dimensions=plan[2]),
+                  new_sizes=plan[3], dimensions=None)  # fmt: skip
+    if plan[0] == 0:
+        d = P.dot_general(p, v, dimension_numbers=plan[4], precision=o.precision,
+                          preferred_element_type=o.preferred_element_type)  # fmt: skip
+    else:
+        d = P.dot_general(v, p, dimension_numbers=plan[4], precision=o.precision,
+                          preferred_element_type=o.preferred_element_type)  # fmt: skip
+    split = P.reshape(d, new_sizes=plan[5], dimensions=None)
+    if plan[6] == ():
+        return split
+    return P.transpose(split, permutation=plan[6])
+
+
 CANONICAL_RULES = [
     canonical_copy,
     canonical_transposes,
     canonical_reshapes,
     canonical_softmax,
+    canonical_scaled_reshape,
+    canonical_grouped_scores,
+    canonical_grouped_scores_moved,
+    canonical_grouped_probs,
 ]
