@@ -49,6 +49,10 @@ __all__ = [
     "kept_dims",
     "grouped_scores_plan",
     "grouped_probs_plan",
+    "sinks_transpose",
+    "inverse_of",
+    "moved_axes",
+    "fold_operand_transpose",
     "head_mask_identity",
     "scale_kind",
     "bias_sign",
@@ -480,6 +484,63 @@ def grouped_probs_plan(
         split = tuple(sizes[lab] for lab in split_frame)
         return (grouped, expanded, dims, repeated, dn4, split, _perm_to(split_frame, frame5))
     return None
+
+
+# The pointwise operators the transpose-moving canonical rules re-apply (their results
+# name each: a rule applies operators, not operator variables).
+_MOVES_UNARY = frozenset({"tanh", "logistic", "exp", "neg"})
+_MOVES_BINARY = frozenset({"mul", "div", "add", "sub"})
+
+
+@guard_fn("rules.sinks_transpose")
+def sinks_transpose(op: Any, moved_op: Any, rank: Any) -> bool:
+    """May ``op(transpose(x))`` (``op`` pointwise, its other operands scalars) become
+    ``transpose(op(x))``? For rank-4 ``x`` computed by a ``dot_general`` or pointwise from
+    one (scores moved into a query-major layout: ``[B, T, N, S]``), so the scores chain runs
+    in the contraction's own layout, the one the attention rules read. ``op`` is one the
+    rules re-apply (a soft-cap's ``tanh``, scalar ``mul``/``div``/``add``/``sub``, ``exp``,
+    ``logistic``, ``neg``, ``select_n``); ``moved_op`` is ``x``'s operator."""
+    name, moved = (o if isinstance(o, str) else getattr(o, "name", None) for o in (op, moved_op))
+    if rank != 4 or name not in _MOVES_UNARY | _MOVES_BINARY | {"select_n"}:
+        return False
+    return moved in _MOVES_UNARY | _MOVES_BINARY | {"dot_general", "select_n"}
+
+
+@guard_fn("rules.inverse_of")
+def inverse_of(perm: Any) -> tuple[int, ...] | None:
+    """The permutation undoing ``perm``, or None."""
+    p = _ints(perm)
+    return _inverse(p) if p is not None and _is_perm(p, len(p)) else None
+
+
+@guard_fn("rules.moved_axes")
+def moved_axes(perm: Any, axes: Any) -> tuple[int, ...] | None:
+    """A reduction's ``axes`` of ``transpose(u, perm)`` as axes of ``u``."""
+    p, a = _ints(perm), _ints(axes)
+    if p is None or a is None or not _is_perm(p, len(p)) or any(not 0 <= i < len(p) for i in a):
+        return None
+    return tuple(p[i] for i in a)
+
+
+@guard_fn("rules.fold_operand_transpose")
+def fold_operand_transpose(dn: Any, perm: Any, side: Any) -> tuple[Any, ...] | None:
+    """``dimension_numbers`` of ``dot_general`` reading ``x`` itself where it read
+    ``transpose(x, perm)`` as operand ``side`` (0: lhs, 1: rhs): the same result when the
+    operand's free axes keep their order; else None."""
+    d, p = _dn(dn), _ints(perm)
+    if d is None or p is None or not _is_perm(p, len(p)) or side not in (0, 1):
+        return None
+    cx, cy, bx, by = d
+    c, b = (cx, bx) if side == 0 else (cy, by)
+    if any(not 0 <= i < len(p) for i in (*c, *b)):
+        return None
+    free = [p[i] for i in range(len(p)) if i not in c and i not in b]
+    if free != sorted(free):
+        return None
+    c2, b2 = tuple(p[i] for i in c), tuple(p[i] for i in b)
+    if side == 0:
+        return ((c2, cy), (b2, by))
+    return ((cx, c2), (bx, b2))
 
 
 @guard_fn("rules.head_mask_identity")

@@ -27,14 +27,19 @@ import pypm_jax as pm
 
 from ..jax import prims as P
 from ._plans import (
+    fold_operand_transpose,
     grouped_probs_plan,
     grouped_scores_plan,
+    inverse_of,
     inverse_permutation,
     kept_dims,
     kept_shape,
+    moved_axes,
     noop_reshape,
     row_major,
     scale_kind,
+    sinks_transpose,
+    softmax_axes,
     vmapped_softmax_axes,
 )
 from .attention import NEG_INF, Expand, Probs, Scaled, Softmax, Splat, StopGrad
@@ -50,6 +55,12 @@ __all__ = [
     "canonical_grouped_scores",
     "canonical_grouped_scores_moved",
     "canonical_grouped_probs",
+    "canonical_transpose_unary",
+    "canonical_transpose_scalar",
+    "canonical_transpose_where",
+    "canonical_transpose_softmax",
+    "canonical_transposed_probs",
+    "canonical_transposed_probs_second",
 ]
 
 # ---------------------------------------------------------------- no-op layout
@@ -250,25 +261,37 @@ def canonical_grouped_scores_moved(r, t, s, a, b):
 
 
 @pm.pattern
+def SoftmaxOut():
+    """Softmax probabilities (maybe cast), or those moved by a transpose
+    (``canonical_transpose_softmax`` makes them; ``canonical_transposed_probs`` folds it)."""
+    s, z = pm.var(), pm.var()
+    return Probs(Softmax(s, z))
+
+
+@pm.pattern
+def SoftmaxOut():  # noqa: F811
+    s, z = pm.var(), pm.var()
+    return P.transpose(Probs(Softmax(s, z)))
+
+
+@pm.pattern
 def SplitProbs(o, x, y, p):
     """``dot_general(x, y)`` where x or y is ``reshape(p)``: rank-4 softmax probabilities
     with their heads split into (K, G) for a 5-D contraction with unrepeated values. (Only
     probabilities: a 5-D *scores* contraction of a split q is ``MergedScores``' where its
     heads are merged back, and ``jax.nn.dot_product_attention``'s rules read it as it is.)"""
-    s, z = pm.var(), pm.var()
     o <= P.dot_general(x, y)
     x <= P.reshape(p)
-    p <= Probs(Softmax(s, z))
+    p <= SoftmaxOut()
     assert row_major(x.dimensions)
     return o
 
 
 @pm.pattern
 def SplitProbs(o, x, y, p):  # noqa: F811
-    s, z = pm.var(), pm.var()
     o <= P.dot_general(x, y)
     y <= P.reshape(p)
-    p <= Probs(Softmax(s, z))
+    p <= SoftmaxOut()
     assert row_major(y.dimensions)
     return o
 
@@ -295,6 +318,169 @@ def canonical_grouped_probs(o, x, y, p):
     return P.transpose(split, permutation=plan[6])
 
 
+# ------------------------------------------- scores moved into a query-major layout
+#
+# Gemma and tunix's Gemma merge grouped scores into ``[B, T, N, S]`` (queries before heads),
+# which no ``dot_general`` produces: ``canonical_grouped_scores_moved`` leaves a transpose
+# after the 4-D contraction. These rules move that transpose down the scores chain (the
+# soft-cap's scalar operations, the mask, the softmax) and fold it into the contraction with
+# v, so the chain runs in the contraction's own layout, the one the attention rules read.
+# Only rank-4 transposes of values computed by a ``dot_general`` or pointwise from one
+# (``rules.sinks_transpose``): ``jax.nn.dot_product_attention``'s rank-5 moves stay.
+
+
+@pm.pattern
+def MovedUnary(y, t, x, f):
+    """``f(transpose(x))`` for a unary pointwise ``f``."""
+    y <= f(t)
+    t <= P.transpose(x)
+    assert sinks_transpose(f.name, x.op, x.rank)
+    return y
+
+
+@pm.rule(MovedUnary, single_use=True)
+def canonical_transpose_unary(y, t, x, f):
+    """``f(transpose(x))`` → ``transpose(f(x))``."""
+    if f.name == "tanh":
+        return P.transpose(P.tanh(x), permutation=t.permutation)
+    if f.name == "logistic":
+        return P.transpose(P.logistic(x), permutation=t.permutation)
+    if f.name == "exp":
+        return P.transpose(P.exp(x), permutation=t.permutation)
+    assert f.name == "neg"
+    return P.transpose(P.neg(x), permutation=t.permutation)
+
+
+@pm.pattern
+def MovedScalar(y, a, b, x, f):
+    """``f(transpose(x), c)`` or ``f(c, transpose(x))`` for a binary pointwise ``f`` and a
+    scalar ``c`` (a soft-cap's ``s / cap``, ``* cap``)."""
+    y <= f(a, b)
+    a <= P.transpose(x)
+    assert b.rank == 0 and sinks_transpose(f.name, x.op, x.rank)
+    return y
+
+
+@pm.pattern
+def MovedScalar(y, a, b, x, f):  # noqa: F811
+    y <= f(a, b)
+    b <= P.transpose(x)
+    assert a.rank == 0 and sinks_transpose(f.name, x.op, x.rank)
+    return y
+
+
+@pm.rule(MovedScalar, single_use=True)
+def canonical_transpose_scalar(y, a, b, x, f):
+    """``f(transpose(x), c)`` → ``transpose(f(x, c))`` (either operand order)."""
+    if a.rank == 0:
+        if f.name == "mul":
+            return P.transpose(P.mul(a, x), permutation=b.permutation)
+        if f.name == "div":
+            return P.transpose(P.div(a, x), permutation=b.permutation)
+        if f.name == "add":
+            return P.transpose(P.add(a, x), permutation=b.permutation)
+        assert f.name == "sub"
+        return P.transpose(P.sub(a, x), permutation=b.permutation)
+    if f.name == "mul":
+        return P.transpose(P.mul(x, b), permutation=a.permutation)
+    if f.name == "div":
+        return P.transpose(P.div(x, b), permutation=a.permutation)
+    if f.name == "add":
+        return P.transpose(P.add(x, b), permutation=a.permutation)
+    assert f.name == "sub"
+    return P.transpose(P.sub(x, b), permutation=a.permutation)
+
+
+@pm.pattern
+def MovedWhere(y, m, c, t, x):
+    """``select_n(m, c, transpose(x))`` (``jnp.where(m, transpose(x), c)``), ``m`` and ``c``
+    as large as the result (a broadcast mask and fill)."""
+    y <= P.select_n(m, c, t)
+    t <= P.transpose(x)
+    assert m.rank == 4 and c.rank == 4 and sinks_transpose(y.op, x.op, x.rank)
+    return y
+
+
+@pm.rule(MovedWhere, single_use=True)
+def canonical_transpose_where(y, m, c, t, x):
+    """``select_n(m, c, transpose(x))`` → ``transpose(select_n(m', c', x))``, the mask and
+    the fill moved back by the inverse transpose."""
+    back = inverse_of(t.permutation)
+    assert back is not None
+    return P.transpose(
+        P.select_n(P.transpose(m, permutation=back), P.transpose(c, permutation=back), x),
+        permutation=t.permutation,
+    )
+
+
+@pm.pattern
+def MovedSoftmax(p, t, u, m, z):
+    """The plain softmax (``jax.nn.softmax``'s, max taken on its own operand) of a rank-4
+    ``transpose(u)``."""
+    e, kept_sum, kept_max, mm = pm.var(), pm.var(), pm.var(), pm.var()
+    p <= P.div(e, kept_sum)
+    kept_sum <= Expand(z)
+    z <= P.reduce_sum(e)
+    e <= P.exp(P.sub(t, StopGrad(kept_max)))
+    kept_max <= Expand(MaxClamp(mm, m))
+    m <= P.reduce_max(t)
+    t <= P.transpose(u)
+    assert t.rank == 4 and softmax_axes(t.shape, z.axes, m.axes, kept_sum.shape, kept_max.shape)
+    return p
+
+
+@pm.rule(MovedSoftmax, single_use=True)
+def canonical_transpose_softmax(p, t, u, m, z):
+    """``softmax(transpose(u))`` → ``transpose(softmax(u))`` over the moved axis. (The
+    ``max(-inf, .)`` clamp computes nothing and is left out.)"""
+    axes = moved_axes(t.permutation, m.axes)
+    shape, dims = kept_shape(u.shape, axes), kept_dims(u.shape, axes)
+    assert axes is not None and shape is not None and dims is not None
+    top = P.broadcast_in_dim(P.reduce_max(u, axes=axes), shape=shape, broadcast_dimensions=dims)
+    e = P.exp(P.sub(u, P.stop_gradient(top)))
+    total = P.broadcast_in_dim(P.reduce_sum(e, axes=axes), shape=shape, broadcast_dimensions=dims)
+    return P.transpose(P.div(e, total), permutation=t.permutation)
+
+
+@pm.pattern
+def TransposedProbs(o, t, y, p):
+    """``dot_general(transpose(p), y)``, ``p`` softmax probabilities."""
+    s, z = pm.var(), pm.var()
+    o <= P.dot_general(t, y)
+    t <= P.transpose(p)
+    p <= Probs(Softmax(s, z))
+    return o
+
+
+@pm.rule(TransposedProbs, single_use=True)
+def canonical_transposed_probs(o, t, y, p):
+    """``dot_general(transpose(p), y)`` → ``dot_general(p, y)`` with the transpose folded
+    into the dimension numbers (where p's free axes keep their order: the same result)."""
+    dn = fold_operand_transpose(o.dimension_numbers, t.permutation, 0)
+    assert dn is not None
+    return P.dot_general(p, y, dimension_numbers=dn, precision=o.precision,
+                         preferred_element_type=o.preferred_element_type)  # fmt: skip
+
+
+@pm.pattern
+def TransposedProbsSecond(o, x, t, p):
+    """``dot_general(x, transpose(p))``, ``p`` softmax probabilities."""
+    s, z = pm.var(), pm.var()
+    o <= P.dot_general(x, t)
+    t <= P.transpose(p)
+    p <= Probs(Softmax(s, z))
+    return o
+
+
+@pm.rule(TransposedProbsSecond, single_use=True)
+def canonical_transposed_probs_second(o, x, t, p):
+    """The same, the probabilities second."""
+    dn = fold_operand_transpose(o.dimension_numbers, t.permutation, 1)
+    assert dn is not None
+    return P.dot_general(x, p, dimension_numbers=dn, precision=o.precision,
+                         preferred_element_type=o.preferred_element_type)  # fmt: skip
+
+
 CANONICAL_RULES = [
     canonical_copy,
     canonical_transposes,
@@ -304,4 +490,10 @@ CANONICAL_RULES = [
     canonical_grouped_scores,
     canonical_grouped_scores_moved,
     canonical_grouped_probs,
+    canonical_transpose_unary,
+    canonical_transpose_scalar,
+    canonical_transpose_where,
+    canonical_transpose_softmax,
+    canonical_transposed_probs,
+    canonical_transposed_probs_second,
 ]

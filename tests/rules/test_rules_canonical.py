@@ -401,11 +401,10 @@ def test_5d_heads_merged_group_major_are_left_alone():
     np.testing.assert_allclose(np.asarray(got), np.asarray(attn(*args)), rtol=1e-5, atol=1e-6)
 
 
-def test_5d_heads_moved_to_the_query_layout_keep_their_values():
-    """Gemma's layout: the merged scores ``[B, T, N, S]`` (queries before heads). The
-    canonical rules rewrite both contractions (the 4-D scores then transposed into that
-    layout); the attention rules read scores only in a ``dot_general``'s own layout, so no
-    kernel fires yet, and the program computes the same values."""
+def gemma_gqa(scale_first=False):
+    """Gemma 2 (gemma, tunix): 5-D scores moved to ``[B, T, K, G, S]`` and merged to the
+    query-major ``[B, T, N, S]``, soft-capped and masked there; the probabilities split back
+    for the contraction with the unrepeated v."""
 
     def attn(q, k, v, mask):
         q5 = q.reshape(B, S, 2, 2, D)
@@ -415,7 +414,45 @@ def test_5d_heads_moved_to_the_query_layout_keep_their_values():
         o = jnp.einsum("BSKH,BTKGS->BTKGH", v, p.reshape(B, S, 2, 2, S))
         return o.reshape(B, S, 4, D)
 
+    return attn
+
+
+@pytest.mark.slow
+def test_5d_scores_merged_query_major_become_one_attention_region():
+    """No ``dot_general`` makes ``[B, T, N, S]``: the merged 4-D scores are transposed into
+    it, and the transpose moves down the soft-cap, the mask and the softmax into the
+    contraction with v, so the chain runs in the scores' own layout: one attention region
+    (the soft-cap in the kernel's ``score_mod``)."""
     args = gqa_args(2, 2, seed=5)
-    _, got, report = rewrite(attn, args)
-    assert {"canonical_grouped_scores_moved", "canonical_grouped_probs"} <= set(canonical(report))
-    np.testing.assert_allclose(np.asarray(got), np.asarray(attn(*args)), rtol=1e-5, atol=1e-6)
+    fn = gemma_gqa()
+    fast, _, report = rewrite(fn, args)
+    assert report.counts()["attention_region_done"] == 1
+    assert canonical(report) == {
+        "canonical_grouped_scores_moved": 1,
+        "canonical_reshapes": 1,
+        "canonical_transpose_scalar": 2,
+        "canonical_transpose_unary": 1,
+        "canonical_transpose_where": 1,
+        "canonical_transpose_softmax": 1,
+        "canonical_grouped_probs": 1,
+        "canonical_transposed_probs": 1,
+    }
+    check(fn, args, report.counts(), grad=True)
+    assert len(kernel_nodes(fast, args)) == 0  # (an AttentionRegion node, not FlashAttention)
+
+
+def test_transposes_of_other_values_stay_before_pointwise_operations():
+    """Only rank-4 transposes of a contraction's (or pointwise) result move: a transposed
+    input, or a rank-3 transpose, is left where it is."""
+
+    def f(x, y):
+        a = jnp.tanh(jnp.transpose(x, (0, 2, 1, 3))) * 2.0
+        b = jnp.tanh(jnp.transpose(jnp.einsum("abc,acd->abd", y, y), (0, 2, 1)))
+        return a, b
+
+    x = jax.random.normal(jax.random.PRNGKey(6), (2, 3, 4, 5))
+    y = jax.random.normal(jax.random.PRNGKey(7), (2, 3, 3))
+    _, got, report = rewrite(f, (x, y))
+    assert not report.canonical
+    for a, b in zip(got, f(x, y), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)

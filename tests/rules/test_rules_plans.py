@@ -240,6 +240,33 @@ def test_grouped_probs_plan_computes_the_5d_output(v_first):
     assert G.grouped_probs_plan(x.shape, y.shape, p4.shape, dn, (1, 0)) is None
 
 
+def test_moving_transposes_down_the_scores():
+    assert G.sinks_transpose("tanh", "dot_general", 4) and G.sinks_transpose("mul", "tanh", 4)
+    assert not G.sinks_transpose("tanh", "dot_general", 5)  # dot_product_attention's moves
+    assert not G.sinks_transpose("tanh", "reshape", 4)  # a moved input: not scores
+    assert not G.sinks_transpose("integer_pow", "dot_general", 4)  # not re-applied
+    assert G.inverse_of((0, 3, 1, 2)) == (0, 2, 3, 1) and G.inverse_of((0, 0)) is None
+    assert G.moved_axes((0, 3, 1, 2), (3,)) == (2,) and G.moved_axes((0, 1), (2,)) is None
+    rng = np.random.default_rng(2)
+    p, v = rng.normal(size=(2, 4, 7, 5)), rng.normal(size=(2, 7, 4, 3))  # p [B, N, S, T]
+    perm, dn = (0, 3, 1, 2), (((3,), (1,)), ((0, 2), (0, 2)))  # reads p as [B, T, N, S]
+    want = np_dot_general(np.transpose(p, perm), v, dn)
+    folded = G.fold_operand_transpose(dn, perm, 0)
+    np.testing.assert_allclose(np_dot_general(p, v, folded), want, rtol=1e-12)
+    mirrored = (((1,), (3,)), ((0, 2), (0, 2)))
+    np.testing.assert_allclose(
+        np_dot_general(v, p, G.fold_operand_transpose(mirrored, perm, 1)),
+        np_dot_general(v, np.transpose(p, perm), mirrored),
+        rtol=1e-12,
+    )
+    # two free axes swapped by the transpose: the result's layout would change
+    assert G.fold_operand_transpose((((2,), (0,)), ((), ())), (1, 0, 2), 0) is None
+    assert (
+        G.fold_operand_transpose(dn, perm, 2) is None
+        and G.fold_operand_transpose("x", perm, 0) is None
+    )
+
+
 def test_attention_plan_bhsd_probabilities_first():
     bhsd = (2, 2, 8, 32)
     plan = G.attention_plan(
