@@ -14,10 +14,17 @@ to a single form first, so every kernel rule sees that form:
   is what ``jax.vmap(jax.nn.softmax)`` over any axis but the softmax's (penzai's ``nmap``)
   makes, and the attention rules read the plain form. (``jax.nn.dot_product_attention``
   uses the softmax in the moved frame without moving it back; its own rules read that.)
+* grouped-query attention written as 5-D einsums (q regrouped to ``[.., K, G, ..]``, k and
+  v unrepeated) is the 4-D attention of q with its heads merged and k, v repeated per group
+  as ``jnp.repeat`` does (``Kv``): the merged scores and the split probabilities are
+  rewritten to 4-D contractions, a scalar scale between the scores and their merge moves
+  before it, and a rank-4 transpose of scores merged query-major (``[B, T, N, S]``) moves
+  down the soft-cap, the mask and the softmax into the contraction with v.
 
 Each rule replaces a value by one that is equal element for element, so it never changes
 what the program computes, only how the kernel rules see it; where no kernel rule fires,
-the program is the same computation with fewer operations. The rules are named
+the program is the same computation (with fewer operations, except that the grouped rules
+repeat k and v per group; those that build computations are ``single_use``). The rules are named
 ``canonical_*`` so reports can tell them from the kernel rewrites.
 """
 
