@@ -23,9 +23,10 @@ to a single form first, so every kernel rule sees that form:
 
 Each rule replaces a value by one that is equal element for element, so it never changes
 what the program computes, only how the kernel rules see it; where no kernel rule fires,
-the program is the same computation (with fewer operations, except that the grouped rules
-repeat k and v per group; those that build computations are ``single_use``). The rules are named
-``canonical_*`` so reports can tell them from the kernel rewrites.
+the program is the same computation, with fewer operations (except that the grouped rules
+repeat k and v per group; the rules that build computations are ``single_use``, so none is
+computed twice). The rules are named ``canonical_*`` so reports can tell them from the
+kernel rewrites.
 """
 
 from __future__ import annotations
