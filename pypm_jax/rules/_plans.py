@@ -47,6 +47,12 @@ __all__ = [
     "row_major",
     "kept_shape",
     "kept_dims",
+    "grouped_scores_plan",
+    "grouped_probs_plan",
+    "sinks_transpose",
+    "inverse_of",
+    "moved_axes",
+    "fold_operand_transpose",
     "head_mask_identity",
     "scale_kind",
     "bias_sign",
@@ -280,6 +286,261 @@ def kept_dims(shape: Any, axes: Any) -> tuple[int, ...] | None:
     if ax is None:
         return None
     return tuple(i for i in range(len(s)) if i != ax)
+
+
+# ------------------------------------------------------- grouped-query attention (5-D)
+#
+# Grouped-query attention written as a 5-D einsum: q regrouped to ``[.., K, G, ..]`` (kv head
+# k, group member g; query head n = k*G + g) and contracted with the *unrepeated* k (and the
+# probabilities with the unrepeated v). The canonical rules rewrite both contractions to the
+# 4-D form the attention rules read: q with its (K, G) axes merged, k (or v) repeated per
+# group as ``jnp.repeat`` does (``reshape(broadcast_in_dim(.))``, ``interleaved_repeat``).
+
+
+def _merge(shape: tuple[int, ...], i: int) -> tuple[int, ...]:
+    """``shape`` with axes ``i`` and ``i + 1`` merged (row-major)."""
+    return (*shape[:i], shape[i] * shape[i + 1], *shape[i + 2 :])
+
+
+def _repeat(shape: tuple[int, ...], axis: int, g: int) -> tuple[Any, ...]:
+    """``(broadcast shape, broadcast_dimensions, reshaped shape)`` of ``jnp.repeat(x, g,
+    axis)`` spelled ``reshape(broadcast_in_dim(x))``: the group axis right after ``axis``."""
+    expanded = (*shape[: axis + 1], g, *shape[axis + 1 :])
+    dims = tuple(i if i <= axis else i + 1 for i in range(len(shape)))
+    return expanded, dims, (*shape[:axis], shape[axis] * g, *shape[axis + 1 :])
+
+
+def _free(rank: int, contract: tuple[int, ...], batch: tuple[int, ...]) -> list[int]:
+    return [i for i in range(rank) if i not in contract and i not in batch]
+
+
+def _frame(first: str, firsts: list[int], second: str, seconds: list[int], order: Any) -> list:
+    """Labels of a ``dot_general``'s output axes: the batch pairs (``order``), then the first
+    operand's free axes, then the second's."""
+    return [("b", order[0]), ("b", order[1]), *((first, i) for i in firsts)] + [
+        (second, i) for i in seconds
+    ]
+
+
+def _grouped_dn(
+    g_first: bool, cg: int, bg: tuple[int, ...], co: int, bo: tuple[int, ...], order: Any
+) -> tuple[Any, ...]:
+    """``dimension_numbers`` of a 4-D contraction of the merged operand (contracting ``cg``,
+    batch axes ``bg``) with the repeated one (``co``, ``bo``), batch pairs in ``order``."""
+    gb, ob = tuple(bg[o] for o in order), tuple(bo[o] for o in order)
+    if g_first:
+        return (((cg,), (co,)), (gb, ob))
+    return (((co,), (cg,)), (ob, gb))
+
+
+def _perm_to(frame: list[Any], target: list[Any]) -> tuple[int, ...]:
+    """The transpose taking ``frame`` to ``target`` (``()`` when they agree)."""
+    if frame == target:
+        return ()
+    return tuple(frame.index(lab) for lab in target)
+
+
+@guard_fn("rules.grouped_scores_plan")
+def grouped_scores_plan(
+    a_shape: Any, b_shape: Any, dn: Any, perm: Any, out_shape: Any, dimensions: Any
+) -> tuple[Any, ...] | None:
+    """``reshape(transpose(dot_general(a, b), perm))`` (``perm`` None: no transpose) that merges
+    the (K, G) axes of 5-D grouped scores into query heads, as a 4-D contraction.
+
+    One operand is the grouped query ``q5`` (rank 5: a batch axis K paired with the other
+    operand's kv-head axis, the group axis G right after it, free), the other ``k4`` (rank 4,
+    one free axis); one contracted axis, two batch axes. The reshape (row-major, rank 4) must
+    merge K and G, K first (head ``k*G + g``: ``jnp.repeat``'s grouping; a (G, K) merge is
+    ``jnp.tile``'s and is refused).
+
+    Returns ``(grouped, q4_shape, expanded, dims, repeated, k_first, dn4, perm4)``:
+    ``grouped`` is the index (0, 1) of q5 among (a, b); q4 is ``reshape(q5, q4_shape)``; k
+    repeated per group is ``reshape(broadcast_in_dim(k4, expanded, dims), repeated)``; the
+    4-D ``dot_general`` takes them in the order ``k_first`` says, with ``dn4``, chosen so
+    that no transpose follows where one order gives the reshape's layout; ``perm4`` is the
+    transpose after it (``()``: none). None if the match is not such a merge.
+    """
+    a, b, out, d = _ints(a_shape), _ints(b_shape), _ints(out_shape), _dn(dn)
+    if dimensions is not None or a is None or b is None or out is None or d is None:
+        return None
+    ca, cb, ba, bb = d
+    if len(out) != 4 or len(ca) != 1 or len(cb) != 1 or len(ba) != 2 or len(bb) != 2:
+        return None
+    if (len(a), len(b)) == (5, 4):
+        grouped, q, k, cq, ck, bq, bk = 0, a, b, ca[0], cb[0], ba, bb
+    elif (len(a), len(b)) == (4, 5):
+        grouped, q, k, cq, ck, bq, bk = 1, b, a, cb[0], ca[0], bb, ba
+    else:
+        return None
+    if any(not 0 <= i < len(s) for s, ax in ((q, (cq, *bq)), (k, (ck, *bk))) for i in ax):
+        return None
+    q_free, k_free = _free(5, (cq,), bq), _free(4, (ck,), bk)
+    if len(q_free) != 2 or len(k_free) != 1 or q[cq] != k[ck]:
+        return None
+    if any(q[bq[j]] != k[bk[j]] for j in (0, 1)):
+        return None
+    if grouped == 0:
+        frame = _frame("q", q_free, "k", k_free, (0, 1))
+    else:
+        frame = _frame("k", k_free, "q", q_free, (0, 1))
+    if perm is None:
+        moved = frame
+    else:
+        p = _ints(perm)
+        if p is None or not _is_perm(p, 5):
+            return None
+        moved = [frame[i] for i in p]
+    sizes = {("b", j): q[bq[j]] for j in (0, 1)}
+    sizes.update({("q", i): q[i] for i in q_free})
+    sizes.update({("k", i): k[i] for i in k_free})
+    shape5 = tuple(sizes[lab] for lab in moved)
+    for i in range(4):
+        kl, gl = moved[i], moved[i + 1]
+        if _merge(shape5, i) != out or kl[0] != "b" or gl != ("q", bq[kl[1]] + 1):
+            continue
+        j, kq = kl[1], bq[kl[1]]
+        g = q[kq + 1]
+
+        def m(ax: int, kq: int = kq) -> int:  # q5's axes as q4's
+            return ax - 1 if ax > kq + 1 else ax
+
+        expanded, dims, repeated = _repeat(k, bk[j], g)
+        target = [lab for lab in moved if lab != gl]
+        t_free = [i for i in q_free if i != gl[1]]
+        qb4 = tuple(m(x) for x in bq)
+        best = None
+        for k_first in (grouped, 1 - grouped):  # program order first
+            for order in ((0, 1), (1, 0)):
+                if k_first:
+                    f4 = _frame("k", k_free, "q", t_free, order)
+                else:
+                    f4 = _frame("q", t_free, "k", k_free, order)
+                dn4 = _grouped_dn(not k_first, m(cq), qb4, ck, bk, order)
+                p4 = _perm_to(f4, target)
+                if best is None or (best[2] and not p4):
+                    best = (k_first, dn4, p4)
+        k_first, dn4, p4 = best  # type: ignore[misc]
+        return (grouped, _merge(q, kq), expanded, dims, repeated, k_first, dn4, p4)
+    return None
+
+
+@guard_fn("rules.grouped_probs_plan")
+def grouped_probs_plan(
+    x_shape: Any, y_shape: Any, p4_shape: Any, dn: Any, dimensions: Any
+) -> tuple[Any, ...] | None:
+    """``dot_general(x, y)`` of 5-D grouped probabilities ``p5 = reshape(p4)`` (one of x, y:
+    heads N of the rank-4 ``p4`` split into (K, G), K first) and unrepeated values ``v`` (the
+    other, rank 4), as a 4-D contraction of ``p4`` with v repeated per group.
+
+    ``p5``'s K must be a batch axis paired with v's kv-head axis and G a free axis; one
+    contracted axis, two batch axes. Returns ``(grouped, expanded, dims, repeated, dn4,
+    split, perm5)``: ``grouped`` is p5's index among (x, y), which the 4-D ``dot_general``
+    keeps (p4 in its place, v repeated as ``reshape(broadcast_in_dim(v, expanded, dims),
+    repeated)`` in the other) with ``dn4``; its result reshaped to ``split`` (heads split
+    back into (K, G)) and transposed by ``perm5`` (``()``: none) is the original 5-D output.
+    None if the match is not such a contraction.
+    """
+    x, y, p4, d = _ints(x_shape), _ints(y_shape), _ints(p4_shape), _dn(dn)
+    if dimensions is not None or x is None or y is None or p4 is None or d is None:
+        return None
+    cx, cy, bx, by = d
+    if len(p4) != 4 or len(cx) != 1 or len(cy) != 1 or len(bx) != 2 or len(by) != 2:
+        return None
+    if (len(x), len(y)) == (5, 4):
+        grouped, p5, v, cp, cv, bp, bv = 0, x, y, cx[0], cy[0], bx, by
+    elif (len(x), len(y)) == (4, 5):
+        grouped, p5, v, cp, cv, bp, bv = 1, y, x, cy[0], cx[0], by, bx
+    else:
+        return None
+    if any(not 0 <= i < len(s) for s, ax in ((p5, (cp, *bp)), (v, (cv, *bv))) for i in ax):
+        return None
+    p_free, v_free = _free(5, (cp,), bp), _free(4, (cv,), bv)
+    if len(p_free) != 2 or len(v_free) != 1 or p5[cp] != v[cv]:
+        return None
+    if any(p5[bp[j]] != v[bv[j]] for j in (0, 1)):
+        return None
+    for n in range(4):
+        if _merge(p5, n) != p4 or n not in bp or n + 1 not in p_free:
+            continue
+        j, g = bp.index(n), p5[n + 1]
+
+        def m(ax: int, n: int = n) -> int:  # p5's axes as p4's
+            return ax - 1 if ax > n + 1 else ax
+
+        expanded, dims, repeated = _repeat(v, bv[j], g)
+        t_free = [i for i in p_free if i != n + 1]
+        if grouped == 0:
+            frame5 = _frame("p", p_free, "v", v_free, (0, 1))
+            frame4 = _frame("p", t_free, "v", v_free, (0, 1))
+        else:
+            frame5 = _frame("v", v_free, "p", p_free, (0, 1))
+            frame4 = _frame("v", v_free, "p", t_free, (0, 1))
+        dn4 = _grouped_dn(grouped == 0, m(cp), tuple(m(i) for i in bp), cv, bv, (0, 1))
+        sizes = {("b", i): p5[bp[i]] for i in (0, 1)}
+        sizes.update({("p", i): p5[i] for i in p_free})
+        sizes.update({("v", i): v[i] for i in v_free})
+        at = frame4.index(("b", j)) + 1
+        split_frame = [*frame4[:at], ("p", n + 1), *frame4[at:]]
+        split = tuple(sizes[lab] for lab in split_frame)
+        return (grouped, expanded, dims, repeated, dn4, split, _perm_to(split_frame, frame5))
+    return None
+
+
+# The pointwise operators the transpose-moving canonical rules re-apply (their results
+# name each: a rule applies operators, not operator variables).
+_MOVES_UNARY = frozenset({"tanh", "logistic", "exp", "neg"})
+_MOVES_BINARY = frozenset({"mul", "div", "add", "sub"})
+
+
+@guard_fn("rules.sinks_transpose")
+def sinks_transpose(op: Any, moved_op: Any, rank: Any) -> bool:
+    """May ``op(transpose(x))`` (``op`` pointwise, its other operands scalars) become
+    ``transpose(op(x))``? For rank-4 ``x`` computed by a ``dot_general`` or pointwise from
+    one (scores moved into a query-major layout: ``[B, T, N, S]``), so the scores chain runs
+    in the contraction's own layout, the one the attention rules read. ``op`` is one the
+    rules re-apply (a soft-cap's ``tanh``, scalar ``mul``/``div``/``add``/``sub``, ``exp``,
+    ``logistic``, ``neg``, ``select_n``); ``moved_op`` is ``x``'s operator."""
+    name, moved = (o if isinstance(o, str) else getattr(o, "name", None) for o in (op, moved_op))
+    if rank != 4 or name not in _MOVES_UNARY | _MOVES_BINARY | {"select_n"}:
+        return False
+    return moved in _MOVES_UNARY | _MOVES_BINARY | {"dot_general", "select_n"}
+
+
+@guard_fn("rules.inverse_of")
+def inverse_of(perm: Any) -> tuple[int, ...] | None:
+    """The permutation undoing ``perm``, or None."""
+    p = _ints(perm)
+    return _inverse(p) if p is not None and _is_perm(p, len(p)) else None
+
+
+@guard_fn("rules.moved_axes")
+def moved_axes(perm: Any, axes: Any) -> tuple[int, ...] | None:
+    """A reduction's ``axes`` of ``transpose(u, perm)`` as axes of ``u``."""
+    p, a = _ints(perm), _ints(axes)
+    if p is None or a is None or not _is_perm(p, len(p)) or any(not 0 <= i < len(p) for i in a):
+        return None
+    return tuple(p[i] for i in a)
+
+
+@guard_fn("rules.fold_operand_transpose")
+def fold_operand_transpose(dn: Any, perm: Any, side: Any) -> tuple[Any, ...] | None:
+    """``dimension_numbers`` of ``dot_general`` reading ``x`` itself where it read
+    ``transpose(x, perm)`` as operand ``side`` (0: lhs, 1: rhs): the same result when the
+    operand's free axes keep their order; else None."""
+    d, p = _dn(dn), _ints(perm)
+    if d is None or p is None or not _is_perm(p, len(p)) or side not in (0, 1):
+        return None
+    cx, cy, bx, by = d
+    c, b = (cx, bx) if side == 0 else (cy, by)
+    if any(not 0 <= i < len(p) for i in (*c, *b)):
+        return None
+    free = [p[i] for i in range(len(p)) if i not in c and i not in b]
+    if free != sorted(free):
+        return None
+    c2, b2 = tuple(p[i] for i in c), tuple(p[i] for i in b)
+    if side == 0:
+        return ((c2, cy), (b2, by))
+    return ((cx, c2), (bx, b2))
 
 
 @guard_fn("rules.head_mask_identity")

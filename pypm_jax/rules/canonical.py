@@ -14,11 +14,19 @@ to a single form first, so every kernel rule sees that form:
   is what ``jax.vmap(jax.nn.softmax)`` over any axis but the softmax's (penzai's ``nmap``)
   makes, and the attention rules read the plain form. (``jax.nn.dot_product_attention``
   uses the softmax in the moved frame without moving it back; its own rules read that.)
+* grouped-query attention written as 5-D einsums (q regrouped to ``[.., K, G, ..]``, k and
+  v unrepeated) is the 4-D attention of q with its heads merged and k, v repeated per group
+  as ``jnp.repeat`` does (``Kv``): the merged scores and the split probabilities are
+  rewritten to 4-D contractions, a scalar scale between the scores and their merge moves
+  before it, and a rank-4 transpose of scores merged query-major (``[B, T, N, S]``) moves
+  down the soft-cap, the mask and the softmax into the contraction with v.
 
 Each rule replaces a value by one that is equal element for element, so it never changes
 what the program computes, only how the kernel rules see it; where no kernel rule fires,
-the program is the same computation with fewer operations. The rules are named
-``canonical_*`` so reports can tell them from the kernel rewrites.
+the program is the same computation, with fewer operations (except that the grouped rules
+repeat k and v per group; the rules that build computations are ``single_use``, so none is
+computed twice). The rules are named ``canonical_*`` so reports can tell them from the
+kernel rewrites.
 """
 
 from __future__ import annotations
@@ -27,14 +35,22 @@ import pypm_jax as pm
 
 from ..jax import prims as P
 from ._plans import (
+    fold_operand_transpose,
+    grouped_probs_plan,
+    grouped_scores_plan,
+    inverse_of,
     inverse_permutation,
     kept_dims,
     kept_shape,
+    moved_axes,
     noop_reshape,
     row_major,
+    scale_kind,
+    sinks_transpose,
+    softmax_axes,
     vmapped_softmax_axes,
 )
-from .attention import NEG_INF, Expand, Splat, StopGrad
+from .attention import NEG_INF, Expand, Probs, Scaled, Softmax, Splat, StopGrad
 
 __all__ = [
     "CANONICAL_RULES",
@@ -43,6 +59,16 @@ __all__ = [
     "canonical_reshapes",
     "canonical_transposes",
     "canonical_softmax",
+    "canonical_scaled_reshape",
+    "canonical_grouped_scores",
+    "canonical_grouped_scores_moved",
+    "canonical_grouped_probs",
+    "canonical_transpose_unary",
+    "canonical_transpose_scalar",
+    "canonical_transpose_where",
+    "canonical_transpose_softmax",
+    "canonical_transposed_probs",
+    "canonical_transposed_probs_second",
 ]
 
 # ---------------------------------------------------------------- no-op layout
@@ -157,9 +183,325 @@ def canonical_softmax(y, u, m, mm, z, x):
     return P.div(e, total)
 
 
+# -------------------------------------------------- grouped-query attention as 5-D einsums
+
+
+@pm.pattern
+def ReshapedScaled(r, s, sc, c):
+    """``reshape(s * c)`` (or ``/ c``) of rank-5 scores ``s`` to rank 4 (tunix scales its
+    5-D grouped scores before merging the query heads)."""
+    r <= P.reshape(sc)
+    sc <= Scaled(s, c)
+    assert s.rank == 5 and r.rank == 4 and row_major(r.dimensions)
+    return r
+
+
+@pm.rule(ReshapedScaled, single_use=True)
+def canonical_scaled_reshape(r, s, sc, c):
+    """``reshape(s * c)`` → ``reshape(s) * c`` for a scalar ``c``: the scale commutes with
+    the layout, and the reshape then meets the scores ``dot_general``."""
+    if scale_kind(sc.op) == -1:
+        return P.div(P.reshape(s, new_sizes=r.shape, dimensions=None), c)
+    return P.mul(P.reshape(s, new_sizes=r.shape, dimensions=None), c)
+
+
+@pm.pattern
+def MergedScores(r, s, a, b):
+    """``reshape(dot_general(a, b))``: 5-D grouped scores with (K, G) merged into heads."""
+    r <= P.reshape(s)
+    s <= P.dot_general(a, b)
+    return r
+
+
+@pm.pattern
+def MergedScoresMoved(r, t, s, a, b):
+    """``reshape(transpose(dot_general(a, b)))``: the same, moved before the merge."""
+    r <= P.reshape(t)
+    t <= P.transpose(s)
+    s <= P.dot_general(a, b)
+    return r
+
+
+@pm.rule(MergedScores, single_use=True)
+def canonical_grouped_scores(r, s, a, b):
+    """Grouped 5-D scores with their (K, G) axes merged → the 4-D scores of q (the merged
+    query heads) and k repeated per group (``jnp.repeat``), which the attention rules read
+    (``Kv``); q's reshape usually cancels with the one that made q 5-D."""
+    plan = grouped_scores_plan(a.shape, b.shape, s.dimension_numbers, None, r.shape,
+                               r.dimensions)  # fmt: skip
+    assert plan is not None
+    q5 = a if plan[0] == 0 else b
+    k4 = b if plan[0] == 0 else a
+    q = P.reshape(q5, new_sizes=plan[1], dimensions=None)
+    k = P.reshape(P.broadcast_in_dim(k4, shape=plan[2], broadcast_dimensions=plan[3]),
+                  new_sizes=plan[4], dimensions=None)  # fmt: skip
+    if plan[5] == 1:
+        d = P.dot_general(k, q, dimension_numbers=plan[6], precision=s.precision,
+                          preferred_element_type=s.preferred_element_type)  # fmt: skip
+    else:
+        d = P.dot_general(q, k, dimension_numbers=plan[6], precision=s.precision,
+                          preferred_element_type=s.preferred_element_type)  # fmt: skip
+    if plan[7] == ():
+        return d
+    return P.transpose(d, permutation=plan[7])
+
+
+@pm.rule(MergedScoresMoved, single_use=True)
+def canonical_grouped_scores_moved(r, t, s, a, b):
+    """The same, for scores transposed before the merge."""
+    plan = grouped_scores_plan(a.shape, b.shape, s.dimension_numbers, t.permutation, r.shape,
+                               r.dimensions)  # fmt: skip
+    assert plan is not None
+    q5 = a if plan[0] == 0 else b
+    k4 = b if plan[0] == 0 else a
+    q = P.reshape(q5, new_sizes=plan[1], dimensions=None)
+    k = P.reshape(P.broadcast_in_dim(k4, shape=plan[2], broadcast_dimensions=plan[3]),
+                  new_sizes=plan[4], dimensions=None)  # fmt: skip
+    if plan[5] == 1:
+        d = P.dot_general(k, q, dimension_numbers=plan[6], precision=s.precision,
+                          preferred_element_type=s.preferred_element_type)  # fmt: skip
+    else:
+        d = P.dot_general(q, k, dimension_numbers=plan[6], precision=s.precision,
+                          preferred_element_type=s.preferred_element_type)  # fmt: skip
+    if plan[7] == ():
+        return d
+    return P.transpose(d, permutation=plan[7])
+
+
+@pm.pattern
+def SoftmaxOut():
+    """Softmax probabilities (maybe cast), or those moved by a transpose
+    (``canonical_transpose_softmax`` makes them; ``canonical_transposed_probs`` folds it)."""
+    s, z = pm.var(), pm.var()
+    return Probs(Softmax(s, z))
+
+
+@pm.pattern
+def SoftmaxOut():  # noqa: F811
+    s, z = pm.var(), pm.var()
+    return P.transpose(Probs(Softmax(s, z)))
+
+
+@pm.pattern
+def SplitProbs(o, x, y, p):
+    """``dot_general(x, y)`` where x or y is ``reshape(p)``: rank-4 softmax probabilities
+    with their heads split into (K, G) for a 5-D contraction with unrepeated values. (Only
+    probabilities: a 5-D *scores* contraction of a split q is ``MergedScores``' where its
+    heads are merged back, and ``jax.nn.dot_product_attention``'s rules read it as it is.)"""
+    o <= P.dot_general(x, y)
+    x <= P.reshape(p)
+    p <= SoftmaxOut()
+    assert row_major(x.dimensions)
+    return o
+
+
+@pm.pattern
+def SplitProbs(o, x, y, p):  # noqa: F811
+    o <= P.dot_general(x, y)
+    y <= P.reshape(p)
+    p <= SoftmaxOut()
+    assert row_major(y.dimensions)
+    return o
+
+
+@pm.rule(SplitProbs, single_use=True)
+def canonical_grouped_probs(o, x, y, p):
+    """Grouped 5-D probabilities · unrepeated v → the 4-D contraction of the probabilities
+    with v repeated per group (what the attention rules read), its heads split back into
+    (K, G) and moved into the original output's layout."""
+    plan = grouped_probs_plan(x.shape, y.shape, p.shape, o.dimension_numbers, None)
+    assert plan is not None
+    v4 = y if plan[0] == 0 else x
+    v = P.reshape(P.broadcast_in_dim(v4, shape=plan[1], broadcast_dimensions=plan[2]),
+                  new_sizes=plan[3], dimensions=None)  # fmt: skip
+    if plan[0] == 0:
+        d = P.dot_general(p, v, dimension_numbers=plan[4], precision=o.precision,
+                          preferred_element_type=o.preferred_element_type)  # fmt: skip
+    else:
+        d = P.dot_general(v, p, dimension_numbers=plan[4], precision=o.precision,
+                          preferred_element_type=o.preferred_element_type)  # fmt: skip
+    split = P.reshape(d, new_sizes=plan[5], dimensions=None)
+    if plan[6] == ():
+        return split
+    return P.transpose(split, permutation=plan[6])
+
+
+# ------------------------------------------- scores moved into a query-major layout
+#
+# Gemma and tunix's Gemma merge grouped scores into ``[B, T, N, S]`` (queries before heads),
+# which no ``dot_general`` produces: ``canonical_grouped_scores_moved`` leaves a transpose
+# after the 4-D contraction. These rules move that transpose down the scores chain (the
+# soft-cap's scalar operations, the mask, the softmax) and fold it into the contraction with
+# v, so the chain runs in the contraction's own layout, the one the attention rules read.
+# Only rank-4 transposes of values computed by a ``dot_general`` or pointwise from one
+# (``rules.sinks_transpose``): ``jax.nn.dot_product_attention``'s rank-5 moves stay.
+
+
+@pm.pattern
+def MovedUnary(y, t, x, f):
+    """``f(transpose(x))`` for a unary pointwise ``f``."""
+    y <= f(t)
+    t <= P.transpose(x)
+    assert sinks_transpose(f.name, x.op, x.rank)
+    return y
+
+
+@pm.rule(MovedUnary, single_use=True)
+def canonical_transpose_unary(y, t, x, f):
+    """``f(transpose(x))`` → ``transpose(f(x))``."""
+    if f.name == "tanh":
+        return P.transpose(P.tanh(x), permutation=t.permutation)
+    if f.name == "logistic":
+        return P.transpose(P.logistic(x), permutation=t.permutation)
+    if f.name == "exp":
+        return P.transpose(P.exp(x), permutation=t.permutation)
+    assert f.name == "neg"
+    return P.transpose(P.neg(x), permutation=t.permutation)
+
+
+@pm.pattern
+def MovedScalar(y, a, b, x, f):
+    """``f(transpose(x), c)`` or ``f(c, transpose(x))`` for a binary pointwise ``f`` and a
+    scalar ``c`` (a soft-cap's ``s / cap``, ``* cap``)."""
+    y <= f(a, b)
+    a <= P.transpose(x)
+    assert b.rank == 0 and sinks_transpose(f.name, x.op, x.rank)
+    return y
+
+
+@pm.pattern
+def MovedScalar(y, a, b, x, f):  # noqa: F811
+    y <= f(a, b)
+    b <= P.transpose(x)
+    assert a.rank == 0 and sinks_transpose(f.name, x.op, x.rank)
+    return y
+
+
+@pm.rule(MovedScalar, single_use=True)
+def canonical_transpose_scalar(y, a, b, x, f):
+    """``f(transpose(x), c)`` → ``transpose(f(x, c))`` (either operand order)."""
+    if a.rank == 0:
+        if f.name == "mul":
+            return P.transpose(P.mul(a, x), permutation=b.permutation)
+        if f.name == "div":
+            return P.transpose(P.div(a, x), permutation=b.permutation)
+        if f.name == "add":
+            return P.transpose(P.add(a, x), permutation=b.permutation)
+        assert f.name == "sub"
+        return P.transpose(P.sub(a, x), permutation=b.permutation)
+    if f.name == "mul":
+        return P.transpose(P.mul(x, b), permutation=a.permutation)
+    if f.name == "div":
+        return P.transpose(P.div(x, b), permutation=a.permutation)
+    if f.name == "add":
+        return P.transpose(P.add(x, b), permutation=a.permutation)
+    assert f.name == "sub"
+    return P.transpose(P.sub(x, b), permutation=a.permutation)
+
+
+@pm.pattern
+def MovedWhere(y, m, c, t, x):
+    """``select_n(m, c, transpose(x))`` (``jnp.where(m, transpose(x), c)``), ``m`` and ``c``
+    as large as the result (a broadcast mask and fill)."""
+    y <= P.select_n(m, c, t)
+    t <= P.transpose(x)
+    assert m.rank == 4 and c.rank == 4 and sinks_transpose(y.op, x.op, x.rank)
+    return y
+
+
+@pm.rule(MovedWhere, single_use=True)
+def canonical_transpose_where(y, m, c, t, x):
+    """``select_n(m, c, transpose(x))`` → ``transpose(select_n(m', c', x))``, the mask and
+    the fill moved back by the inverse transpose."""
+    back = inverse_of(t.permutation)
+    assert back is not None
+    return P.transpose(
+        P.select_n(P.transpose(m, permutation=back), P.transpose(c, permutation=back), x),
+        permutation=t.permutation,
+    )
+
+
+@pm.pattern
+def MovedSoftmax(p, t, u, m, z):
+    """The plain softmax (``jax.nn.softmax``'s, max taken on its own operand) of a rank-4
+    ``transpose(u)``."""
+    e, kept_sum, kept_max, mm = pm.var(), pm.var(), pm.var(), pm.var()
+    p <= P.div(e, kept_sum)
+    kept_sum <= Expand(z)
+    z <= P.reduce_sum(e)
+    e <= P.exp(P.sub(t, StopGrad(kept_max)))
+    kept_max <= Expand(MaxClamp(mm, m))
+    m <= P.reduce_max(t)
+    t <= P.transpose(u)
+    assert t.rank == 4 and softmax_axes(t.shape, z.axes, m.axes, kept_sum.shape, kept_max.shape)
+    return p
+
+
+@pm.rule(MovedSoftmax, single_use=True)
+def canonical_transpose_softmax(p, t, u, m, z):
+    """``softmax(transpose(u))`` → ``transpose(softmax(u))`` over the moved axis. (The
+    ``max(-inf, .)`` clamp computes nothing and is left out.)"""
+    axes = moved_axes(t.permutation, m.axes)
+    shape, dims = kept_shape(u.shape, axes), kept_dims(u.shape, axes)
+    assert axes is not None and shape is not None and dims is not None
+    top = P.broadcast_in_dim(P.reduce_max(u, axes=axes), shape=shape, broadcast_dimensions=dims)
+    e = P.exp(P.sub(u, P.stop_gradient(top)))
+    total = P.broadcast_in_dim(P.reduce_sum(e, axes=axes), shape=shape, broadcast_dimensions=dims)
+    return P.transpose(P.div(e, total), permutation=t.permutation)
+
+
+@pm.pattern
+def TransposedProbs(o, t, y, p):
+    """``dot_general(transpose(p), y)``, ``p`` softmax probabilities."""
+    s, z = pm.var(), pm.var()
+    o <= P.dot_general(t, y)
+    t <= P.transpose(p)
+    p <= Probs(Softmax(s, z))
+    return o
+
+
+@pm.rule(TransposedProbs, single_use=True)
+def canonical_transposed_probs(o, t, y, p):
+    """``dot_general(transpose(p), y)`` → ``dot_general(p, y)`` with the transpose folded
+    into the dimension numbers (where p's free axes keep their order: the same result)."""
+    dn = fold_operand_transpose(o.dimension_numbers, t.permutation, 0)
+    assert dn is not None
+    return P.dot_general(p, y, dimension_numbers=dn, precision=o.precision,
+                         preferred_element_type=o.preferred_element_type)  # fmt: skip
+
+
+@pm.pattern
+def TransposedProbsSecond(o, x, t, p):
+    """``dot_general(x, transpose(p))``, ``p`` softmax probabilities."""
+    s, z = pm.var(), pm.var()
+    o <= P.dot_general(x, t)
+    t <= P.transpose(p)
+    p <= Probs(Softmax(s, z))
+    return o
+
+
+@pm.rule(TransposedProbsSecond, single_use=True)
+def canonical_transposed_probs_second(o, x, t, p):
+    """The same, the probabilities second."""
+    dn = fold_operand_transpose(o.dimension_numbers, t.permutation, 1)
+    assert dn is not None
+    return P.dot_general(x, p, dimension_numbers=dn, precision=o.precision,
+                         preferred_element_type=o.preferred_element_type)  # fmt: skip
+
+
 CANONICAL_RULES = [
     canonical_copy,
     canonical_transposes,
     canonical_reshapes,
     canonical_softmax,
+    canonical_scaled_reshape,
+    canonical_grouped_scores,
+    canonical_grouped_scores_moved,
+    canonical_grouped_probs,
+    canonical_transpose_unary,
+    canonical_transpose_scalar,
+    canonical_transpose_where,
+    canonical_transpose_softmax,
+    canonical_transposed_probs,
+    canonical_transposed_probs_second,
 ]

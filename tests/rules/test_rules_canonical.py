@@ -297,3 +297,162 @@ def test_a_sink_column_sliced_off_elsewhere_is_left_alone():
 
     _, _, report = rewrite(attn, sink_args())
     assert not report
+
+
+# ------------------------------------------------ grouped-query attention as 5-D einsums
+
+
+def gqa_args(k_heads, groups, seed=7):
+    """q ``[B, S, K*G, D]``, k and v ``[B, S, K, D]`` (unrepeated), a causal keep-mask."""
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(seed), 3)
+    q = jax.random.normal(kq, (B, S, k_heads * groups, D))
+    k = jax.random.normal(kk, (B, S, k_heads, D))
+    v = jax.random.normal(kv, (B, S, k_heads, D))
+    return q, k, v, jnp.tril(jnp.ones((S, S), bool))[None, None]
+
+
+def tunix_gqa(k_first=False, v_first=True, scale=True):
+    """tunix's Llama 3: q regrouped to ``[B, T, K, G, D]``, 5-D scores ``[B, K, G, T, S]``
+    (scaled there), merged to ``[B, N, T, S]`` for the mask and softmax, the probabilities
+    split back to 5-D for the contraction with the unrepeated v."""
+
+    def attn(q, k, v, mask):
+        n, kh = q.shape[2], k.shape[2]
+        q5 = q.reshape(B, S, kh, n // kh, D)
+        if k_first:
+            s = jnp.einsum("BSKH,BTKGH->BKGTS", k, q5)
+        else:
+            s = jnp.einsum("BTKGH,BSKH->BKGTS", q5, k)
+        if scale:
+            s = s * (D**-0.5)
+        s = jnp.where(mask, s.reshape(B, n, S, S), -1e9)
+        p = jax.nn.softmax(s, axis=-1).reshape(B, kh, n // kh, S, S)
+        if v_first:
+            o = jnp.einsum("BSKH,BKGTS->BTKGH", v, p)
+        else:
+            o = jnp.einsum("BKGTS,BSKH->BTKGH", p, v)
+        return o.reshape(B, S, n, D)
+
+    return attn
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k_heads, groups", [(2, 1), (2, 2), (1, 4), (1, 2)])
+def test_5d_grouped_einsums_become_one_attention(k_heads, groups):
+    """GQA (G = 1, 2, 4) and MQA (K = 1) as 5-D einsums with unrepeated k and v: the scale
+    commutes with the merge of the heads, the merged 5-D scores become 4-D scores of q and
+    k repeated per group, the split probabilities a 4-D contraction with v repeated: one
+    grouped flash attention."""
+    args = gqa_args(k_heads, groups)
+    fn = tunix_gqa()
+    fast = check(fn, args, {"attention_scaled_mask": 1}, grad=True)
+    _, _, report = rewrite(fn, args)
+    assert canonical(report) == {
+        "canonical_scaled_reshape": 1,
+        "canonical_grouped_scores_moved": 1,
+        "canonical_reshapes": 1,  # q's merge cancels its split
+        "canonical_grouped_probs": 1,
+    }
+    (node,) = kernel_nodes(fast, args)
+    plan = node.attrs["plan"]
+    assert plan.kernel_shapes[1] == plan.kernel_shapes[2]  # k and v: the unrepeated kv heads
+    assert sorted(plan.kernel_shapes[0]) == sorted((B, S, k_heads * groups, D))
+    assert sorted(plan.kernel_shapes[1]) == sorted((B, S, k_heads, D))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k_first", [False, True])
+@pytest.mark.parametrize("v_first", [False, True])
+def test_5d_grouped_einsums_either_operand_order(k_first, v_first):
+    args = gqa_args(2, 2, seed=k_first + 2 * v_first)
+    check(tunix_gqa(k_first, v_first, scale=False), args, {"attention_mask": 1}, grad=True)
+
+
+@pytest.mark.slow
+def test_5d_grouped_scores_without_a_transpose():
+    """Scores contracted straight into the ``dot_general``'s own layout ``[B, K, G, T, S]``
+    (q moved to ``[B, K, G, T, D]`` first): the merge needs no transpose."""
+
+    def attn(q, k, v, mask):
+        q5 = jnp.transpose(q.reshape(B, S, 2, 2, D), (0, 2, 3, 1, 4))  # [B, K, G, T, D]
+        s = jax.lax.dot_general(q5, k, (((4,), (3,)), ((0, 1), (0, 2))))  # [B, K, G, T, S]
+        s = jnp.where(mask, s.reshape(B, 4, S, S), -1e9)
+        p = jax.nn.softmax(s, axis=-1).reshape(B, 2, 2, S, S)
+        return jnp.einsum("BKGTS,BSKH->BTKGH", p, v).reshape(B, S, 4, D)
+
+    args = gqa_args(2, 2, seed=3)
+    check(attn, args, {"attention_mask": 1}, grad=True)
+
+
+def test_5d_heads_merged_group_major_are_left_alone():
+    """Heads merged (G, K), group first, are ``jnp.tile``'s grouping (head n reads kv head
+    n % K), not the kernel's: neither 5-D contraction is rewritten, the program is unchanged."""
+
+    def attn(q, k, v, mask):
+        q5 = q.reshape(B, S, 2, 2, D)  # [B, T, G, K, D]
+        s = jnp.einsum("BTGKH,BSKH->BGKTS", q5, k).reshape(B, 4, S, S)
+        p = jax.nn.softmax(jnp.where(mask, s, -1e9), axis=-1).reshape(B, 2, 2, S, S)
+        return jnp.einsum("BGKTS,BSKH->BTGKH", p, v).reshape(B, S, 4, D)
+
+    args = gqa_args(2, 2, seed=4)
+    _, got, report = rewrite(attn, args)
+    assert not report
+    assert not {"canonical_grouped_scores", "canonical_grouped_probs"} & set(canonical(report))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(attn(*args)), rtol=1e-5, atol=1e-6)
+
+
+def gemma_gqa(scale_first=False):
+    """Gemma 2 (gemma, tunix): 5-D scores moved to ``[B, T, K, G, S]`` and merged to the
+    query-major ``[B, T, N, S]``, soft-capped and masked there; the probabilities split back
+    for the contraction with the unrepeated v."""
+
+    def attn(q, k, v, mask):
+        q5 = q.reshape(B, S, 2, 2, D)
+        s = jnp.einsum("BTKGH,BSKH->BTKGS", q5, k).reshape(B, S, 4, S)
+        s = jnp.tanh(s / 50.0) * 50.0
+        p = jax.nn.softmax(jnp.where(mask[:, 0, :, None, :], s, -1e9), axis=-1)
+        o = jnp.einsum("BSKH,BTKGS->BTKGH", v, p.reshape(B, S, 2, 2, S))
+        return o.reshape(B, S, 4, D)
+
+    return attn
+
+
+@pytest.mark.slow
+def test_5d_scores_merged_query_major_become_one_attention_region():
+    """No ``dot_general`` makes ``[B, T, N, S]``: the merged 4-D scores are transposed into
+    it, and the transpose moves down the soft-cap, the mask and the softmax into the
+    contraction with v, so the chain runs in the scores' own layout: one attention region
+    (the soft-cap in the kernel's ``score_mod``)."""
+    args = gqa_args(2, 2, seed=5)
+    fn = gemma_gqa()
+    fast, _, report = rewrite(fn, args)
+    assert report.counts()["attention_region_done"] == 1
+    assert canonical(report) == {
+        "canonical_grouped_scores_moved": 1,
+        "canonical_reshapes": 1,
+        "canonical_transpose_scalar": 2,
+        "canonical_transpose_unary": 1,
+        "canonical_transpose_where": 1,
+        "canonical_transpose_softmax": 1,
+        "canonical_grouped_probs": 1,
+        "canonical_transposed_probs": 1,
+    }
+    check(fn, args, report.counts(), grad=True)
+    assert len(kernel_nodes(fast, args)) == 0  # (an AttentionRegion node, not FlashAttention)
+
+
+def test_transposes_of_other_values_stay_before_pointwise_operations():
+    """Only rank-4 transposes of a contraction's (or pointwise) result move: a transposed
+    input, or a rank-3 transpose, is left where it is."""
+
+    def f(x, y):
+        a = jnp.tanh(jnp.transpose(x, (0, 2, 1, 3))) * 2.0
+        b = jnp.tanh(jnp.transpose(jnp.einsum("abc,acd->abd", y, y), (0, 2, 1)))
+        return a, b
+
+    x = jax.random.normal(jax.random.PRNGKey(6), (2, 3, 4, 5))
+    y = jax.random.normal(jax.random.PRNGKey(7), (2, 3, 3))
+    _, got, report = rewrite(f, (x, y))
+    assert not report.canonical
+    for a, b in zip(got, f(x, y), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)

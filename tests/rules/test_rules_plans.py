@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import pypm_jax as pm
@@ -140,6 +141,130 @@ def test_canonical_layout_predicates():
     )
     assert G.kept_shape((2, 3, 4), (1,)) == (2, 1, 4) and G.kept_dims((2, 3, 4), (-1,)) == (0, 1)
     assert G.kept_shape((2, 3), (0, 1)) is None and G.row_major(None)
+
+
+def np_dot_general(x, y, dn):
+    """``lax.dot_general`` in numpy: batch axes, then x's free axes, then y's."""
+    (cx, cy), (bx, by) = dn
+    letters = iter("abcdefghijklmnopqrstuvwxyz")
+    xs, ys = [next(letters) for _ in x.shape], [None] * y.ndim
+    for i, j in zip((*cx, *bx), (*cy, *by), strict=True):
+        ys[j] = xs[i]
+    ys = [c or next(letters) for c in ys]
+    fx = [xs[i] for i in range(x.ndim) if i not in (*cx, *bx)]
+    fy = [ys[j] for j in range(y.ndim) if j not in (*cy, *by)]
+    out = "".join([xs[i] for i in bx] + fx + fy)
+    return np.einsum(f"{''.join(xs)},{''.join(ys)}->{out}", x, y)
+
+
+def np_repeat(x, expanded, dims, repeated):
+    """``reshape(broadcast_in_dim(x, expanded, dims), repeated)`` in numpy."""
+    shape = [1] * len(expanded)
+    for d, n in zip(dims, x.shape, strict=True):
+        shape[d] = n
+    return np.broadcast_to(x.reshape(shape), expanded).reshape(repeated)
+
+
+# tunix: dot_general(k [B,S,K,D], q5 [B,T,K,G,D]) -> [B,K,S,T,G], moved, merged
+K_Q5_DN = (((3,), (4,)), ((0, 2), (0, 2)))
+
+
+@pytest.mark.parametrize(
+    "q5_first, perm, out",
+    [
+        (False, (0, 1, 4, 3, 2), (2, 6, 5, 7)),  # [B, K, G, T, S] -> [B, N, T, S]: no transpose
+        (False, (0, 3, 1, 4, 2), (2, 5, 6, 7)),  # [B, T, K, G, S] -> [B, T, N, S]
+        (True, None, None),  # dot_general(q5, k) -> [B, K, T, G, S]: K, G not adjacent
+        (True, (0, 1, 3, 2, 4), (2, 6, 5, 7)),  # [B, K, G, T, S]
+    ],
+)
+def test_grouped_scores_plan_computes_the_merged_scores(q5_first, perm, out):
+    rng = np.random.default_rng(0)
+    q5, k = rng.normal(size=(2, 5, 2, 3, 4)), rng.normal(size=(2, 7, 2, 4))  # T=5, S=7, K=2, G=3
+    a, b, dn = (q5, k, (((4,), (3,)), ((0, 2), (0, 2)))) if q5_first else (k, q5, K_Q5_DN)
+    s5 = np_dot_general(a, b, dn)
+    if out is None:  # [B, K, T, G, S]: K and G are not adjacent, nothing merges them
+        assert G.grouped_scores_plan(a.shape, b.shape, dn, None, (2, 2, 15, 7), None) is None
+        return
+    want = np.transpose(s5, perm).reshape(out)
+    plan = G.grouped_scores_plan(a.shape, b.shape, dn, perm, out, None)
+    grouped, q4_shape, expanded, dims, repeated, k_first, dn4, perm4 = plan
+    assert grouped == (0 if q5_first else 1)
+    q4, kr = q5.reshape(q4_shape), np_repeat(k, expanded, dims, repeated)
+    got = np_dot_general(*((kr, q4) if k_first else (q4, kr)), dn4)
+    if perm4:
+        got = np.transpose(got, perm4)
+    else:
+        assert out == (2, 6, 5, 7)  # the dot_general's own layout: no transpose
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    # the kernel rules' Kv reads the repeat
+    assert G.interleaved_repeat(dims, expanded, k.shape, repeated)
+
+
+def test_grouped_scores_plan_refusals():
+    q5, k = (2, 5, 2, 3, 4), (2, 7, 2, 4)
+    # (G, K) merged group-major is jnp.tile's grouping: [B, K, S, T, G] -> [B, G, K, T, S]
+    assert G.grouped_scores_plan(k, q5, K_Q5_DN, (0, 4, 1, 3, 2), (2, 6, 5, 7), None) is None
+    # merging (T, G): not heads
+    assert G.grouped_scores_plan(k, q5, K_Q5_DN, (0, 1, 2, 3, 4), (2, 2, 7, 15), None) is None
+    # not row-major, wrong ranks, malformed dimension numbers
+    assert G.grouped_scores_plan(k, q5, K_Q5_DN, (0, 1, 4, 3, 2), (2, 6, 5, 7), (0, 1)) is None
+    assert G.grouped_scores_plan(k, k, K_Q5_DN, None, (2, 6, 5, 7), None) is None
+    assert G.grouped_scores_plan(k, q5, "dn", None, (2, 6, 5, 7), None) is None
+    assert G.grouped_scores_plan(k, q5, K_Q5_DN, (0, 1), (2, 6, 5, 7), None) is None
+
+
+@pytest.mark.parametrize("v_first", [True, False])
+def test_grouped_probs_plan_computes_the_5d_output(v_first):
+    rng = np.random.default_rng(1)
+    p4, v = rng.normal(size=(2, 6, 5, 7)), rng.normal(size=(2, 7, 2, 4))  # N = K*G = 2*3
+    p5 = p4.reshape(2, 2, 3, 5, 7)  # [B, K, G, T, S]
+    if v_first:
+        x, y, dn = v, p5, (((1,), (4,)), ((0, 2), (0, 1)))
+    else:
+        x, y, dn = p5, v, (((4,), (1,)), ((0, 1), (0, 2)))
+    want = np_dot_general(x, y, dn)
+    grouped, expanded, dims, repeated, dn4, split, perm5 = G.grouped_probs_plan(
+        x.shape, y.shape, p4.shape, dn, None
+    )
+    assert grouped == (1 if v_first else 0)
+    vr = np_repeat(v, expanded, dims, repeated)
+    got = np_dot_general(*((vr, p4) if v_first else (p4, vr)), dn4).reshape(split)
+    if perm5:
+        got = np.transpose(got, perm5)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    # heads split group-major ([B, G, K, T, S]: G is not the free axis after K) are refused
+    gk = (((1,), (4,)), ((0, 2), (0, 2)))
+    assert G.grouped_probs_plan(v.shape, (2, 3, 2, 5, 7), p4.shape, gk, None) is None
+    assert G.grouped_probs_plan(x.shape, y.shape, (2, 6, 35), dn, None) is None
+    assert G.grouped_probs_plan(x.shape, y.shape, p4.shape, dn, (1, 0)) is None
+
+
+def test_moving_transposes_down_the_scores():
+    assert G.sinks_transpose("tanh", "dot_general", 4) and G.sinks_transpose("mul", "tanh", 4)
+    assert not G.sinks_transpose("tanh", "dot_general", 5)  # dot_product_attention's moves
+    assert not G.sinks_transpose("tanh", "reshape", 4)  # a moved input: not scores
+    assert not G.sinks_transpose("integer_pow", "dot_general", 4)  # not re-applied
+    assert G.inverse_of((0, 3, 1, 2)) == (0, 2, 3, 1) and G.inverse_of((0, 0)) is None
+    assert G.moved_axes((0, 3, 1, 2), (3,)) == (2,) and G.moved_axes((0, 1), (2,)) is None
+    rng = np.random.default_rng(2)
+    p, v = rng.normal(size=(2, 4, 7, 5)), rng.normal(size=(2, 7, 4, 3))  # p [B, N, S, T]
+    perm, dn = (0, 3, 1, 2), (((3,), (1,)), ((0, 2), (0, 2)))  # reads p as [B, T, N, S]
+    want = np_dot_general(np.transpose(p, perm), v, dn)
+    folded = G.fold_operand_transpose(dn, perm, 0)
+    np.testing.assert_allclose(np_dot_general(p, v, folded), want, rtol=1e-12)
+    mirrored = (((1,), (3,)), ((0, 2), (0, 2)))
+    np.testing.assert_allclose(
+        np_dot_general(v, p, G.fold_operand_transpose(mirrored, perm, 1)),
+        np_dot_general(v, np.transpose(p, perm), mirrored),
+        rtol=1e-12,
+    )
+    # two free axes swapped by the transpose: the result's layout would change
+    assert G.fold_operand_transpose((((2,), (0,)), ((), ())), (1, 0, 2), 0) is None
+    assert (
+        G.fold_operand_transpose(dn, perm, 2) is None
+        and G.fold_operand_transpose("x", perm, 0) is None
+    )
 
 
 def test_attention_plan_bhsd_probabilities_first():
