@@ -1029,10 +1029,15 @@ def region_op(name: Any, arity: Any) -> bool:
 
 
 @guard_fn("rules.region_seed")
-def region_seed(plan: Any) -> RegionPlan | None:
-    """The plan of a region node for an attention planned without bias, mask or scale."""
+def region_seed(plan: Any, masked_rows: Any = "uniform") -> RegionPlan | None:
+    """The plan of a region node for an attention planned without bias, mask or scale;
+    ``masked_rows="zero"`` where the program re-zeroes the probabilities with the mask of
+    the region's logits (``rules.region_finishes`` checks that it is that mask)."""
     if not isinstance(plan, AttentionPlan) or plan.bias or plan.mask or plan.scale_input:
         return None
+    if masked_rows not in ("uniform", "zero"):
+        return None
+    plan = plan._replace(masked_rows=masked_rows)
     return RegionPlan(plan, (), ()) if attention_supported(plan) else None
 
 
@@ -1278,12 +1283,18 @@ def _reads_acc(steps: tuple[Any, ...], ref: Any) -> bool:
     return any(a[0] == "acc" for _, _, xs in _extract(steps, ref) for a in xs)
 
 
-def _mask_split(region: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+def _mask_split(region: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """(score region, mask steps): the region's outer ``where(pred, s, fill)`` steps with a
     fill at most ``MASK_FILL_MAX`` and a predicate that does not read the scores become the
     kernel's mask (it replaces masked scores by ``finfo(f32).min``: the same softmax for
     every row with an attended key, uniform weights for a fully masked row, as the
     program's fill gives); the rest is its score_mod."""
+    score, mask, _ = _split(region)
+    return score, mask
+
+
+def _split(region: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...], int]:
+    """:func:`_mask_split` and the number of ``where`` steps its mask combines."""
     preds: list[tuple[Any, bool]] = []
     top: Any = ("step", len(region) - 1) if region else ("acc",)
     while top[0] == "step":
@@ -1303,7 +1314,7 @@ def _mask_split(region: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ..
         top = keep
     score = () if top == ("acc",) else _extract(region, top)
     if not preds:
-        return score, ()
+        return score, (), 0
     mask: list[Any] = []
     for pred, polarity in preds:
         part = _extract(region, pred) if pred[0] == "step" else ()
@@ -1316,7 +1327,7 @@ def _mask_split(region: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ..
         mask.append(("ne", (), (value, ("lit", not polarity))))
         if base:
             mask.append(("and", (), (("step", base - 1), ("step", len(mask) - 1))))
-    return score, tuple(mask)
+    return score, tuple(mask), len(preds)
 
 
 # A mask's band: from comparisons of linear forms of the query and key positions (q, k),
@@ -1448,29 +1459,42 @@ def _band(mask: tuple[Any, ...]) -> tuple[Any, Any] | None:
 def region_done(plan: Any) -> Any:
     """``plan`` once its region reaches the scores: the outer masking steps split off as
     the kernel's mask (:func:`_mask_split`) with the band they prove (:func:`_band`),
-    checked against the kernel's support. None while captures are left that the region
-    still reads as index expressions (the rules take those in first)."""
+    checked against the kernel's support. None where the kernel cannot take it
+    (:func:`region_done_or_why` says why)."""
+    done = region_done_or_why(plan)
+    return done if isinstance(done, RegionPlan) else None
+
+
+def region_done_or_why(plan: Any) -> RegionPlan | str:
+    """:func:`region_done`'s plan, or why there is none, in words."""
     if not isinstance(plan, RegionPlan) or not plan.spine:
-        return None
-    region, mask = _mask_split(plan.region)
+        return "not a region node still open"
+    region, mask, n_preds = _split(plan.region)
     n = len(plan.captures)
-    for part in (region, mask):
-        if part and region_error(part, n, index_refs=True) is not None:
-            return None
+    for name, part in (("logits", region), ("mask", mask)):
+        err = region_error(part, n, index_refs=True) if part else None
+        if err is not None:
+            return f"the kernel cannot compute its {name}: {err}"
+    if plan.attention.masked_rows == "zero" and n_preds != 1:
+        return (
+            f"the probabilities are re-zeroed by one mask, the logits are masked by "
+            f"{n_preds} where steps: rows the logits' masks empty would differ"
+        )
     done = plan._replace(region=region, mask=mask, spine=False, band=_band(mask))
-    return done if _supported(done) else None
+    why = _unsupported(done)
+    return done if why is None else f"the attention kernel does not take it: {why}"
 
 
-def _supported(plan: RegionPlan) -> bool:
-    """Does the kernel take the attention with these captures (in its score axes)?"""
-    from pallas_kernels import supports_attention
+def _unsupported(plan: RegionPlan) -> str | None:
+    """Why the kernel does not take the attention with these captures, or None."""
+    from pallas_kernels._attention import _kernel_error
 
     att = plan.attention
     captures = []
-    for shape, frame in plan.captures:
+    for i, (shape, frame) in enumerate(plan.captures):
         kernel_shape = [1, 1, 1, 1]
         for size, axis in zip(shape, frame, strict=True):
             kernel_shape[att.perm_scores.index(axis)] = size
-        captures.append(tuple(kernel_shape))
+        captures.append((f"captured operand {i}", tuple(kernel_shape)))
     q, k, v, _, _ = att.kernel_shapes
-    return supports_attention(q, k, v, att.dtype, layout=att.layout, capture_shapes=captures)
+    return _kernel_error(q, k, v, att.dtype, att.layout, None, None, tuple(captures))

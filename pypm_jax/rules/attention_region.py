@@ -23,13 +23,15 @@ scores ``dot_general`` and the softmax into the kernel, as data:
   iotas, which become the kernel's positions; ``attention_region_done`` proves the band of
   keys such a mask keeps (``rules._plans._band``).
 
-Every operator the first rule's ``Spine`` accepts, the later rules take in, so a region node
-is finished unless it would need more than six captured operands at once (its lowering then
-raises, and ``pm.optimize`` runs the original program); what the region cannot hold (a
-reduction, a gather on the chain, scores read elsewhere) stops ``Spine``, and the attention
-is left alone: ``pm.explain`` on ``attention_region`` shows the node that stopped it. The
-region is plain data on the node's ``plan`` (``rules._plans.RegionPlan``), and the rewrite
-report shows it.
+The first rule's guard (``rules.region_finishes``, :mod:`._region_walk`) replays what the
+later rules will do on the matched terms and refuses a match they could not finish -- one
+needing more than six captured operands at once, a region the kernel cannot compute or
+take -- saying why, so a region node is always finished and lowers. What the region cannot
+hold (a reduction, a gather on the chain, scores read elsewhere) stops ``Spine``. Either
+way the attention is left alone, every other one is still rewritten, and ``pm.explain`` on
+``attention_region`` shows the node that stopped it or the refusal's words. The region is
+plain data on the node's ``plan`` (``rules._plans.RegionPlan``), and the rewrite report
+shows it.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from ._plans import (
     region_reframe,
     region_seed,
 )
+from ._region_walk import region_finishes
 from .attention import Scores, Splat, Weighted
 
 __all__ = [
@@ -173,6 +176,7 @@ def attention_region(o, a, b, v, s, z, x):
                           (o.dimension_numbers, o.shape, o.dtype))  # fmt: skip
     seed = region_seed(plan)
     assert seed is not None
+    assert region_finishes(seed, x.term, s.term)
     return AttentionRegion(a, b, v, x, 0, 0, 0, 0, 0, 0, plan=seed)
 
 

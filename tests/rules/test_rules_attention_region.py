@@ -238,9 +238,25 @@ def values_and_grads(fn, args):
     return jax.jit(run)(*args)
 
 
+def record_replays(monkeypatch):
+    """The plans (or refusals) the first rule's guard replays (``finish_region``)."""
+    from pypm_jax.rules import _region_walk
+
+    replays = []
+    real = _region_walk.finish_region
+
+    def finish_region(*args):
+        replays.append(real(*args))
+        return replays[-1]
+
+    monkeypatch.setattr(_region_walk, "finish_region", finish_region)
+    return replays
+
+
 @pytest.mark.parametrize(("fn", "kind", "band"), TABLE, ids=[t[0].__name__ for t in TABLE])
-def test_region_spelling(fn, kind, band):
+def test_region_spelling(fn, kind, band, monkeypatch):
     args = (*qkv(), *extra(kind))
+    replays = record_replays(monkeypatch)
     fast = pm.optimize(fn, rules=default_rules())
     report = fast.report(*args)
     assert report.fallback is None, report.fallback
@@ -251,6 +267,8 @@ def test_region_spelling(fn, kind, band):
     plan = node.attrs["plan"]
     assert isinstance(plan, RegionPlan) and not plan.spine
     assert plan.band == band
+    # the first rule's guard replayed the later rules: the plan it foresaw is the one built
+    assert replays and all(r == plan for r in replays), replays
     assert report[-1].detail == plan.describe() and "logits = " in str(report)
     (want, want_grads), (got, got_grads) = values_and_grads(fn, args), values_and_grads(fast, args)
     rel_close(want, got, fn.__name__)
@@ -296,6 +314,60 @@ def test_unlowerable_region_left_alone():
     rel_close(jax.jit(fn)(*args), got, "outputs")
     text = str(pm.explain(attention_region, fast.lifted(*args).graph))
     assert "cumsum" in text
+
+
+def seven_biases(q, k, v, biases):
+    s = scores(q, k)
+    for b in biases:
+        s = s + b
+    return out(s * SCALE, v)
+
+
+def test_region_needing_seven_captures_left_alone():
+    """A region that would capture more operands at once than the node has inputs is
+    refused by the first rule's guard, in words: that attention is left as written, the
+    other one in the program is rewritten, and nothing falls back."""
+    biases = tuple(
+        jax.random.normal(key, (B, H, S, S)) for key in jax.random.split(jax.random.PRNGKey(3), 7)
+    )
+
+    def fn(q, k, v, biases):
+        return seven_biases(q, k, v, biases) + softcap_a(k, q, v)  # (other scores)
+
+    args = (*qkv(), biases)
+    fast, got, report = rewrite(fn, args)  # (a fallback warning is an error there)
+    assert report.counts().get("attention_region") == 1, report
+    assert report.counts().get("attention_region_done") == 1
+    assert len(region_nodes(fast, args)) == 1
+    assert "tanh" in region_nodes(fast, args)[0].attrs["plan"].describe()
+    rel_close(jax.jit(fn)(*args), got, "outputs")
+    text = str(pm.explain(attention_region, fast.lifted(*args).graph))
+    assert "the region captures 7 operands at add; the kernel takes at most 6" in text, text
+
+
+def test_region_with_six_captures_is_rewritten():
+    biases = tuple(
+        jax.random.normal(key, (B, H, S, S)) for key in jax.random.split(jax.random.PRNGKey(3), 6)
+    )
+    args = (*qkv(), biases)
+    _, got, report = rewrite(seven_biases, args)
+    assert report.counts().get("attention_region_done") == 1, report
+    rel_close(jax.jit(seven_biases)(*args), got, "outputs")
+
+
+def test_finish_region_refuses_what_the_kernel_does_not_take():
+    """The replay ends in ``region_done``'s checks: a region the kernel cannot compute or
+    take is a refusal that says why, before the first rule fires."""
+    from pypm_jax.rules._plans import AttentionPlan, region_done_or_why
+
+    att = AttentionPlan("BSHD", 0, *(((0, 1, 2, 3),) * 5), 0, 0, False,
+                        ((1, 8, 2, 32),) * 3 + (None, None), "float32", (), "")  # fmt: skip
+    bad_op = RegionPlan(att, (("cumsum", (), (("acc",),)),), ())
+    assert "no kernel lowering" in region_done_or_why(bad_op)
+    bad_capture = RegionPlan(att, (("add", (), (("acc",), ("in", 0))),), (((3, 8), (2, 3)),))
+    assert "not broadcastable" in region_done_or_why(bad_capture)
+    ok = RegionPlan(att, (("add", (), (("acc",), ("in", 0))),), (((8, 8), (2, 3)),))
+    assert isinstance(region_done_or_why(ok), RegionPlan)
 
 
 def test_scores_read_twice_left_alone():
