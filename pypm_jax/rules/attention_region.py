@@ -12,6 +12,12 @@ scores ``dot_general`` and the softmax into the kernel, as data:
   ``s = Scores(a, b)`` to the softmax, each operator's other operands literals or values
   computed outside the chain. It replaces the attention by an :data:`AttentionRegion`
   node whose ``x`` input is the logits and whose region is empty.
+* ``attention_region_zero`` matches the same attention with its probabilities re-zeroed by
+  the mask that masks its logits (Keras's ``Softmax(mask=)``: ``where(mask, p, 0)`` or
+  ``p * cast(mask)`` after ``where(mask, logits, -1e9)``, as ``rules/masked_rows.py`` reads
+  the fixed spellings): the region node with the kernel's ``masked_rows="zero"``. That mask
+  must be the logits' outermost and only mask (``rules.region_finishes`` checks it), so a
+  row it empties is exactly the row the kernel zeroes.
 * ``attention_region_*`` take the operator that computes ``x`` into the region, one at a
   time (a literal operand becomes a ``("lit", v)`` argument, any other operand a captured
   input of the kernel, with a ``broadcast_in_dim`` that only broadcasts as numpy does
@@ -56,12 +62,14 @@ from ._plans import (
 )
 from ._region_walk import region_finishes
 from .attention import Scores, Splat, Weighted
+from .masked_rows import ZeroedWeighted
 
 __all__ = [
     "REGION_RULES",
     "Spine",
     "Captured",
     "attention_region",
+    "attention_region_zero",
     "attention_region_unary",
     "attention_region_convert",
     "attention_region_integer_pow",
@@ -177,6 +185,29 @@ def attention_region(o, a, b, v, s, z, x):
     seed = region_seed(plan)
     assert seed is not None
     assert region_finishes(seed, x.term, s.term)
+    return AttentionRegion(a, b, v, x, 0, 0, 0, 0, 0, 0, plan=seed)
+
+
+@pm.pattern
+def AttentionRegionZeroPattern(o, a, b, v, s, z, x, mask):
+    """As :func:`AttentionRegionPattern`, the probabilities re-zeroed by ``mask``
+    (``where(mask, p, 0)``, ``p * cast(mask)``: Keras's ``Softmax(mask=)``)."""
+    o <= ZeroedWeighted(v, x, z, mask)
+    x <= Spine(s, a, b)
+    return o
+
+
+@pm.rule(AttentionRegionZeroPattern, single_use=True)
+def attention_region_zero(o, a, b, v, s, z, x, mask):
+    """An attention whose probabilities are re-zeroed by the mask that masks its logits
+    (their outermost and only ``where``): the region node with the kernel's
+    ``masked_rows="zero"`` (a row the mask empties outputs 0, as the program's does)."""
+    plan = attention_plan((a.shape, b.shape, v.shape), (a.dtype, b.dtype, v.dtype),
+                          (s.dimension_numbers, s.shape, z.axes),
+                          (o.dimension_numbers, o.shape, o.dtype))  # fmt: skip
+    seed = region_seed(plan, "zero")
+    assert seed is not None
+    assert region_finishes(seed, x.term, s.term, mask.term)
     return AttentionRegion(a, b, v, x, 0, 0, 0, 0, 0, 0, plan=seed)
 
 
@@ -614,6 +645,7 @@ def attention_region_done(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
 # operands before captured ones.
 REGION_RULES = [
     attention_region,
+    attention_region_zero,
     attention_region_index,
     attention_region_index_broadcast,
     attention_region_index_reshape,

@@ -370,6 +370,116 @@ def test_finish_region_refuses_what_the_kernel_does_not_take():
     assert isinstance(region_done_or_why(ok), RegionPlan)
 
 
+# ------------------------------------------------- probabilities re-zeroed by the mask
+#
+# Keras's ``Softmax(mask=)`` masks the logits and re-zeroes the probabilities with the same
+# mask (Falcon: ALiBi added before the scale, then that). The region takes the logits, the
+# kernel's ``masked_rows="zero"`` the re-zeroing: a row whose every key is masked gives 0.
+
+
+def weighted(p, v):
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+def keep_rows():
+    """A causal ``[1, 1, S, S]`` mask, rows 5 and 9 wholly masked."""
+    i, j = positions()
+    return ((j <= i) & (i != 5) & (i != 9))[None, None]
+
+
+def zeroed_bias_before_scale(q, k, v, bias, keep):
+    s = jnp.where(keep, (scores(q, k) + bias) * SCALE, NEG)
+    return weighted(jnp.where(keep, jax.nn.softmax(s, axis=-1), 0.0), v)
+
+
+def zeroed_softcap(q, k, v, keep):
+    s = jnp.where(keep, jnp.tanh(scores(q, k) * SCALE / 30.0) * 30.0, NEG)
+    return weighted(jax.nn.softmax(s, axis=-1) * keep.astype(jnp.float32), v)
+
+
+def zeroed_softcap_mask_eq_zero(q, k, v, keep):
+    s = jnp.where(keep == 0, NEG, jnp.tanh(scores(q, k) * SCALE / 30.0) * 30.0)
+    return weighted(jnp.where(keep, jax.nn.softmax(s, axis=-1), 0.0), v)
+
+
+def zeroed_slopes_padding_and_causal(q, k, v, slopes, pad):
+    """ALiBi slopes before the scale; Keras's padding mask and-ed with a causal one from
+    iotas (the first keys padded: the first rows are wholly masked)."""
+    i, j = positions()
+    keep = pad[:, None, None, :] & (j <= i)
+    s = (scores(q, k) + slopes[:, None, None] * (j - i)) * SCALE
+    s = jnp.where(keep, s, NEG)
+    return weighted(jnp.where(keep, jax.nn.softmax(s, axis=-1), 0.0), v)
+
+
+ZEROED = [
+    (zeroed_bias_before_scale, lambda: (jax.random.normal(jax.random.PRNGKey(7), (B, H, S, S)),
+                                        keep_rows()), (5, 9)),
+    (zeroed_softcap, lambda: (keep_rows(),), (5, 9)),
+    (zeroed_softcap_mask_eq_zero, lambda: (keep_rows(),), (5, 9)),
+    (zeroed_slopes_padding_and_causal, lambda: (jnp.array([0.5, 0.25]),
+                                                jnp.arange(S)[None, :] >= 3), (0, 1, 2)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fn", "make", "empty"), ZEROED, ids=[t[0].__name__ for t in ZEROED])
+def test_region_zeroed_rows(fn, make, empty, monkeypatch):
+    """Rewritten into one region node with ``masked_rows="zero"``; values and gradients
+    equal the original's, and the wholly masked rows give 0."""
+    args = (*qkv(), *make())
+    replays = record_replays(monkeypatch)
+    fast, _, report = rewrite(fn, args)
+    counts = report.counts()
+    assert counts.get("attention_region_zero") == 1, report
+    assert counts.get("attention_region_done") == 1, report
+    (node,) = region_nodes(fast, args)
+    plan = node.attrs["plan"]
+    assert plan.attention.masked_rows == "zero" and plan.mask and not plan.spine
+    assert replays and all(r == plan for r in replays), replays
+    assert "zero-rows" in str(report)
+    (want, want_grads), (got, got_grads) = values_and_grads(fn, args), values_and_grads(fast, args)
+    rel_close(want, got, fn.__name__)
+    np.testing.assert_array_equal(np.asarray(got)[:, list(empty)], 0.0)
+    for w, h in zip(want_grads, got_grads, strict=True):
+        scale = float(jnp.max(jnp.abs(w)))
+        np.testing.assert_allclose(h, w, rtol=1e-4, atol=1e-5 * max(scale, 1.0))
+
+
+def test_zeroed_by_another_mask_left_alone():
+    """Probabilities re-zeroed by a mask that is not the logits' own: not the kernel's
+    ``masked_rows="zero"``; left alone, and ``pm.explain`` says why."""
+    from pypm_jax.rules.attention_region import attention_region_zero
+
+    def fn(q, k, v, keep, other):
+        s = jnp.where(keep, jnp.tanh(scores(q, k) * SCALE / 30.0) * 30.0, NEG)
+        return weighted(jnp.where(other, jax.nn.softmax(s, axis=-1), 0.0), v)
+
+    i, j = positions()
+    args = (*qkv(), keep_rows(), (j < i)[None, None])
+    fast, got, report = rewrite(fn, args)
+    assert len(report) == 0, report
+    rel_close(jax.jit(fn)(*args), got, "outputs")
+    text = str(pm.explain(attention_region_zero, fast.lifted(*args).graph))
+    assert "not the outermost mask of the logits" in text, text
+
+
+def test_zeroed_with_two_masks_left_alone():
+    """Logits masked twice, probabilities re-zeroed by one of the masks: a row the other
+    empties is not zero in the program, so the rule refuses, in words."""
+    from pypm_jax.rules.attention_region import attention_region_zero
+
+    def fn(q, k, v, keep, other):
+        s = jnp.where(keep, jnp.where(other, scores(q, k) * SCALE, NEG), NEG)
+        return weighted(jnp.where(keep, jax.nn.softmax(s, axis=-1), 0.0), v)
+
+    args = (*qkv(), keep_rows(), jnp.arange(S)[None, None, None, :] >= 3)
+    fast, got, report = rewrite(fn, args)
+    assert len(report) == 0, report
+    rel_close(jax.jit(fn)(*args), got, "outputs")
+    text = str(pm.explain(attention_region_zero, fast.lifted(*args).graph))
+    assert "the logits are masked by 2 where steps" in text, text
+
+
 def test_scores_read_twice_left_alone():
     """A value read from the scores elsewhere (``s - mean(s)``) would have to be computed
     outside the kernel: the rule refuses the match."""
