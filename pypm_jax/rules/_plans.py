@@ -1213,6 +1213,15 @@ def region_reframe(plan: Any, kind: Any, attrs: Any, in_shape: Any) -> Any:
         return None
     out_shape, frame = plan.captures[0]
     inp = _ints(in_shape)
+    new_frame = _reframe(kind, attrs, inp, out_shape, frame)
+    if inp is None or new_frame is None:
+        return None
+    return plan._replace(captures=((inp, new_frame), *plan.captures[1:]))
+
+
+def _reframe(kind: Any, attrs: Any, inp: Any, out_shape: Any, frame: Any) -> Any:
+    """The frame of the operand ``inp`` (a shape) of a layout op whose result (of shape
+    ``out_shape``) lies along ``frame`` (see :func:`region_reframe`), or None."""
     if inp is None:
         return None
     if kind == "broadcast_in_dim":
@@ -1237,7 +1246,7 @@ def region_reframe(plan: Any, kind: Any, attrs: Any, in_shape: Any) -> Any:
         new_frame = frame
     else:
         return None
-    return plan._replace(captures=((inp, new_frame), *plan.captures[1:]))
+    return new_frame
 
 
 @guard_fn("rules.numpy_broadcast")
@@ -1334,7 +1343,11 @@ def _split(region: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...], i
 # which bound d = k - q. Values while reading the mask steps: ("lin", aq, ak, c) for
 # aq*q + ak*k + c, ("abs", lin), and predicates ("cmp", op, x, y), ("and" | "or", x, y),
 # ("not", x), read as a band (lo, hi) -- True only where lo <= d <= hi, None: unbounded --
-# at the end.
+# at the end. Chunks (Llama 4's local attention, ``q // C == k // C``): ("chunk", a, C) is
+# floor(a / C) of a position a ("q" or "k", never negative) and a constant C > 0, which
+# ``div`` computes (it truncates: the same for a >= 0), and also jnp's floor division, whose
+# rounding correction ``where((sign(a) != sign(C)) & (rem(a, C) != 0), a / C - 1, a / C)``
+# never applies to a >= 0: ("sign", a) and ("rem", a, C) name the parts it reads.
 _MIRROR = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
 _NEGATE = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
 
@@ -1343,8 +1356,46 @@ def _lin_of(v: Any) -> tuple[int, int, int] | None:
     return v[1:] if v is not None and v[0] == "lin" else None
 
 
+def _position(lin: Any) -> str | None:
+    """The position ``lin`` is (``q`` or ``k`` itself), or None."""
+    return {(1, 0, 0): "q", (0, 1, 0): "k"}.get(lin)
+
+
+def _chunk_compare(op: str, x: Any, y: Any) -> tuple[Any, Any] | None:
+    """The band of ``x op y`` for chunks ``K = k // C`` and ``Q = q // C`` (either order)."""
+    if x[2] != y[2] or {x[1], y[1]} != {"q", "k"}:
+        return None
+    if x[1] == "q":
+        op = _MIRROR[op]  # now K op Q
+    c = x[2]
+    # K == Q: |k - q| < C; K <= Q: k <= C*Q + C - 1 <= q + C - 1; K < Q: k <= C*Q - 1 <= q - 1;
+    # K >= Q: k >= C*Q >= q - (C - 1); K > Q: k >= C*Q + C > q
+    bounds = {"eq": (1 - c, c - 1), "le": (None, c - 1), "lt": (None, -1),
+              "ge": (1 - c, None), "gt": (1, None)}  # fmt: skip
+    return bounds.get(op)
+
+
+def _never(v: Any) -> bool:
+    """Is the predicate ``v`` false at every (non-negative) position: jnp's floor-division
+    correction ``(sign(a) != sign(C)) & (rem(a, C) != 0)`` for ``a >= 0``, ``C > 0``?"""
+    if v is None or v[0] != "and":
+        return False
+    parts = {}
+    for p in v[1:]:
+        if p is None or p[0] != "cmp" or p[1] != "ne":
+            return False
+        x, y = p[2], p[3]
+        if x is not None and x[0] == "sign" and y == ("lin", 0, 0, 1):
+            parts["sign"] = x[1]  # sign(a) != 1: a == 0
+        elif x is not None and x[0] == "rem" and y == ("lin", 0, 0, 0):
+            parts["rem"] = x[1]  # rem(a, C) != 0: never where a == 0
+    return len(parts) == 2 and parts["sign"] == parts["rem"]
+
+
 def _compare(op: str, x: Any, y: Any) -> tuple[Any, Any] | None:
     """The band of ``x op y``, or None."""
+    if x is not None and y is not None and x[0] == "chunk" and y[0] == "chunk":
+        return _chunk_compare(op, x, y)
     ly = _lin_of(y)
     if x is not None and x[0] == "abs" and ly is not None and ly[:2] == (0, 0):
         aq, ak, c = x[1]
@@ -1407,6 +1458,19 @@ def _band_of(v: Any, negate: bool = False) -> Any:
 
 def _band_step(prim: str, xs: list[Any], args: Any) -> Any:
     lins = [_lin_of(x) for x in xs]
+    if prim in ("div", "rem") and None not in lins and len(lins) == 2:
+        pos, c = _position(lins[0]), lins[1]
+        if pos is not None and c[:2] == (0, 0) and c[2] > 0:
+            return ("chunk", pos, c[2]) if prim == "div" else ("rem", pos, c[2])
+        return None
+    if prim == "sign" and lins[0] is not None:
+        pos = _position(lins[0])
+        if pos is not None:
+            return ("sign", pos)
+        c = lins[0]
+        return ("lin", 0, 0, (c[2] > 0) - (c[2] < 0)) if c[:2] == (0, 0) else None
+    if prim == "select_n" and len(xs) == 3:
+        return xs[1] if _never(xs[0]) else None
     if prim in ("add", "sub") and None not in lins:
         sign = 1 if prim == "add" else -1
         return ("lin", *(a + sign * b for a, b in zip(lins[0], lins[1], strict=True)))

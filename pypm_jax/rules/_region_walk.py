@@ -16,7 +16,7 @@ total: it answers a plan or a :class:`~pypm_jax.Refusal`, never raises on odd te
 
 from __future__ import annotations
 
-__all__ = ["finish_region", "region_finishes"]
+__all__ = ["finish_region", "region_finishes", "region_index_expr"]
 
 from typing import Any
 
@@ -28,7 +28,12 @@ from ._plans import (
     MASK_FILL_MAX,
     MAX_CAPTURES,
     RegionPlan,
+    _frames,
+    _ints,
     _literal,
+    _params,
+    _reframe,
+    _renumber,
     numpy_broadcast,
     region_cast,
     region_done_or_why,
@@ -158,12 +163,117 @@ class _Walk:
         return ok
 
 
+# ------------------------------------------------------- index expressions, whole
+
+
+class _IndexSteps:
+    """Region steps computing an index expression (iotas and literals through the region's
+    operators and layout ops) at the score positions, given the frame it lies along."""
+
+    def __init__(self, perm_scores: tuple[int, ...]):
+        self.perm = perm_scores
+        self.steps: list[Any] = []
+        self.memo: dict[tuple[int, Any], Any] = {}
+
+    def ref(self, t: Any, frame: Any, depth: int = 0) -> Any:
+        key = (id(t), frame)
+        if key in self.memo:
+            return self.memo[key]
+        r = self._ref(t, frame, depth)
+        self.memo[key] = r
+        return r
+
+    def _ref(self, t: Any, frame: Any, depth: int) -> Any:
+        shape = _ints(_shape(t))
+        if shape is None or frame is None or len(shape) != len(frame) or depth > MAX_WALK:
+            return None
+        name, ins = _name(t), _inputs(t)
+        if name == "iota" and not ins:
+            try:
+                d = int(_attr(t, "dimension"))
+            except (TypeError, ValueError):
+                return None
+            if not 0 <= d < len(shape) or frame[d] not in self.perm:
+                return None
+            return ("lit", 0) if shape[d] == 1 else ("idx", "bhqk"[self.perm.index(frame[d])])
+        if getattr(t, "op", None) is CONST:
+            v = _value(t)
+            return None if v is None else ("lit", v)
+        if name in ("broadcast_in_dim", "reshape", "slice") and len(ins) == 1:
+            attrs = {
+                "broadcast_in_dim": lambda: _attr(t, "broadcast_dimensions"),
+                "reshape": lambda: _attr(t, "dimensions"),
+                "slice": lambda: (_attr(t, "start_indices"), _attr(t, "strides")),
+            }[name]()
+            if name == "reshape" and attrs is not None:
+                return None
+            try:
+                inner = _reframe(name, attrs, _ints(_shape(ins[0])), shape, frame)
+            except StopIteration:  # (a reshape with more unit axes than free score axes)
+                return None
+            return None if inner is None else self.ref(ins[0], inner, depth + 1)
+        params: Any = ()
+        if name == "convert_element_type" and len(ins) == 1:
+            params = _params((("new_dtype", getattr(t, "dtype", None)),))
+        elif not (
+            (len(ins) == 1 and region_op(name, 1))
+            or (len(ins) == 2 and region_op(name, 2))
+            or (name == "select_n" and len(ins) == 3)
+        ):
+            return None
+        frames = _frames(tuple(_shape(i) for i in ins), frame)
+        if frames is None:
+            return None
+        args = []
+        for i, (_, f) in zip(ins, frames, strict=True):
+            a = self.ref(i, f, depth + 1)
+            if a is None:
+                return None
+            args.append(a)
+        if len(self.steps) >= MAX_WALK:
+            return None
+        self.steps.append((name, params, tuple(args)))
+        return ("step", len(self.steps) - 1)
+
+
+@guard_fn("rules.region_index_expr")
+def region_index_expr(plan: Any, term: Any) -> Any:
+    """``plan`` with its first captured operand, the index expression ``term``, computed in
+    the region whole (its iotas read as the kernel's positions), or None. One rewrite for
+    the whole expression: taken in an operator at a time, a deep one (jnp's floor division,
+    ``where(..)`` of comparisons) would need more captures at once than the node has."""
+    if not isinstance(plan, RegionPlan) or not plan.spine or not plan.captures:
+        return None
+    shape, frame = plan.captures[0]
+    if _ints(_shape(term)) != tuple(shape):
+        return None
+    walk = _IndexSteps(plan.attention.perm_scores)
+    ref = walk.ref(term, tuple(frame))
+    if ref is None:
+        return None
+    k = len(walk.steps)
+
+    def shift(a: Any) -> Any:
+        if a == ("in", 0):
+            return ref
+        if a[0] == "step":
+            return ("step", a[1] + k)
+        return ("in", a[1] - 1) if a[0] == "in" else a
+
+    region = (*walk.steps, *_renumber(plan.region, shift))
+    return plan._replace(region=region, captures=plan.captures[1:])
+
+
 def _index_move(w: _Walk, plan: RegionPlan, caps: list[Any]) -> tuple[Any, list[Any]] | None:
     """What the ``attention_region_index*`` rules do with the first capture, in their
     order: (plan, captures) after the first that fires, or None when none does."""
     c0 = caps[0]
     name, ins = _name(c0), _inputs(c0)
     first = w.index_only(c0)
+    if first:
+        new = region_index_expr(plan, c0)
+        if new is not None:
+            return new, caps[1:]
     if first and name == "iota":
         new = region_index(plan, _attr(c0, "dimension"), _shape(c0))
         if new is not None:

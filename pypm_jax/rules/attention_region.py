@@ -24,9 +24,10 @@ scores ``dot_general`` and the softmax into the kernel, as data:
   dropped), until ``x`` is the scores; ``attention_region_done`` then splits the outer
   ``where(mask, ., big_negative)`` steps off as the kernel's ``mask_mod``.
 
-* ``attention_region_index*`` take a captured index expression (iotas and literals: a
-  causal or sliding-window mask, relative distances) into the region too, down to its
-  iotas, which become the kernel's positions; ``attention_region_done`` proves the band of
+* ``attention_region_index_expr`` takes a captured index expression (iotas and literals: a
+  causal, sliding-window or chunked mask, relative distances) into the region too, whole,
+  its iotas the kernel's positions (``attention_region_index*`` do it an operator at a
+  time where the whole walk stops); ``attention_region_done`` proves the band of
   keys such a mask keeps (``rules._plans._band``).
 
 The first rule's guard (``rules.region_finishes``, :mod:`._region_walk`) replays what the
@@ -60,7 +61,7 @@ from ._plans import (
     region_reframe,
     region_seed,
 )
-from ._region_walk import region_finishes
+from ._region_walk import region_finishes, region_index_expr
 from .attention import Scores, Splat, Weighted
 from .masked_rows import ZeroedWeighted
 
@@ -83,6 +84,7 @@ __all__ = [
     "attention_region_where_second",
     "attention_region_done",
     "IndexOnly",
+    "attention_region_index_expr",
     "attention_region_index",
     "attention_region_index_broadcast",
     "attention_region_index_reshape",
@@ -466,6 +468,16 @@ def First(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
 
 
 @pm.rule(First)
+def attention_region_index_expr(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
+    """``c0``, an index expression, taken into the region whole (``rules.region_index_expr``:
+    its iotas become positions). The rules below take one operator at a time where it
+    cannot (they stop where this stops; kept for what the whole walk refuses)."""
+    plan = region_index_expr(r.plan, c0.term)
+    assert plan is not None
+    return AttentionRegion(a, b, v, x, c1, c2, c3, c4, c5, 0, plan=plan)
+
+
+@pm.rule(First)
 def attention_region_index(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
     """``c0`` is an iota: a position (or a literal: its value)."""
     if c0.op == P.iota:
@@ -646,6 +658,7 @@ def attention_region_done(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
 REGION_RULES = [
     attention_region,
     attention_region_zero,
+    attention_region_index_expr,
     attention_region_index,
     attention_region_index_broadcast,
     attention_region_index_reshape,

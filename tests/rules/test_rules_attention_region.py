@@ -86,6 +86,18 @@ def chunked_b(q, k, v):
     return out(jnp.where(i // 8 != j // 8, NEG, scores(q, k) * SCALE), v)
 
 
+def chunked_causal(q, k, v):
+    """Llama 4's local attention: causal within chunks of 8 keys. (Written as
+    ``where(keep, scores * scale, fill)`` the fixed rules take it, the mask as data.)"""
+    i, j = positions()
+    return out(jnp.where((i // 8 != j // 8) | (j > i), NEG, scores(q, k) * SCALE), v)
+
+
+def chunked_at_most(q, k, v):
+    i, j = positions()
+    return out(jnp.where(j // 8 > i // 8, -jnp.inf, scores(q, k) * SCALE), v)
+
+
 def causal_masked_first(q, k, v):
     i, j = positions()
     return out(jnp.where(j > i, -jnp.inf, scores(q, k)) * SCALE, v)
@@ -191,7 +203,9 @@ TABLE = [
     (window_and_scaled_after, None, None),
     (window_and_fill_first, None, (-4, 0)),
     (chunked_a, None, None),
-    (chunked_b, None, None),
+    (chunked_b, None, (-7, 7)),
+    (chunked_causal, None, (-7, 0)),
+    (chunked_at_most, None, (None, 7)),
     (causal_masked_first, None, None),
     (causal_fill_second, None, (None, 0)),
     (padding_and_causal_nested, "keep", (None, 0)),
@@ -285,6 +299,33 @@ def test_index_masks_compile_to_mask_mod():
     assert plan.captures == ()
     assert describe(plan.region) == f"acc * {float(np.float32(SCALE))!r}"
     assert describe(plan.mask) == "not((k > (q - 5)) & (k <= q)) != True"
+
+
+def test_chunked_band_at_length_256():
+    """Llama 4's chunked causal mask over 256 keys, chunks of 32: the band (-31, 0) lets the
+    kernel skip the key blocks wholly outside (its blocks are 64 keys and up to 128 queries
+    here); values and gradients equal the original's. The mask reads no array: jnp's floor
+    division of positions is taken into the region whole (``region_index_expr``)."""
+    n, c = 256, 32
+
+    def fn(q, k, v):
+        i, j = jnp.arange(n)[:, None], jnp.arange(n)[None, :]
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * SCALE
+        s = jnp.where((i // c != j // c) | (j > i), NEG, s)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
+
+    kq, kk, kv = jax.random.split(jax.random.PRNGKey(5), 3)
+    args = tuple(jax.random.normal(x, (1, n, 1, D)) for x in (kq, kk, kv))
+    fast, _, report = rewrite(fn, args)
+    (node,) = region_nodes(fast, args)
+    plan = node.attrs["plan"]
+    assert plan.band == (1 - c, 0) and plan.captures == (), plan.describe()
+    (want, want_grads), (got, got_grads) = values_and_grads(fn, args), values_and_grads(fast, args)
+    rel_close(want, got, "chunked")
+    for w, h in zip(want_grads, got_grads, strict=True):
+        np.testing.assert_allclose(
+            h, w, rtol=1e-4, atol=1e-5 * max(float(jnp.max(jnp.abs(w))), 1.0)
+        )
 
 
 def test_region_rules_round_trip_serialize():
@@ -533,6 +574,18 @@ def lit(v):
         ((("eq", (), (Q, K)),), (0, 0)),
         ((("mul", (), (Q, lit(2))), ("ge", (), (("step", 0), K))), None),  # 2q >= k: not a band
         ((("ne", (), (("in", 0), lit(False))),), None),  # data alone
+        ((("div", (), (Q, lit(4))), ("div", (), (K, lit(4))), ("eq", (), (("step", 0), ("step", 1)))),
+         (-3, 3)),  # q // 4 == k // 4
+        ((("div", (), (K, lit(4))), ("div", (), (Q, lit(4))), ("lt", (), (("step", 0), ("step", 1)))),
+         (None, -1)),  # k // 4 < q // 4
+        ((("div", (), (Q, lit(4))), ("div", (), (K, lit(4))), ("le", (), (("step", 0), ("step", 1)))),
+         (-3, None)),  # q // 4 <= k // 4
+        ((("div", (), (Q, lit(4))), ("div", (), (K, lit(2))), ("eq", (), (("step", 0), ("step", 1)))),
+         None),  # other chunk sizes
+        ((("div", (), (Q, lit(4))), ("div", (), (K, lit(4))), ("ne", (), (("step", 0), ("step", 1)))),
+         None),  # other chunks
+        ((("sub", (), (Q, K)), ("div", (), (("step", 0), lit(4))), ("eq", (), (("step", 1), lit(0)))),
+         None),  # (q - k) // 4: not a position's chunk
     ],
 )  # fmt: skip
 def test_band(mask, band):
