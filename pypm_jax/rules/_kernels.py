@@ -379,7 +379,7 @@ def attention_region_impl(a: Any, b: Any, v: Any, x: Any, *caps: Any, plan: Any)
 
     from pallas_kernels import flash_attention
 
-    if plan.spine:  # the rules never leave a region node unfinished (attention_region.py)
+    if plan.spine:  # the first rule's guard proves the rules finish it (rules/_region_walk.py)
         raise pm.PyPMError("AttentionRegion: the region does not reach the scores yet")
     att = plan.attention
     q, k = (a, b) if att.q_operand == 0 else (b, a)
@@ -400,6 +400,7 @@ def attention_region_impl(a: Any, b: Any, v: Any, x: Any, *caps: Any, plan: Any)
         mask_mod=_mask_mod(region_fn(plan.mask, "kernel")) if plan.mask else None,
         captures=captures,
         band=plan.band,
+        masked_rows=att.masked_rows,
     )
     return jnp.transpose(out, att.perm_out).astype(att.out_dtype)
 

@@ -1290,10 +1290,15 @@ def region_op(name: Any, arity: Any) -> bool:
 
 
 @guard_fn("rules.region_seed")
-def region_seed(plan: Any) -> RegionPlan | None:
-    """The plan of a region node for an attention planned without bias, mask or scale."""
+def region_seed(plan: Any, masked_rows: Any = "uniform") -> RegionPlan | None:
+    """The plan of a region node for an attention planned without bias, mask or scale;
+    ``masked_rows="zero"`` where the program re-zeroes the probabilities with the mask of
+    the region's logits (``rules.region_finishes`` checks that it is that mask)."""
     if not isinstance(plan, AttentionPlan) or plan.bias or plan.mask or plan.scale_input:
         return None
+    if masked_rows not in ("uniform", "zero"):
+        return None
+    plan = plan._replace(masked_rows=masked_rows)
     return RegionPlan(plan, (), ()) if attention_supported(plan) else None
 
 
@@ -1469,6 +1474,15 @@ def region_reframe(plan: Any, kind: Any, attrs: Any, in_shape: Any) -> Any:
         return None
     out_shape, frame = plan.captures[0]
     inp = _ints(in_shape)
+    new_frame = _reframe(kind, attrs, inp, out_shape, frame)
+    if inp is None or new_frame is None:
+        return None
+    return plan._replace(captures=((inp, new_frame), *plan.captures[1:]))
+
+
+def _reframe(kind: Any, attrs: Any, inp: Any, out_shape: Any, frame: Any) -> Any:
+    """The frame of the operand ``inp`` (a shape) of a layout op whose result (of shape
+    ``out_shape``) lies along ``frame`` (see :func:`region_reframe`), or None."""
     if inp is None:
         return None
     if kind == "broadcast_in_dim":
@@ -1493,7 +1507,7 @@ def region_reframe(plan: Any, kind: Any, attrs: Any, in_shape: Any) -> Any:
         new_frame = frame
     else:
         return None
-    return plan._replace(captures=((inp, new_frame), *plan.captures[1:]))
+    return new_frame
 
 
 @guard_fn("rules.numpy_broadcast")
@@ -1539,12 +1553,18 @@ def _reads_acc(steps: tuple[Any, ...], ref: Any) -> bool:
     return any(a[0] == "acc" for _, _, xs in _extract(steps, ref) for a in xs)
 
 
-def _mask_split(region: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+def _mask_split(region: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """(score region, mask steps): the region's outer ``where(pred, s, fill)`` steps with a
     fill at most ``MASK_FILL_MAX`` and a predicate that does not read the scores become the
     kernel's mask (it replaces masked scores by ``finfo(f32).min``: the same softmax for
     every row with an attended key, uniform weights for a fully masked row, as the
     program's fill gives); the rest is its score_mod."""
+    score, mask, _ = _split(region)
+    return score, mask
+
+
+def _split(region: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...], int]:
+    """:func:`_mask_split` and the number of ``where`` steps its mask combines."""
     preds: list[tuple[Any, bool]] = []
     top: Any = ("step", len(region) - 1) if region else ("acc",)
     while top[0] == "step":
@@ -1564,7 +1584,7 @@ def _mask_split(region: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ..
         top = keep
     score = () if top == ("acc",) else _extract(region, top)
     if not preds:
-        return score, ()
+        return score, (), 0
     mask: list[Any] = []
     for pred, polarity in preds:
         part = _extract(region, pred) if pred[0] == "step" else ()
@@ -1577,14 +1597,18 @@ def _mask_split(region: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ..
         mask.append(("ne", (), (value, ("lit", not polarity))))
         if base:
             mask.append(("and", (), (("step", base - 1), ("step", len(mask) - 1))))
-    return score, tuple(mask)
+    return score, tuple(mask), len(preds)
 
 
 # A mask's band: from comparisons of linear forms of the query and key positions (q, k),
 # which bound d = k - q. Values while reading the mask steps: ("lin", aq, ak, c) for
 # aq*q + ak*k + c, ("abs", lin), and predicates ("cmp", op, x, y), ("and" | "or", x, y),
 # ("not", x), read as a band (lo, hi) -- True only where lo <= d <= hi, None: unbounded --
-# at the end.
+# at the end. Chunks (Llama 4's local attention, ``q // C == k // C``): ("chunk", a, C) is
+# floor(a / C) of a position a ("q" or "k", never negative) and a constant C > 0, which
+# ``div`` computes (it truncates: the same for a >= 0), and also jnp's floor division, whose
+# rounding correction ``where((sign(a) != sign(C)) & (rem(a, C) != 0), a / C - 1, a / C)``
+# never applies to a >= 0: ("sign", a) and ("rem", a, C) name the parts it reads.
 _MIRROR = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
 _NEGATE = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
 
@@ -1593,8 +1617,46 @@ def _lin_of(v: Any) -> tuple[int, int, int] | None:
     return v[1:] if v is not None and v[0] == "lin" else None
 
 
+def _position(lin: Any) -> str | None:
+    """The position ``lin`` is (``q`` or ``k`` itself), or None."""
+    return {(1, 0, 0): "q", (0, 1, 0): "k"}.get(lin)
+
+
+def _chunk_compare(op: str, x: Any, y: Any) -> tuple[Any, Any] | None:
+    """The band of ``x op y`` for chunks ``K = k // C`` and ``Q = q // C`` (either order)."""
+    if x[2] != y[2] or {x[1], y[1]} != {"q", "k"}:
+        return None
+    if x[1] == "q":
+        op = _MIRROR[op]  # now K op Q
+    c = x[2]
+    # K == Q: |k - q| < C; K <= Q: k <= C*Q + C - 1 <= q + C - 1; K < Q: k <= C*Q - 1 <= q - 1;
+    # K >= Q: k >= C*Q >= q - (C - 1); K > Q: k >= C*Q + C > q
+    bounds = {"eq": (1 - c, c - 1), "le": (None, c - 1), "lt": (None, -1),
+              "ge": (1 - c, None), "gt": (1, None)}  # fmt: skip
+    return bounds.get(op)
+
+
+def _never(v: Any) -> bool:
+    """Is the predicate ``v`` false at every (non-negative) position: jnp's floor-division
+    correction ``(sign(a) != sign(C)) & (rem(a, C) != 0)`` for ``a >= 0``, ``C > 0``?"""
+    if v is None or v[0] != "and":
+        return False
+    parts = {}
+    for p in v[1:]:
+        if p is None or p[0] != "cmp" or p[1] != "ne":
+            return False
+        x, y = p[2], p[3]
+        if x is not None and x[0] == "sign" and y == ("lin", 0, 0, 1):
+            parts["sign"] = x[1]  # sign(a) != 1: a == 0
+        elif x is not None and x[0] == "rem" and y == ("lin", 0, 0, 0):
+            parts["rem"] = x[1]  # rem(a, C) != 0: never where a == 0
+    return len(parts) == 2 and parts["sign"] == parts["rem"]
+
+
 def _compare(op: str, x: Any, y: Any) -> tuple[Any, Any] | None:
     """The band of ``x op y``, or None."""
+    if x is not None and y is not None and x[0] == "chunk" and y[0] == "chunk":
+        return _chunk_compare(op, x, y)
     ly = _lin_of(y)
     if x is not None and x[0] == "abs" and ly is not None and ly[:2] == (0, 0):
         aq, ak, c = x[1]
@@ -1657,6 +1719,19 @@ def _band_of(v: Any, negate: bool = False) -> Any:
 
 def _band_step(prim: str, xs: list[Any], args: Any) -> Any:
     lins = [_lin_of(x) for x in xs]
+    if prim in ("div", "rem") and None not in lins and len(lins) == 2:
+        pos, c = _position(lins[0]), lins[1]
+        if pos is not None and c[:2] == (0, 0) and c[2] > 0:
+            return ("chunk", pos, c[2]) if prim == "div" else ("rem", pos, c[2])
+        return None
+    if prim == "sign" and lins[0] is not None:
+        pos = _position(lins[0])
+        if pos is not None:
+            return ("sign", pos)
+        c = lins[0]
+        return ("lin", 0, 0, (c[2] > 0) - (c[2] < 0)) if c[:2] == (0, 0) else None
+    if prim == "select_n" and len(xs) == 3:
+        return xs[1] if _never(xs[0]) else None
     if prim in ("add", "sub") and None not in lins:
         sign = 1 if prim == "add" else -1
         return ("lin", *(a + sign * b for a, b in zip(lins[0], lins[1], strict=True)))
@@ -1709,29 +1784,42 @@ def _band(mask: tuple[Any, ...]) -> tuple[Any, Any] | None:
 def region_done(plan: Any) -> Any:
     """``plan`` once its region reaches the scores: the outer masking steps split off as
     the kernel's mask (:func:`_mask_split`) with the band they prove (:func:`_band`),
-    checked against the kernel's support. None while captures are left that the region
-    still reads as index expressions (the rules take those in first)."""
+    checked against the kernel's support. None where the kernel cannot take it
+    (:func:`region_done_or_why` says why)."""
+    done = region_done_or_why(plan)
+    return done if isinstance(done, RegionPlan) else None
+
+
+def region_done_or_why(plan: Any) -> RegionPlan | str:
+    """:func:`region_done`'s plan, or why there is none, in words."""
     if not isinstance(plan, RegionPlan) or not plan.spine:
-        return None
-    region, mask = _mask_split(plan.region)
+        return "not a region node still open"
+    region, mask, n_preds = _split(plan.region)
     n = len(plan.captures)
-    for part in (region, mask):
-        if part and region_error(part, n, index_refs=True) is not None:
-            return None
+    for name, part in (("logits", region), ("mask", mask)):
+        err = region_error(part, n, index_refs=True) if part else None
+        if err is not None:
+            return f"the kernel cannot compute its {name}: {err}"
+    if plan.attention.masked_rows == "zero" and n_preds != 1:
+        return (
+            f"the probabilities are re-zeroed by one mask, the logits are masked by "
+            f"{n_preds} where steps: rows the logits' masks empty would differ"
+        )
     done = plan._replace(region=region, mask=mask, spine=False, band=_band(mask))
-    return done if _supported(done) else None
+    why = _unsupported(done)
+    return done if why is None else f"the attention kernel does not take it: {why}"
 
 
-def _supported(plan: RegionPlan) -> bool:
-    """Does the kernel take the attention with these captures (in its score axes)?"""
-    from pallas_kernels import supports_attention
+def _unsupported(plan: RegionPlan) -> str | None:
+    """Why the kernel does not take the attention with these captures, or None."""
+    from pallas_kernels._attention import _kernel_error
 
     att = plan.attention
     captures = []
-    for shape, frame in plan.captures:
+    for i, (shape, frame) in enumerate(plan.captures):
         kernel_shape = [1, 1, 1, 1]
         for size, axis in zip(shape, frame, strict=True):
             kernel_shape[att.perm_scores.index(axis)] = size
-        captures.append(tuple(kernel_shape))
+        captures.append((f"captured operand {i}", tuple(kernel_shape)))
     q, k, v, _, _ = att.kernel_shapes
-    return supports_attention(q, k, v, att.dtype, layout=att.layout, capture_shapes=captures)
+    return _kernel_error(q, k, v, att.dtype, att.layout, None, None, tuple(captures))

@@ -12,24 +12,33 @@ scores ``dot_general`` and the softmax into the kernel, as data:
   ``s = Scores(a, b)`` to the softmax, each operator's other operands literals or values
   computed outside the chain. It replaces the attention by an :data:`AttentionRegion`
   node whose ``x`` input is the logits and whose region is empty.
+* ``attention_region_zero`` matches the same attention with its probabilities re-zeroed by
+  the mask that masks its logits (Keras's ``Softmax(mask=)``: ``where(mask, p, 0)`` or
+  ``p * cast(mask)`` after ``where(mask, logits, -1e9)``, as ``rules/masked_rows.py`` reads
+  the fixed spellings): the region node with the kernel's ``masked_rows="zero"``. That mask
+  must be the logits' outermost and only mask (``rules.region_finishes`` checks it), so a
+  row it empties is exactly the row the kernel zeroes.
 * ``attention_region_*`` take the operator that computes ``x`` into the region, one at a
   time (a literal operand becomes a ``("lit", v)`` argument, any other operand a captured
   input of the kernel, with a ``broadcast_in_dim`` that only broadcasts as numpy does
   dropped), until ``x`` is the scores; ``attention_region_done`` then splits the outer
   ``where(mask, ., big_negative)`` steps off as the kernel's ``mask_mod``.
 
-* ``attention_region_index*`` take a captured index expression (iotas and literals: a
-  causal or sliding-window mask, relative distances) into the region too, down to its
-  iotas, which become the kernel's positions; ``attention_region_done`` proves the band of
+* ``attention_region_index_expr`` takes a captured index expression (iotas and literals: a
+  causal, sliding-window or chunked mask, relative distances) into the region too, whole,
+  its iotas the kernel's positions (``attention_region_index*`` do it an operator at a
+  time where the whole walk stops); ``attention_region_done`` proves the band of
   keys such a mask keeps (``rules._plans._band``).
 
-Every operator the first rule's ``Spine`` accepts, the later rules take in, so a region node
-is finished unless it would need more than six captured operands at once (its lowering then
-raises, and ``pm.optimize`` runs the original program); what the region cannot hold (a
-reduction, a gather on the chain, scores read elsewhere) stops ``Spine``, and the attention
-is left alone: ``pm.explain`` on ``attention_region`` shows the node that stopped it. The
-region is plain data on the node's ``plan`` (``rules._plans.RegionPlan``), and the rewrite
-report shows it.
+The first rule's guard (``rules.region_finishes``, :mod:`._region_walk`) replays what the
+later rules will do on the matched terms and refuses a match they could not finish -- one
+needing more than six captured operands at once, a region the kernel cannot compute or
+take -- saying why, so a region node is always finished and lowers. What the region cannot
+hold (a reduction, a gather on the chain, scores read elsewhere) stops ``Spine``. Either
+way the attention is left alone, every other one is still rewritten, and ``pm.explain`` on
+``attention_region`` shows the node that stopped it or the refusal's words. The region is
+plain data on the node's ``plan`` (``rules._plans.RegionPlan``), and the rewrite report
+shows it.
 """
 
 from __future__ import annotations
@@ -52,13 +61,16 @@ from ._plans import (
     region_reframe,
     region_seed,
 )
+from ._region_walk import region_finishes, region_index_expr
 from .attention import Scores, Splat, Weighted
+from .masked_rows import ZeroedWeighted
 
 __all__ = [
     "REGION_RULES",
     "Spine",
     "Captured",
     "attention_region",
+    "attention_region_zero",
     "attention_region_unary",
     "attention_region_convert",
     "attention_region_integer_pow",
@@ -72,6 +84,7 @@ __all__ = [
     "attention_region_where_second",
     "attention_region_done",
     "IndexOnly",
+    "attention_region_index_expr",
     "attention_region_index",
     "attention_region_index_broadcast",
     "attention_region_index_reshape",
@@ -193,6 +206,30 @@ def attention_region(o, a, b, v, s, z, x):
                           (o.dimension_numbers, o.shape, o.dtype))  # fmt: skip
     seed = region_seed(plan)
     assert seed is not None
+    assert region_finishes(seed, x.term, s.term)
+    return AttentionRegion(a, b, v, x, 0, 0, 0, 0, 0, 0, plan=seed)
+
+
+@pm.pattern
+def AttentionRegionZeroPattern(o, a, b, v, s, z, x, mask):
+    """As :func:`AttentionRegionPattern`, the probabilities re-zeroed by ``mask``
+    (``where(mask, p, 0)``, ``p * cast(mask)``: Keras's ``Softmax(mask=)``)."""
+    o <= ZeroedWeighted(v, x, z, mask)
+    x <= Spine(s, a, b)
+    return o
+
+
+@pm.rule(AttentionRegionZeroPattern, single_use=True)
+def attention_region_zero(o, a, b, v, s, z, x, mask):
+    """An attention whose probabilities are re-zeroed by the mask that masks its logits
+    (their outermost and only ``where``): the region node with the kernel's
+    ``masked_rows="zero"`` (a row the mask empties outputs 0, as the program's does)."""
+    plan = attention_plan((a.shape, b.shape, v.shape), (a.dtype, b.dtype, v.dtype),
+                          (s.dimension_numbers, s.shape, z.axes),
+                          (o.dimension_numbers, o.shape, o.dtype))  # fmt: skip
+    seed = region_seed(plan, "zero")
+    assert seed is not None
+    assert region_finishes(seed, x.term, s.term, mask.term)
     return AttentionRegion(a, b, v, x, 0, 0, 0, 0, 0, 0, plan=seed)
 
 
@@ -451,6 +488,16 @@ def First(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
 
 
 @pm.rule(First)
+def attention_region_index_expr(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
+    """``c0``, an index expression, taken into the region whole (``rules.region_index_expr``:
+    its iotas become positions). The rules below take one operator at a time where it
+    cannot (they stop where this stops; kept for what the whole walk refuses)."""
+    plan = region_index_expr(r.plan, c0.term)
+    assert plan is not None
+    return AttentionRegion(a, b, v, x, c1, c2, c3, c4, c5, 0, plan=plan)
+
+
+@pm.rule(First)
 def attention_region_index(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
     """``c0`` is an iota: a position (or a literal: its value)."""
     if c0.op == P.iota:
@@ -630,6 +677,8 @@ def attention_region_done(r, a, b, v, x, c0, c1, c2, c3, c4, c5):
 # operands before captured ones.
 REGION_RULES = [
     attention_region,
+    attention_region_zero,
+    attention_region_index_expr,
     attention_region_index,
     attention_region_index_broadcast,
     attention_region_index_reshape,
