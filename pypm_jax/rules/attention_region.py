@@ -449,10 +449,18 @@ def IndexOnly():  # noqa: F811
 
 
 @pm.pattern
-def IndexOnly():  # noqa: F811
+def IndexUnaryOp(t):
+    """``f(t)``, f a unary operator an index expression may use (see :func:`UnaryOp`)."""
     f = pm.Op(1, 1)
     assert region_op(f.name, 1) or f.name in ("convert_element_type", "broadcast_in_dim")
-    return f(IndexOnly())
+    return f(t)
+
+
+@pm.pattern
+def IndexOnly():  # noqa: F811
+    t = pm.var()
+    t <= IndexOnly()
+    return IndexUnaryOp(t)
 
 
 @pm.pattern
@@ -469,9 +477,10 @@ def IndexOnly():  # noqa: F811
 
 @pm.pattern
 def IndexOnly():  # noqa: F811
-    f = pm.Op(2, 1)
-    assert region_op(f.name, 2)
-    return f(IndexOnly(), IndexOnly())
+    t, t2 = pm.var(), pm.var()
+    t <= IndexOnly()
+    t2 <= IndexOnly()
+    return BinaryOp(t, t2)
 
 
 @pm.pattern
