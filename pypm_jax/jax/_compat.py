@@ -134,7 +134,8 @@ def source_context(source_info: Any) -> Any:
 # ------------------------------------------------------------------------------ sources
 
 # JAX's own notion of "user frame" excludes JAX and the stdlib; we also exclude Flax and
-# this package, so a node's source is the line of the model (or test) that produced it.
+# this project (pypm_jax, pallas_kernels), so a node's source is the line of the model
+# (or test) that produced it.
 _EXTRA_EXCLUDED: list[str] = []
 
 
@@ -149,7 +150,7 @@ def _package_dir(module_name: str) -> str | None:
     return os.path.dirname(path) + os.sep if path else None
 
 
-for _name in ("flax", "pypm_jax", "jaxlib", "optax", "chex"):
+for _name in ("flax", "pypm_jax", "pallas_kernels", "jaxlib", "optax", "chex"):
     _d = _package_dir(_name)
     if _d is not None:
         _EXTRA_EXCLUDED.append(_d)

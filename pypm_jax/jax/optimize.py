@@ -49,6 +49,7 @@ from .report import (
     RuleDisabledWarning,
     VerificationError,
     compare,
+    fused_calls,
 )
 
 log = logging.getLogger("pypm_jax.optimize")
@@ -278,11 +279,12 @@ class _Entry:
     records: list[RewriteRecord] = field(default_factory=list)
     fallback: str | None = None
     disabled: list[str] = field(default_factory=list)  # why each rule was left out
+    fused: list[str] = field(default_factory=list)  # fused kernels the program already calls
     verified: bool = False
     compiles: bool = False  # the rewritten program is known to compile (see _recover)
 
     def report(self) -> OptimizeReport:
-        return OptimizeReport.of(self.records, self.fallback, self.disabled)
+        return OptimizeReport.of(self.records, self.fallback, self.disabled, self.fused)
 
     def original(self, *flat: Any) -> list[Any]:
         return _compat.jaxpr_as_fun(self.closed)(*flat)
@@ -504,6 +506,7 @@ class Optimized:
         while True:
             prog = lift(closed, in_names=in_names)
             lifted = time.perf_counter()
+            entry.fused = fused_calls(prog)
             try:
                 return prog, rewrite_nested(prog, defs, **self.rewrite_options), lifted
             except RuleError as exc:

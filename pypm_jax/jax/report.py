@@ -7,6 +7,7 @@ __all__ = [
     "VerificationError",
     "OptimizationFallbackWarning",
     "RuleDisabledWarning",
+    "fused_calls",
     "tolerance",
 ]
 
@@ -48,13 +49,45 @@ class VerificationError(PyPMError):
 CANONICAL_PREFIX = "canonical_"
 
 
+# Primitives that are already a fused kernel: a program calling one has no softmax or
+# epilogue for the rules to see there, and is left as written (the report says so).
+FUSED_PRIMITIVES = {
+    "pallas_call": "Pallas kernel",
+    "dot_product_attention_fwd_wrapper": "cuDNN attention",
+    "dot_product_attention_fwd": "cuDNN attention",
+    "dot_product_attention_fp8_fwd_wrapper": "cuDNN attention (fp8)",
+    "dot_product_attention_fp8_fwd": "cuDNN attention (fp8)",
+    "triton_kernel_call": "Triton kernel",
+}
+
+
+def fused_calls(prog: Any) -> list[str]:
+    """The fused kernels a lifted program (and every nested body) already calls, one line
+    each: what it is, its name, the user's source line."""
+    out, stack = [], [prog]
+    while stack:
+        p = stack.pop()
+        for node in p.graph.nodes():
+            kind = FUSED_PRIMITIVES.get(node.op.name)
+            if kind is None:
+                continue
+            eqn = node.meta.get("jax_eqn")
+            name = getattr(eqn, "params", {}).get("name") if eqn is not None else None
+            what = f"{kind} {name}" if isinstance(name, str) and name else kind
+            where = f" at {node.loc}" if node.loc is not None else ""
+            out.append(f"{what}{where}")
+        stack.extend(body for _node, _name, body in reversed(p.nested()))
+    return out
+
+
 class OptimizeReport(RewriteReport):
     """The rewrites in firing order (outer program first, then scan/while/cond bodies).
 
     The list holds the kernel rewrites; ``canonical`` the canonicalizing ones (rules named
     ``canonical_*``), which only bring spellings to one form. ``fallback`` is the reason the
     original program runs instead, or None; ``disabled`` why each rule left out for this
-    signature was. ``str()`` is a table at most 100 columns wide, one row per kernel that
+    signature was; ``fused`` the fused kernels the program already calls (a Pallas kernel,
+    cuDNN attention), which the rules leave as written. ``str()`` is a table at most 100 columns wide, one row per kernel that
     runs: rule, kernel, its shapes/dtype and flags, the number of nodes replaced, the Flax
     module path, the user's source line (names escaped: one line per row whatever they
     hold), then counts by kernel and by module. ``to_dict()`` / ``to_json()`` give every
@@ -63,6 +96,7 @@ class OptimizeReport(RewriteReport):
 
     fallback: str | None = None
     disabled: tuple[str, ...] = ()
+    fused: tuple[str, ...] = ()
 
     def __init__(
         self, records: Iterable[RewriteRecord] = (), canonical: Iterable[RewriteRecord] = ()
@@ -76,6 +110,7 @@ class OptimizeReport(RewriteReport):
         records: Iterable[RewriteRecord],
         fallback: str | None = None,
         disabled: Iterable[str] = (),
+        fused: Iterable[str] = (),
     ) -> OptimizeReport:
         """The report of ``records`` (kernel and canonical rewrites, in firing order)."""
         records = list(records)
@@ -83,11 +118,17 @@ class OptimizeReport(RewriteReport):
         out = cls([r for r in records if not r.rule.startswith(CANONICAL_PREFIX)], canonical)
         out.fallback = fallback
         out.disabled = tuple(disabled)
+        out.fused = tuple(fused)
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """The rewrites, counts by kernel and module, ``fallback`` and ``disabled``."""
-        return {**super().to_dict(), "fallback": self.fallback, "disabled": list(self.disabled)}
+        """The rewrites, counts by kernel and module, ``fallback``, ``disabled``, ``fused``."""
+        return {
+            **super().to_dict(),
+            "fallback": self.fallback,
+            "disabled": list(self.disabled),
+            "fused": list(self.fused),
+        }
 
     def to_json(self, **kwargs: Any) -> str:
         """:meth:`to_dict` as JSON (``kwargs`` go to ``json.dumps``, e.g. ``indent=2``)."""
@@ -100,6 +141,7 @@ class OptimizeReport(RewriteReport):
         if self.canonical:
             done = ", ".join(f"{name} x{n}" for name, n in self.canonical.counts().items())
             lines.append(f"canonical forms: {printable(done)}")
+        lines += [f"already fused, left as written: {printable(f)}" for f in self.fused]
         return "\n".join([*lines, super().__str__()])
 
 

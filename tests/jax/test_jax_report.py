@@ -55,7 +55,7 @@ def test_the_report_names_kernels_shapes_and_flags_one_row_per_kernel_that_runs(
     assert causal["source"] == {"file": short_path(HERE), "line": 25}
     assert gemm["replaced"] > 1 and gemm["kernel"] == "gemm"
     assert data["by_kernel"] == {"attention[causal,mask]": 1, "gemm[gelu_tanh]": 1}
-    assert data["fallback"] is None and data["disabled"] == []
+    assert data["fallback"] is None and data["disabled"] == [] and data["fused"] == []
 
 
 @pm.op(op_class="kernel")
@@ -111,3 +111,29 @@ def test_sources_print_relative_to_the_working_directory_or_their_package():
     installed = os.path.join(os.sep, "venv", "lib", "site-packages", "flax", "linen", "x.py")
     assert short_path(installed) == os.path.join("flax", "linen", "x.py")
     assert short_path("rel/c.py") == "rel/c.py"
+
+
+def test_a_fused_kernel_the_program_already_calls_is_left_alone_and_reported(monkeypatch):
+    """A program that already calls a fused attention (here the Pallas kernel itself; on a
+    GPU also ``jax.nn.dot_product_attention(implementation="cudnn")``) has no softmax for
+    the rules there: it is left as written, and the report says so with its source line,
+    while the rest of the program is still rewritten."""
+    import pallas_kernels as pk
+
+    monkeypatch.setenv("PYPM_KERNEL_IMPL", "interpret")
+
+    def fused_and_mlp(q, k, v, w, x):
+        return pk.flash_attention(q, k, v, impl="interpret"), jax.nn.gelu(x @ w)  # MARK
+
+    line = next(i for i, t in enumerate(open(HERE), 1) if t.rstrip().endswith("# MARK"))
+    fast = pm.optimize(fused_and_mlp)
+    want = jax.jit(fused_and_mlp)(*ARGS)
+    got = fast(*ARGS)
+    for a, b in zip(got, want, strict=True):
+        assert jnp.allclose(a, b, rtol=1e-5, atol=1e-5)
+    report = fast.report(*ARGS)
+    assert [r.rule for r in report] == ["gemm_epilogue_no_bias"]
+    (fused,) = report.fused
+    assert fused.startswith("Pallas kernel flash_attention_fwd at ") and f":{line}" in fused
+    assert f"already fused, left as written: {fused}" in str(report)
+    assert json.loads(report.to_json())["fused"] == [fused]
