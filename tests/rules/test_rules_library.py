@@ -35,8 +35,13 @@ def test_rules_compile_and_name_their_patterns():
         assert d.branches and d.pattern.name[0].isupper()
         # attention_causal_* and the region rules after attention_region replace a kernel
         # node and keep reading its (shared) mask or captured operands; the canonical rules
-        # replace a value by an equal one (nothing computed twice)
+        # replace a value by an equal one (nothing computed twice), except those building a
+        # new dot_general from one the match reads (a squeeze or a transpose of a GEMM):
+        # single-use, so a GEMM also read elsewhere is not computed twice
+        # (canonical_sliced_dot's guard asks that every reader of the GEMM be such a slice)
+        rebuilds_gemm = rule.name.startswith(("canonical_squeezed_dot", "canonical_swapped_dot"))
         shared = rule.name.startswith(("attention_causal", "attention_region_", "canonical_"))
+        shared = shared and not rebuilds_gemm
         assert d.single_use == (not shared), rule.name
 
 

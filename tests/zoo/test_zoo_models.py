@@ -30,7 +30,7 @@ COVERED: dict[str, tuple[int, int, int, int]] = {
     "keras_llama3": (2, 2, 2, 2),
     "tunix_llama3": (0, 2, 2, 2),
     "tunix_gemma2": (0, 2, 3, 3),
-    "gemma_gm": (0, 2, 1, 3),
+    "gemma_gm": (0, 2, 3, 3),
     "penzai_llama": (0, 2, 2, 2),
     "equinox_mha": (1, 1, 0, 0),
     "attnax_decoder": (2, 2, 2, 2),
