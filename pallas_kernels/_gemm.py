@@ -703,3 +703,242 @@ def epilogue_reference(
     _check_activation(activation)
     cols = () if bias is None else (bias,)
     return _apply_epilogue(_REF_EPILOGUES[(activation, bias is not None)], acc, cols, jnp.float32)
+
+
+# --------------------------------------------------------------------------- #
+# Batched GEMMs: a leading expert axis on the weight
+# --------------------------------------------------------------------------- #
+
+
+def _experts_frame(
+    x_shape: Any, w_shape: Any, operand_shapes: tuple[Any, ...], x_batched: bool
+) -> tuple[tuple[int, ...], tuple[str, ...], tuple[bool, ...]] | str:
+    """``(lead, per-expert operand kinds, which operands vary along the experts)`` of
+    ``x @ w[e]`` for every expert ``e``, or why the kernel cannot take it."""
+    try:
+        xs = tuple(int(d) for d in x_shape)
+        ws = tuple(int(d) for d in w_shape)
+    except TypeError:
+        return f"shapes must be sequences of ints, got {x_shape!r}, {w_shape!r}"
+    if len(ws) != 3:
+        return f"w must be rank 3 [E, K, N], got shape {ws}"
+    e, k, n = ws
+    if x_batched and (len(xs) < 2 or xs[0] != e):
+        return f"a batched x must be [E={e}, ..., K], got shape {xs}"
+    lead = xs[1:-1] if x_batched else xs[:-1]
+    if not xs or xs[-1] != k:
+        return f"contraction mismatch: x[..., {xs[-1] if xs else None}] @ w[E, {k}, ...]"
+    rank = len(lead) + 2
+    kinds, batched = [], []
+    for i, cs in enumerate(operand_shapes):
+        s = tuple(int(d) for d in cs)
+        if len(s) > rank:
+            return f"operand {i} of shape {s} has more axes than the result [E, ..., N]"
+        s = (1,) * (rank - len(s)) + s
+        kind = operand_kind(s[1:], lead, n)
+        if kind is None or s[0] not in (1, e):
+            return (
+                f"operand {i} of shape {s} is not, per expert, a scalar, a column [N], a row "
+                f"[*lead, 1] or a full tile [*lead, N] (with or without the expert axis)"
+            )
+        kinds.append(kind)
+        batched.append(s[0] == e and e != 1)
+    return lead, tuple(kinds), tuple(batched)
+
+
+def supports_gemm_experts(
+    x_shape: Any,
+    w_shape: Any,
+    dtype: Any,
+    *,
+    x_batched: bool = False,
+    operand_shapes: tuple[Any, ...] = (),
+) -> bool:
+    """True iff :func:`gemm_fused_experts` runs the Pallas kernel for these shapes."""
+    frame = _experts_frame(x_shape, w_shape, tuple(operand_shapes), x_batched)
+    if isinstance(frame, str):
+        return False
+    lead = frame[0]
+    ws = tuple(int(d) for d in w_shape)
+    return _kernel_error((*lead, ws[1]), ws[1:], dtype, ()) is None
+
+
+def _experts_operands(
+    cols: tuple[jax.Array, ...], lead: tuple[int, ...], n: int, batched: tuple[bool, ...]
+) -> tuple[jax.Array, ...]:
+    """Each operand in kernel form (:func:`_as_kernel_operands`), per expert; an operand
+    that varies along the experts keeps that axis first."""
+    rank = len(lead) + 2
+    out = []
+    for c, b in zip(cols, batched, strict=True):
+        c = jnp.reshape(c, (1,) * (rank - c.ndim) + c.shape)
+        if b:
+            out.append(jax.vmap(lambda ce: _as_kernel_operands((ce,), lead, n)[0])(c))
+        else:
+            out.append(_as_kernel_operands((c[0],), lead, n)[0])
+    return tuple(out)
+
+
+def _experts_axes(x_batched: bool, batched: tuple[bool, ...]) -> tuple[Any, ...]:
+    return (0 if x_batched else None, 0, *(0 if b else None for b in batched))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _experts_core(
+    x: jax.Array,
+    w: jax.Array,
+    cols: tuple[jax.Array, ...],
+    epilogue: Callable[..., Any],
+    cfg: tuple[Any, ...],
+) -> jax.Array:
+    out_dtype, interpret, precision, x_batched, batched = cfg
+
+    def one(xe: jax.Array, we: jax.Array, *ce: jax.Array) -> jax.Array:
+        return _gemm_pallas(xe, we, ce, epilogue, out_dtype, interpret, None, precision)
+
+    # vmap adds the expert axis to the kernel's grid (one pallas_call)
+    return jax.vmap(one, in_axes=_experts_axes(x_batched, batched))(x, w, *cols)
+
+
+def _experts_fwd(
+    x: jax.Array,
+    w: jax.Array,
+    cols: tuple[jax.Array, ...],
+    epilogue: Callable[..., Any],
+    cfg: tuple[Any, ...],
+) -> tuple[jax.Array, Any]:
+    return _experts_core(x, w, cols, epilogue, cfg), (x, w, cols)
+
+
+def _experts_frame_cols(cols: tuple[jax.Array, ...], batched: tuple[bool, ...]) -> tuple:
+    """Kernel-form operands broadcastable against the ``[E, M, N]`` accumulator: a
+    per-expert column ``[E, N]`` becomes ``[E, 1, N]``."""
+    return tuple(
+        c[:, None, :] if b and c.ndim == 2 else c for c, b in zip(cols, batched, strict=True)
+    )
+
+
+def _experts_bwd(
+    epilogue: Callable[..., Any], cfg: tuple[Any, ...], res: Any, g: jax.Array
+) -> tuple[Any, ...]:
+    out_dtype, _, precision, x_batched, batched = cfg
+    x, w, cols = res
+    sx = "emk" if x_batched else "mk"
+    acc = jnp.einsum(
+        f"{sx},ekn->emn", x, w, precision=precision, preferred_element_type=jnp.float32
+    )
+    framed = _experts_frame_cols(cols, batched)
+    _, vjp = jax.vjp(lambda a, *c: _apply_epilogue(epilogue, a, c, out_dtype), acc, *framed)
+    dacc, *dcols = vjp(g)
+    dcols = [jnp.reshape(d, c.shape) for d, c in zip(dcols, cols, strict=True)]
+    dacc = dacc.astype(x.dtype)
+    dx = jnp.einsum(f"emn,ekn->{sx}", dacc, w, precision=precision).astype(x.dtype)
+    dw = jnp.einsum(f"{sx},emn->ekn", x, dacc, precision=precision).astype(w.dtype)
+    return dx, dw, tuple(dcols)
+
+
+_experts_core.defvjp(_experts_fwd, _experts_bwd)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("epilogue", "interpret", "precision", "out_dtype", "x_batched")
+)
+def _experts_kernel_path(
+    x: jax.Array,
+    w: jax.Array,
+    cols: tuple[jax.Array, ...],
+    *,
+    epilogue: Callable[..., Any],
+    interpret: bool,
+    precision: Any,
+    out_dtype: Any,
+    x_batched: bool,
+) -> jax.Array:
+    frame = _experts_frame(x.shape, w.shape, tuple(c.shape for c in cols), x_batched)
+    assert not isinstance(frame, str), frame
+    lead, _, batched = frame
+    e, k, n = w.shape
+    m = math.prod(lead)
+    x2 = x.reshape((e, m, k) if x_batched else (m, k))
+    ops = _experts_operands(cols, lead, n, batched)
+    cfg = (out_dtype, interpret, precision, x_batched, batched)
+    return _experts_core(x2, w, ops, epilogue, cfg).reshape(e, *lead, n)
+
+
+def gemm_fused_experts_reference(
+    x: jax.Array,
+    w: jax.Array,
+    epilogue: Callable[..., Any],
+    *operands: jax.Array,
+    x_batched: bool = False,
+    out_dtype: Any = None,
+) -> jax.Array:
+    """Plain JAX: ``epilogue(einsum(x, w) in f32, *[c in f32]).astype(result dtype)``
+    over the ``[E, *lead, N]`` result (see :func:`gemm_fused_experts`)."""
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    acc = jnp.einsum(
+        "e...k,ekn->e...n" if x_batched else "...k,ekn->e...n",
+        x,
+        w,
+        preferred_element_type=jnp.float32,
+    )
+    out_dtype = jnp.result_type(x.dtype, w.dtype) if out_dtype is None else out_dtype
+    cols = tuple(jnp.asarray(c) for c in operands)
+    return _apply_epilogue(epilogue, acc, cols, out_dtype)
+
+
+def gemm_fused_experts(
+    x: jax.Array,
+    w: jax.Array,
+    epilogue: Callable[..., Any],
+    *operands: jax.Array,
+    x_batched: bool = False,
+    impl: str | None = None,
+    kernel_epilogue: Callable[..., Any] | None = None,
+    out_dtype: Any = None,
+) -> jax.Array:
+    """``epilogue(x @ w[e], *operands)`` for every expert ``e``: a batched GEMM whose
+    weight ``w`` is ``[E, K, N]``, the epilogue fused (MoE experts run densely).
+
+    ``x`` is ``[..., K]``, shared by every expert, or (``x_batched``) ``[E, ..., K]``; the
+    result is ``[E, *lead, N]``. Each operand broadcasts against the result and is, per
+    expert, one :func:`gemm_fused` takes (a scalar, a column ``[N]``, a row ``[*lead, 1]``
+    or a full tile ``[*lead, N]``), with the expert axis (``[E, 1, N]``: a per-expert bias)
+    or without it. The kernel is :func:`gemm_fused`'s with the expert axis added to its
+    grid; the backward pass is XLA's (einsums and the epilogue's own derivative), forward
+    mode the reference's.
+    """
+    epilogue = dsp.as_callable(epilogue, "epilogue")
+    kernel_epilogue = (
+        epilogue if kernel_epilogue is None else dsp.as_callable(kernel_epilogue, "epilogue")
+    )
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    cols = tuple(jnp.asarray(c) for c in operands)
+    frame = _experts_frame(x.shape, w.shape, tuple(c.shape for c in cols), x_batched)
+    if isinstance(frame, str):
+        raise ValueError(f"gemm_fused_experts: {frame}")
+    for name, a in (("x", x), ("w", w)):
+        if not jnp.issubdtype(a.dtype, jnp.floating):
+            raise TypeError(f"gemm_fused_experts: {name} must be floating point, got {a.dtype}")
+    out_dtype = jnp.dtype(jnp.result_type(x.dtype, w.dtype) if out_dtype is None else out_dtype)
+    reason = _kernel_error((*frame[0], w.shape[1]), w.shape[1:], x.dtype, ())
+    if reason is None and x.dtype != w.dtype:
+        reason = f"x and w must share a dtype, got {x.dtype} and {w.dtype}"
+    impl = dsp.resolve_impl(impl, reason, "gemm_fused_experts")
+
+    def reference(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...]) -> jax.Array:
+        return gemm_fused_experts_reference(
+            x, w, epilogue, *cols, x_batched=x_batched, out_dtype=out_dtype
+        )
+
+    if impl == "xla":
+        return jax.jit(reference)(x, w, cols)
+    kernel = functools.partial(
+        _experts_kernel_path,
+        epilogue=kernel_epilogue,
+        interpret=impl == "interpret",
+        precision=dsp.matmul_precision(x.dtype),
+        out_dtype=out_dtype,
+        x_batched=x_batched,
+    )
+    return with_forward_mode(kernel, reference)(x, w, cols)

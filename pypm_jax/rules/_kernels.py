@@ -430,6 +430,8 @@ def _operand_tile(value: Any, kind: str, rank: int) -> Any:
         return value[..., :1]
     if kind == "scalar":
         return value[(0,) * rank]
+    if kind == "ecol":  # [E, 1, .., 1, N]: the experts' axis and the columns
+        return value[(slice(None), *(slice(0, 1),) * (rank - 2), slice(None))]
     return value
 
 
@@ -437,13 +439,23 @@ def _operand_tile(value: Any, kind: str, rank: int) -> Any:
 def gemm_region_impl(x: Any, w: Any, operands: Any, *, region: Any, plan: GemmRegionPlan) -> Any:
     import jax.numpy as jnp
 
-    from pallas_kernels import gemm_fused
+    from pallas_kernels import gemm_fused, gemm_fused_experts
 
-    if plan.transpose_w:
-        w = jnp.transpose(w)
     ops = operands if isinstance(operands, tuple) else ()
     rank = len(plan.out_shape)
     tiles = tuple(_operand_tile(v, k, rank) for v, k in zip(ops, plan.operands, strict=True))
+    if plan.experts:  # w [E, K, N] (or [E, N, K]), x shared: the result [E, *lead, N]
+        return gemm_fused_experts(
+            x,
+            jnp.swapaxes(w, 1, 2) if plan.transpose_w else w,
+            region_fn(region),
+            *tiles,
+            impl=gemm_impl(plan.xla_fuses),
+            kernel_epilogue=region_fn(region, "kernel"),
+            out_dtype=plan.out_dtype,
+        )
+    if plan.transpose_w:
+        w = jnp.transpose(w)
     return gemm_fused(
         x,
         w,
@@ -462,5 +474,5 @@ def describe_gemm_region(attrs: Mapping[str, Any], _type: str) -> KernelInfo:
     line)."""
     plan: GemmRegionPlan = attrs["plan"]
     m = prod(plan.out_shape[:-1])
-    flags = ("region", *sorted(set(plan.operands)))
+    flags = ("region", *sorted(set(plan.operands)), *(("experts",) if plan.experts else ()))
     return KernelInfo("gemm", f"{_short_dtype(plan.dtype)} {m}x{plan.k}x{plan.n}", flags)

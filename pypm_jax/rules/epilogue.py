@@ -28,6 +28,7 @@ import pypm_jax as pm
 from ..jax import prims as P
 from ._gemm_regions import (
     computed_from_literals,
+    experts_gemm,
     gemm_has_bias,
     reads_gemm,
     region_plan,
@@ -50,6 +51,28 @@ def Gemm(x, w, u):
 def Gemm(x, w, u):  # noqa: F811 (alternates share a name)
     """A bare ``dot_general(x, w)`` (u stays unbound)."""
     return P.dot_general(x, w)
+
+
+@pm.pattern
+def Gemm(x, w, u):  # noqa: F811
+    """MoE experts run densely: ``transpose(dot_general(w, x))`` of a weight ``[E, K, N]``
+    and an activation ``[*lead, K]`` shared by every expert, into ``[E, *lead, N]``
+    (keras-hub's Mixtral: ``einsum("th,ehm->etm")``)."""
+    y, d = pm.var(), pm.var()
+    y <= P.transpose(d)
+    d <= P.dot_general(w, x)
+    assert experts_gemm(y.term) == 0
+    return y
+
+
+@pm.pattern
+def Gemm(x, w, u):  # noqa: F811
+    """The same, the activation the ``dot_general``'s lhs."""
+    y, d = pm.var(), pm.var()
+    y <= P.transpose(d)
+    d <= P.dot_general(x, w)
+    assert experts_gemm(y.term) == 1
+    return y
 
 
 @pm.pattern
@@ -139,6 +162,12 @@ def gemm_epilogue_region(r, y, x, w, u, o):
     alone = region_plan(r.term, y.term, None, x.shape, w.shape, dtypes)
     if y.op == P.dot_general:
         if alone != None:  # noqa: E711 (guards compare with None by value)
+            return GemmRegion(x, w, 0, region=alone[0], plan=alone[1])
+        with_o = region_plan(r.term, y.term, o.term, x.shape, w.shape, dtypes)
+        assert with_o != None  # noqa: E711
+        return GemmRegion(x, w, RegionOperands(0, o), region=with_o[0], plan=with_o[1])
+    elif y.op == P.transpose:  # experts (the Gemm alternates above)
+        if alone != None:  # noqa: E711
             return GemmRegion(x, w, 0, region=alone[0], plan=alone[1])
         with_o = region_plan(r.term, y.term, o.term, x.shape, w.shape, dtypes)
         assert with_o != None  # noqa: E711

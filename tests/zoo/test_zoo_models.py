@@ -26,7 +26,7 @@ COVERED: dict[str, tuple[int, int, int, int]] = {
     "keras_opt": (2, 2, 2, 2),
     "keras_falcon": (0, 2, 2, 2),
     "keras_gemma2": (0, 2, 2, 2),
-    "keras_mixtral": (2, 2, 0, 2),
+    "keras_mixtral": (2, 2, 2, 2),
     "keras_llama3": (2, 2, 2, 2),
     "tunix_llama3": (0, 2, 2, 2),
     "tunix_gemma2": (0, 2, 3, 3),
