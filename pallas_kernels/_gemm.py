@@ -263,21 +263,44 @@ def _gemm_kernel(
     n_cols: int,
     block_k: int,
     precision: Any,
+    pair_at: int | None = None,
 ) -> None:
+    """One output tile: ``epilogue(x @ w, *operand tiles)``; with ``pair_at``, ``refs``
+    starts with a second weight ``w2`` and the tile of ``x @ w2`` (rounded to x's dtype, as
+    the program's own GEMM returns it) is the epilogue's operand ``pair_at``."""
+    if pair_at is not None:
+        w2_ref, refs = refs[0], refs[1:]
     col_refs, o_ref = refs[:n_cols], refs[n_cols]
     bm, bn = o_ref.shape
     k_steps = x_ref.shape[1] // block_k
+    zero = jnp.zeros((bm, bn), jnp.float32)
 
-    def body(kk: Any, acc: jax.Array) -> jax.Array:
-        a = x_ref[:, pl.ds(kk * block_k, block_k)]
-        b = w_ref[pl.ds(kk * block_k, block_k), :]
-        return acc + dsp.dot(a, b, precision=precision)
+    if pair_at is None:
 
-    acc = lax.fori_loop(0, k_steps, body, jnp.zeros((bm, bn), jnp.float32))
+        def body(kk: Any, acc: jax.Array) -> jax.Array:
+            a = x_ref[:, pl.ds(kk * block_k, block_k)]
+            b = w_ref[pl.ds(kk * block_k, block_k), :]
+            return acc + dsp.dot(a, b, precision=precision)
+
+        acc = lax.fori_loop(0, k_steps, body, zero)
+    else:
+
+        def body2(kk: Any, accs: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            a = x_ref[:, pl.ds(kk * block_k, block_k)]
+            b = w_ref[pl.ds(kk * block_k, block_k), :]
+            b2 = w2_ref[pl.ds(kk * block_k, block_k), :]
+            return (
+                accs[0] + dsp.dot(a, b, precision=precision),
+                accs[1] + dsp.dot(a, b2, precision=precision),
+            )
+
+        acc, acc2 = lax.fori_loop(0, k_steps, body2, (zero, zero))
     cols = []
     for c in col_refs:
         tile = c[...]
         cols.append(tile.astype(jnp.float32) if jnp.issubdtype(tile.dtype, jnp.floating) else tile)
+    if pair_at is not None:
+        cols.insert(pair_at, acc2.astype(x_ref.dtype).astype(jnp.float32))
     out = epilogue(acc, *cols)
     if jnp.shape(out) != (bm, bn):
         raise ValueError(
@@ -347,7 +370,11 @@ def _gemm_pallas(
     blocks: GemmBlocks | mgpu.MosaicGemmConfig | None,
     precision: Any,
     backend: str = "triton",
+    w2: jax.Array | None = None,
+    pair_at: int | None = None,
 ) -> jax.Array:
+    """The Pallas GEMM; with ``w2`` (and ``pair_at``), also ``x @ w2`` in the same kernel,
+    the epilogue's operand ``pair_at`` (:func:`gemm_fused_pair`)."""
     if backend == "mosaic":
         cfg = blocks if isinstance(blocks, mgpu.MosaicGemmConfig) else None
         return mgpu.gemm_mosaic(x, w, cols, epilogue, out_dtype, interpret, cfg)
@@ -363,6 +390,7 @@ def _gemm_pallas(
     mp, np_, kp = dsp.round_up(m, bm), dsp.round_up(n, bn), dsp.round_up(k, bk)
     xp = _pad2(x, mp, kp)
     wp = _pad2(w, kp, np_)
+    w2p = () if w2 is None else (_pad2(w2, kp, np_),)
     colsp = tuple(_pad_operand(c, mp, np_) for c in cols)
     nm, nn = mp // bm, np_ // bn
     gm = max(1, min(blocks.group_m, nm))
@@ -375,19 +403,25 @@ def _gemm_pallas(
 
     out = pl.pallas_call(
         functools.partial(
-            _gemm_kernel, epilogue=epilogue, n_cols=len(cols), block_k=bk, precision=precision
+            _gemm_kernel,
+            epilogue=epilogue,
+            n_cols=len(cols),
+            block_k=bk,
+            precision=precision,
+            pair_at=None if w2 is None else pair_at,
         ),
         grid=(nm * nn,),
         in_specs=[
             pl.BlockSpec((bm, kp), lambda p: (m_of(p), 0)),
             pl.BlockSpec((kp, bn), lambda p: (0, n_of(p))),
         ]
+        + [pl.BlockSpec((kp, bn), lambda p: (0, n_of(p))) for _ in w2p]
         + [_operand_spec(c, bm, bn, m_of, n_of) for c in cols],
         out_specs=pl.BlockSpec((bm, bn), lambda p: (m_of(p), n_of(p))),
         out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
-        name="gemm_fused",
+        name="gemm_fused" if w2 is None else "gemm_fused_pair",
         **dsp.pallas_call_kwargs(interpret, blocks.num_warps, blocks.num_stages),
-    )(xp, wp, *colsp)
+    )(xp, wp, *w2p, *colsp)
     if (mp, np_) != (m, n):
         out = out[:m, :n]
     return out
@@ -942,3 +976,160 @@ def gemm_fused_experts(
         x_batched=x_batched,
     )
     return with_forward_mode(kernel, reference)(x, w, cols)
+
+
+# --------------------------------------------------------------------------- #
+# Gated pairs: two GEMMs of one activation in one kernel
+# --------------------------------------------------------------------------- #
+
+
+def _with_pair(cols: tuple[Any, ...], pair_at: int, acc2: Any) -> tuple[Any, ...]:
+    return (*cols[:pair_at], acc2, *cols[pair_at:])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _pair_core(
+    x: jax.Array,
+    w: jax.Array,
+    w2: jax.Array,
+    cols: tuple[jax.Array, ...],
+    epilogue: Callable[..., Any],
+    cfg: tuple[Any, ...],
+) -> jax.Array:
+    out_dtype, interpret, blocks, precision, pair_at = cfg
+    return _gemm_pallas(
+        x, w, cols, epilogue, out_dtype, interpret, blocks, precision, w2=w2, pair_at=pair_at
+    )
+
+
+def _pair_fwd(
+    x: jax.Array,
+    w: jax.Array,
+    w2: jax.Array,
+    cols: tuple[jax.Array, ...],
+    epilogue: Callable[..., Any],
+    cfg: tuple[Any, ...],
+) -> tuple[jax.Array, Any]:
+    return _pair_core(x, w, w2, cols, epilogue, cfg), (x, w, w2, cols)
+
+
+def _pair_bwd(
+    epilogue: Callable[..., Any], cfg: tuple[Any, ...], res: Any, g: jax.Array
+) -> tuple[Any, ...]:
+    out_dtype, _, _, precision, pair_at = cfg
+    x, w, w2, cols = res
+    acc = dsp.dot(x, w, precision=precision)
+    acc2 = dsp.dot(x, w2, precision=precision).astype(x.dtype)
+
+    def epi(a: jax.Array, a2: jax.Array, *c: jax.Array) -> jax.Array:
+        return _apply_epilogue(epilogue, a, _with_pair(c, pair_at, a2), out_dtype)
+
+    _, vjp = jax.vjp(epi, acc, acc2, *cols)
+    dacc, dacc2, *dcols = vjp(g)
+    dacc, dacc2 = dacc.astype(x.dtype), dacc2.astype(x.dtype)
+    dx = dsp.dot(dacc, w, trans_b=True, precision=precision) + dsp.dot(
+        dacc2, w2, trans_b=True, precision=precision
+    )
+    dw = dsp.dot(x, dacc, trans_a=True, precision=precision).astype(w.dtype)
+    dw2 = dsp.dot(x, dacc2, trans_a=True, precision=precision).astype(w2.dtype)
+    return dx.astype(x.dtype), dw, dw2, tuple(dcols)
+
+
+_pair_core.defvjp(_pair_fwd, _pair_bwd)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("epilogue", "interpret", "precision", "out_dtype", "pair_at")
+)
+def _pair_kernel_path(
+    x: jax.Array,
+    w: jax.Array,
+    w2: jax.Array,
+    cols: tuple[jax.Array, ...],
+    *,
+    epilogue: Callable[..., Any],
+    interpret: bool,
+    precision: Any,
+    out_dtype: Any,
+    pair_at: int,
+) -> jax.Array:
+    lead = x.shape[:-1]
+    x2 = x.reshape(math.prod(lead), x.shape[-1])
+    ops = _as_kernel_operands(tuple(cols), lead, w.shape[1])
+    cfg = (out_dtype, interpret, None, precision, pair_at)
+    return _pair_core(x2, w, w2, ops, epilogue, cfg).reshape(*lead, w.shape[1])
+
+
+def gemm_fused_pair_reference(
+    x: jax.Array,
+    w: jax.Array,
+    w2: jax.Array,
+    epilogue: Callable[..., Any],
+    *operands: jax.Array,
+    pair_at: int | None = None,
+    out_dtype: Any = None,
+) -> jax.Array:
+    """Plain JAX: :func:`gemm_fused_reference` with ``x @ w2`` (in x's dtype) inserted as
+    the epilogue's operand ``pair_at`` (default: after the others)."""
+    x, w, w2 = jnp.asarray(x), jnp.asarray(w), jnp.asarray(w2)
+    cols = tuple(jnp.asarray(c) for c in operands)
+    at = len(cols) if pair_at is None else pair_at
+    up = jnp.dot(x, w2, preferred_element_type=jnp.float32).astype(x.dtype)
+    return gemm_fused_reference(x, w, epilogue, *_with_pair(cols, at, up), out_dtype=out_dtype)
+
+
+def gemm_fused_pair(
+    x: jax.Array,
+    w: jax.Array,
+    w2: jax.Array,
+    epilogue: Callable[..., Any],
+    *operands: jax.Array,
+    pair_at: int | None = None,
+    impl: str | None = None,
+    kernel_epilogue: Callable[..., Any] | None = None,
+    out_dtype: Any = None,
+) -> jax.Array:
+    """``epilogue(x @ w, *operands)`` where the operand ``pair_at`` (default: the last) is
+    ``x @ w2``, computed by the same kernel: a gated pair (GLU, SwiGLU, GeGLU:
+    ``act(x @ w1) * (x @ w2)``) reads each tile of x once for both GEMMs.
+
+    ``w2`` has ``w``'s shape ``[K, N]``; ``x @ w2`` reaches the epilogue rounded to x's
+    dtype, as the program's own GEMM returns it. The other operands are
+    :func:`gemm_fused`'s. The backward pass is XLA's (GEMMs and the epilogue's own
+    derivative), forward mode the reference's.
+    """
+    epilogue = dsp.as_callable(epilogue, "epilogue")
+    kernel_epilogue = (
+        epilogue if kernel_epilogue is None else dsp.as_callable(kernel_epilogue, "epilogue")
+    )
+    x, w, w2 = jnp.asarray(x), jnp.asarray(w), jnp.asarray(w2)
+    cols = tuple(jnp.asarray(c) for c in operands)
+    _validate(x, w, cols, "gemm_fused_pair")
+    if w2.shape != w.shape or w2.dtype != w.dtype:
+        raise ValueError(
+            f"gemm_fused_pair: w2 must have w's shape and dtype {w.shape} {w.dtype}, "
+            f"got {w2.shape} {w2.dtype}"
+        )
+    at = len(cols) if pair_at is None else int(pair_at)
+    if not 0 <= at <= len(cols):
+        raise ValueError(f"gemm_fused_pair: pair_at={at} outside 0..{len(cols)}")
+    out_dtype = jnp.dtype(jnp.result_type(x.dtype, w.dtype) if out_dtype is None else out_dtype)
+    reason = _kernel_error(x.shape, w.shape, x.dtype, tuple(c.shape for c in cols))
+    if reason is None and x.dtype != w.dtype:
+        reason = f"x and w must share a dtype, got {x.dtype} and {w.dtype}"
+    impl = dsp.resolve_impl(impl, reason, "gemm_fused_pair")
+
+    def reference(x: jax.Array, w: jax.Array, w2: jax.Array, cols: tuple) -> jax.Array:
+        return gemm_fused_pair_reference(x, w, w2, epilogue, *cols, pair_at=at, out_dtype=out_dtype)
+
+    if impl == "xla":
+        return jax.jit(reference)(x, w, w2, cols)
+    kernel = functools.partial(
+        _pair_kernel_path,
+        epilogue=kernel_epilogue,
+        interpret=impl == "interpret",
+        precision=dsp.matmul_precision(x.dtype),
+        out_dtype=out_dtype,
+        pair_at=at,
+    )
+    return with_forward_mode(kernel, reference)(x, w, w2, cols)

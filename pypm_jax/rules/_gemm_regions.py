@@ -21,6 +21,7 @@ __all__ = [
     "reads_gemm",
     "activation_steps",
     "experts_gemm",
+    "pair_plan",
 ]
 
 import math
@@ -54,7 +55,8 @@ class GemmRegionPlan(NamedTuple):
     says the region is one XLA:GPU fuses into its own GEMM (a bias or residual add, then at
     most a ReLU or tanh-GELU). ``experts`` is ``E`` for MoE experts run densely (the weight
     ``[E, K, N]``, the result ``[E, *lead, N]``: ``pallas_kernels.gemm_fused_experts``),
-    else 0.
+    else 0. A ``GemmPairRegion``'s plan has ``pair_at``, the operand that is the second
+    GEMM ``x @ w2`` (kind ``"pair"``, computed by the kernel), and ``transpose_w2``.
     """
 
     transpose_w: bool  # w is stored [N, K]
@@ -66,6 +68,8 @@ class GemmRegionPlan(NamedTuple):
     operands: tuple[str, ...]
     xla_fuses: bool
     experts: int = 0
+    pair_at: int = -1
+    transpose_w2: bool = False
 
 
 def _dense_dot(t: Any) -> bool:
@@ -516,3 +520,36 @@ def region_plan(
         experts=experts,
     )
     return region, plan
+
+
+@guard_fn("rules.gemm_pair_plan")
+def pair_plan(node: Any, dot: Any) -> GemmRegionPlan | None:
+    """The plan of one kernel computing both GEMMs of a gated pair: ``node`` is a
+    ``GemmRegion`` whose last operand, a full tile, is ``dot``, a dense ``dot_general`` of
+    the region's own x and a weight of w's K, N and dtype (``act(x @ w1) * (x @ w2)``,
+    either weight stored ``[N, K]``); None where it is not."""
+    plan = node.attrs.get("plan") if getattr(node, "op", None) is not None else None
+    if not isinstance(plan, GemmRegionPlan) or plan.experts or plan.pair_at >= 0:
+        return None
+    if not plan.operands or plan.operands[-1] != "full" or not _dense_dot(dot):
+        return None
+    x, w = node.inputs[0], node.inputs[1]
+    if dot.inputs[0] is not x:
+        return None
+    w2 = dot.inputs[1]
+    if w2.dtype != w.dtype:
+        return None
+    dts = (x.dtype, w2.dtype, dot.dtype)
+    gp = gemm_plan(
+        x.shape, w2.shape, dts, dot.attrs.get("dimension_numbers"), (dot.shape, dot.dtype)
+    )
+    if gp is None or (gp.k, gp.n, gp.dtype) != (plan.k, plan.n, plan.dtype):
+        return None
+    if tuple(gp.out_shape) != tuple(plan.out_shape):
+        return None
+    return plan._replace(
+        operands=(*plan.operands[:-1], "pair"),
+        pair_at=len(plan.operands) - 1,
+        transpose_w2=gp.transpose_w,
+        xla_fuses=False,
+    )

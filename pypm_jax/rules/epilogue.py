@@ -30,13 +30,21 @@ from ._gemm_regions import (
     computed_from_literals,
     experts_gemm,
     gemm_has_bias,
+    pair_plan,
     reads_gemm,
     region_plan,
     region_prim,
 )
-from ._kernels import GemmEpilogue, GemmRegion, RegionOperands
+from ._kernels import GemmEpilogue, GemmPairRegion, GemmRegion, RegionOperands
 
-__all__ = ["EPILOGUE_RULES", "PwRegion", "Gemm", "gemm_epilogue_region"]
+__all__ = [
+    "EPILOGUE_RULES",
+    "PAIR_RULES",
+    "PwRegion",
+    "Gemm",
+    "gemm_epilogue_region",
+    "gemm_epilogue_pair",
+]
 
 
 @pm.pattern
@@ -194,3 +202,25 @@ def gemm_epilogue_region(r, y, x, w, u, o):
 
 
 EPILOGUE_RULES = [gemm_epilogue_region]
+
+
+@pm.pattern
+def GatedPair(r, x, w, rest, w2, d):
+    """A region whose last operand is a second GEMM of its own x: ``act(x @ w1) * (x @ w2)``
+    after the rules above (the activation's kernel reading the other GEMM as a full
+    tile)."""
+    r <= GemmRegion(x, w, RegionOperands(rest, d))
+    d <= P.dot_general(x, w2)
+    assert pair_plan(r.term, d.term) != None  # noqa: E711
+    return r
+
+
+@pm.rule(GatedPair, single_use=True)
+def gemm_epilogue_pair(r, x, w, rest, w2, d):
+    """Both GEMMs of a gated pair in one kernel (``pallas_kernels.gemm_fused_pair``): the
+    second one's tiles are computed next to the first's instead of read back."""
+    plan = pair_plan(r.term, d.term)
+    return GemmPairRegion(x, w, w2, rest, region=r.region, plan=plan)
+
+
+PAIR_RULES = [gemm_epilogue_pair]

@@ -14,6 +14,8 @@ from pallas_kernels import (
     gemm_fused,
     gemm_fused_experts,
     gemm_fused_experts_reference,
+    gemm_fused_pair,
+    gemm_fused_pair_reference,
     gemm_fused_reference,
     supports_gemm_experts,
 )
@@ -275,3 +277,52 @@ def test_experts_operands_the_kernel_cannot_tile_are_refused(shape) -> None:
         gemm_fused_experts(x, w, lambda a, c: a + c, jnp.ones(shape), impl="interpret")
     assert not supports_gemm_experts(x.shape, w.shape, "float32", operand_shapes=(shape,))
     assert supports_gemm_experts(x.shape, w.shape, "float32", operand_shapes=((45,),))
+
+
+# ------------------------------------------------------- gated pairs: two GEMMs, one kernel
+
+
+@pytest.mark.parametrize("pair_at", [0, 1], ids=["up first", "up last"])
+def test_gated_pair_values_and_gradients(pair_at: int) -> None:
+    """``silu(x @ w + b) * (x @ w2)`` with ``x @ w2`` computed in the kernel (one
+    pallas_call), equal to the plain program in values and in
+    gradients of x, w, w2 and the bias."""
+    x, w, w2 = rnd(70, (3, 13, 50), scale=0.5), rnd(71, (50, 45), scale=0.3), rnd(72, (50, 45))
+    b, cot = rnd(73, (45,)), rnd(74, (3, 13, 45))
+
+    def epi(acc, *ops):
+        up, bias = (ops[0], ops[1]) if pair_at == 0 else (ops[1], ops[0])
+        return jax.nn.silu(acc + bias) * up
+
+    def kernel(x, w, w2, b):
+        return gemm_fused_pair(x, w, w2, epi, b, pair_at=pair_at, impl="interpret")
+
+    def plain(x, w, w2, b):
+        return jax.nn.silu(x @ w + b) * (x @ w2)
+
+    out = kernel(x, w, w2, b)
+    assert str(jax.make_jaxpr(kernel)(x, w, w2, b)).count("pallas_call") == 1
+    assert_close(out, plain(x, w, w2, b), "float32")
+    ref = gemm_fused_pair_reference(x, w, w2, epi, b, pair_at=pair_at)
+    assert_close(out, ref, "float32")
+    got = jax.grad(lambda *a: jnp.sum(kernel(*a) * cot), (0, 1, 2, 3))(x, w, w2, b)
+    want = jax.grad(lambda *a: jnp.sum(plain(*a) * cot), (0, 1, 2, 3))(x, w, w2, b)
+    for name, g, r in zip(("dx", "dw", "dw2", "db"), got, want, strict=True):
+        assert g.shape == r.shape, name
+        assert_close(g, r, "float32", tol_table=GRAD_TOL, what=name)
+
+
+def test_gated_pair_bf16_rounds_the_second_gemm_as_the_program_does() -> None:
+    x, w, w2 = (
+        rnd(80 + i, s, jnp.bfloat16, scale=0.3)
+        for i, s in enumerate(((37, 50), (50, 45), (50, 45)))
+    )
+
+    def epi(acc, up):
+        return jax.nn.gelu(acc) * up
+
+    out = gemm_fused_pair(x, w, w2, epi, impl="interpret")
+    assert out.dtype == jnp.bfloat16
+    assert_close(out, gemm_fused_pair_reference(x, w, w2, epi), "bfloat16")
+    with pytest.raises(ValueError, match="w2 must have w's shape"):
+        gemm_fused_pair(x, w, w2[:, :44], epi, impl="interpret")

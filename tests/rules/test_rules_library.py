@@ -30,7 +30,7 @@ def test_default_rules_canonical_first_then_attention_then_epilogues():
 
 
 def test_rules_compile_and_name_their_patterns():
-    for rule in [*R.default_rules(), R.gemm_epilogue_linear]:
+    for rule in [*R.default_rules(), R.gemm_epilogue_linear, R.gemm_epilogue_pair]:
         d = rule.definition
         assert d.branches and d.pattern.name[0].isupper()
         # attention_causal_* and the region rules after attention_region replace a kernel
