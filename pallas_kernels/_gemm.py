@@ -384,6 +384,8 @@ def _gemm_pallas(
         blocks = None
     if blocks is None:
         blocks = default_gemm_blocks(m, n, k, x.dtype, interpret)
+        if w2 is not None and not interpret:  # two accumulators: half as wide (untimed)
+            blocks = dataclasses.replace(blocks, block_n=max(16, blocks.block_n // 2))
     else:
         blocks = clamp_gemm_blocks(blocks, m, n, k)
     bm, bn, bk = blocks.block_m, blocks.block_n, blocks.block_k

@@ -19,6 +19,12 @@ The rule's guard function :func:`~pypm_jax.rules._gemm_regions.region_plan` turn
 into the region as data (:mod:`pypm_jax.rules._region`) and the kernel plan; the
 ``GemmRegion`` node carries both, the report shows the region, and lowering compiles it into
 ``pallas_kernels.gemm_fused``'s epilogue.
+
+``Gemm`` also takes MoE experts run densely (``transpose(dot_general)`` of a weight
+``[E, K, N]`` and an activation every expert shares, into ``[E, *lead, N]``): their regions
+lower to ``pallas_kernels.gemm_fused_experts``. The opt-in rule ``gemm_epilogue_pair``
+(``PAIR_RULES``) makes a region whose last operand is a second GEMM of its own x one
+``GemmPairRegion`` computing both (``pallas_kernels.gemm_fused_pair``).
 """
 
 from __future__ import annotations
