@@ -25,6 +25,7 @@ from __future__ import annotations
 __all__ = [
     "weight_side",
     "weight_slice",
+    "weight_split",
     "weight_squeeze",
     "squeezed_permutation",
     "swapped_dot",
@@ -132,6 +133,28 @@ def _slice_in_frame(
     return tuple(w_start), tuple(w_limit), tuple(w_strides)
 
 
+def _split_in_frame(
+    frame: _Frame, w_shape: tuple[int, ...], node: Any, index: int
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None:
+    """The weight's (start, limit, strides) equal to output ``index`` of ``split`` node
+    ``node`` of the result, or None if it splits anything but a weight axis."""
+    _, out, axes = frame
+    sizes = _ints(node.attrs.get("sizes") or ())
+    try:
+        axis = int(node.attrs.get("axis"))
+    except (TypeError, ValueError):
+        return None
+    if sizes is None or not 0 <= index < len(sizes) or not -len(out) <= axis < len(out):
+        return None
+    axis %= len(out)
+    if axis not in axes or sum(sizes) != out[axis]:
+        return None
+    wa = axes[axis]
+    start, limit = [0] * len(w_shape), list(w_shape)
+    start[wa], limit[wa] = sum(sizes[:index]), sum(sizes[: index + 1])
+    return tuple(start), tuple(limit), (1,) * len(w_shape)
+
+
 def _only_narrowed(dot: Any, frame: _Frame, w_shape: tuple[int, ...]) -> bool:
     """Is the result read only by weight-axis slices (directly or through a transpose read
     only by them), and not a program output? Then slicing the weight instead for each of
@@ -149,6 +172,10 @@ def _only_narrowed(dot: Any, frame: _Frame, w_shape: tuple[int, ...]) -> bool:
         if not readers:
             return False
         for n in readers:
+            if _is(n, "split") and perm is None and len(n.outputs) == 2:
+                if any(_split_in_frame(frame, w_shape, n, i) is None for i in range(2)):
+                    return False
+                continue
             if len(n.outputs) != 1:
                 return False
             r = n.outputs[0]
@@ -185,6 +212,24 @@ def weight_slice(dot: Any, sl: Any, perm: Any) -> Any:
     if not w_shape:
         return None
     plan = _slice_in_frame(frame, w_shape, sl, perm)
+    if plan is None or not _only_narrowed(dot, frame, w_shape):
+        return None
+    return plan
+
+
+@guard_fn("rules.weight_split")
+def weight_split(dot: Any, out: Any) -> Any:
+    """``(start, limit, strides)`` slicing the weight of ``dot`` so that ``dot_general(x,
+    slice(w))`` equals ``out``, one output of a ``split`` of ``dot`` along a weight axis
+    (``jnp.split(x @ w, 2, axis=-1)``); None as :func:`weight_slice`."""
+    frame = _frame(dot)
+    node = getattr(out, "node", None)
+    if frame is None or node is None or not _is(node, "split"):
+        return None
+    w_shape = _ints(getattr(dot.inputs[frame[0]], "shape", None) or ())
+    if not w_shape:
+        return None
+    plan = _split_in_frame(frame, w_shape, node, int(getattr(out, "index", -1)))
     if plan is None or not _only_narrowed(dot, frame, w_shape):
         return None
     return plan

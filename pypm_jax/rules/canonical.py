@@ -39,6 +39,7 @@ from ._weight_slices import (
     swapped_dot,
     weight_side,
     weight_slice,
+    weight_split,
     weight_squeeze,
 )
 from .attention import NEG_INF, Expand, Splat, StopGrad
@@ -51,6 +52,7 @@ __all__ = [
     "canonical_transposes",
     "canonical_softmax",
     "canonical_sliced_dot",
+    "canonical_split_dot",
     "canonical_squeezed_dot",
     "canonical_swapped_dot",
 ]
@@ -192,6 +194,29 @@ def SlicedDotT(y, t, d, x, w):
 
 
 @pm.pattern
+def SplitDot(y, d, x, w):
+    """One output of ``split(dot_general(x, w))`` along a weight axis in two
+    (``jnp.split(x @ w, 2, axis=-1)``): the first half..."""
+    S = pm.Op(1, 2)
+    assert S.name == "split"
+    y <= S(d)[0]
+    d <= P.dot_general(x, w)
+    assert weight_split(d.term, y.term) != None  # noqa: E711
+    return y
+
+
+@pm.pattern
+def SplitDot(y, d, x, w):  # noqa: F811
+    """... and the second."""
+    S = pm.Op(1, 2)
+    assert S.name == "split"
+    y <= S(d)[1]
+    d <= P.dot_general(x, w)
+    assert weight_split(d.term, y.term) != None  # noqa: E711
+    return y
+
+
+@pm.pattern
 def SqueezedDot(y, d, x, w):
     """``squeeze(dot_general(x, w))`` of size-1 axes the weight contributes."""
     y <= P.squeeze(d)
@@ -274,6 +299,30 @@ def canonical_sliced_dot_t(y, t, d, x, w):
         )
 
 
+@pm.rule(SplitDot)
+def canonical_split_dot(y, d, x, w):
+    """``split(x · w)[i]`` → ``x · slice(w)``: the weight cut as the result was."""
+    s = weight_split(d.term, y.term)
+    if weight_side(d.term) == 1:
+        ws = P.slice(w, start_indices=s[0], limit_indices=s[1], strides=s[2])
+        return P.dot_general(
+            x,
+            ws,
+            dimension_numbers=d.dimension_numbers,
+            precision=d.precision,
+            preferred_element_type=d.preferred_element_type,
+        )
+    else:
+        xs = P.slice(x, start_indices=s[0], limit_indices=s[1], strides=s[2])
+        return P.dot_general(
+            xs,
+            w,
+            dimension_numbers=d.dimension_numbers,
+            precision=d.precision,
+            preferred_element_type=d.preferred_element_type,
+        )
+
+
 @pm.rule(SqueezedDot, single_use=True)
 def canonical_squeezed_dot(y, d, x, w):
     """``squeeze(x · w)`` → ``x · squeeze(w)``: the size-1 weight axis dropped first."""
@@ -340,6 +389,7 @@ CANONICAL_RULES = [
     canonical_softmax,
     canonical_sliced_dot,
     canonical_sliced_dot_t,
+    canonical_split_dot,
     canonical_squeezed_dot,
     canonical_squeezed_dot_t,
     canonical_swapped_dot,

@@ -46,11 +46,17 @@ def gate_up_halves(x, w):  # w [H, 2F]: two halves of the last axis
     return jax.nn.silu(h[..., :F]) * h[..., F:]
 
 
+def gate_up_split(x, w):  # w [H, 2F]: jnp.split into two halves
+    gate, up = jnp.split(x @ w, 2, axis=-1)
+    return jax.nn.silu(gate) * up
+
+
 CASES = {
     "[2,H,F] index, tbsf": (gate_up_leading, (2, H, F)),
     "[2,H,F] index, bstf": (gate_up_middle, (2, H, F)),
     "[H,2,F] index, tbsf": (gate_up_stacked, (H, 2, F)),
     "[H,2F] halves": (gate_up_halves, (H, 2 * F)),
+    "[H,2F] jnp.split": (gate_up_split, (H, 2 * F)),
 }
 
 
@@ -67,7 +73,7 @@ def test_fused_gate_up_is_two_gemm_kernels_with_equal_values_and_gradients(name)
     assert counts.get("gemm_epilogue_no_bias") == 1, str(report)
     assert counts.get("gemm_epilogue_region") == 1, str(report)
     canonical = {r.rule for r in report.canonical}
-    assert canonical & {"canonical_sliced_dot", "canonical_sliced_dot_t"}, canonical
+    assert canonical & {"canonical_sliced_dot", "canonical_sliced_dot_t", "canonical_split_dot"}
     graph = fast.lifted(*args).graph
     # the up half stays XLA's GEMM (the region reads it as a full tile); the full one is gone
     dots = [n for n in graph.nodes() if n.op.name == "dot_general"]
@@ -96,7 +102,12 @@ def test_slices_of_rows_or_dynamic_slices_are_left_alone():
         h = x @ w
         return jax.nn.silu(h[..., :F]) * h[..., F:], h
 
-    for fn, args in ((rows, (x, w)), (dynamic, (x, w, jnp.int32(F))), (read_whole, (x, w))):
+    def three_ways(x, w):  # a split in three is not taken (two halves are)
+        a, b, c = jnp.split(x @ w, [64, 192], axis=-1)
+        return jax.nn.silu(a) * c
+
+    cases = [(rows, (x, w)), (dynamic, (x, w, jnp.int32(F))), (read_whole, (x, w))]
+    for fn, args in [*cases, (three_ways, (x, w))]:
         fast, got, report = rewrite(fn, args)
         assert not report.canonical, f"{fn.__name__}: {report}"
         graph = fast.lifted(*args).graph
