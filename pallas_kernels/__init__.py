@@ -3,7 +3,10 @@
 * :func:`flash_attention` / :func:`attention_reference` / :func:`supports_attention`
 * :func:`gemm_epilogue` (``act(x @ w + b)``), :func:`gemm_fused` (any elementwise
   epilogue reading column, row, full-tile and scalar operands: :func:`operand_kind`),
-  their references, :func:`supports_gemm` and :data:`ACTIVATIONS`.
+  their references, :func:`supports_gemm` and :data:`ACTIVATIONS`;
+  :func:`gemm_fused_experts`, the same with an expert axis on the weight (``[E, K, N]``,
+  MoE experts run densely) on the kernel's grid; :func:`gemm_fused_pair`, two GEMMs of one
+  activation in one kernel (a gated pair).
 * :func:`attention_unsupported` / :func:`gemm_unsupported`: why ``supports_*`` is False,
   in words (what ``pm.explain`` shows when a rule does not fire for that reason).
 * :func:`with_forward_mode`: forward-mode derivatives (from a reference) for a kernel whose
@@ -39,9 +42,14 @@ from ._gemm import (
     gemm_epilogue,
     gemm_epilogue_reference,
     gemm_fused,
+    gemm_fused_experts,
+    gemm_fused_experts_reference,
+    gemm_fused_pair,
+    gemm_fused_pair_reference,
     gemm_fused_reference,
     operand_kind,
     supports_gemm,
+    supports_gemm_experts,
 )
 
 __all__ = [
@@ -56,10 +64,15 @@ __all__ = [
     "gemm_epilogue",
     "gemm_epilogue_reference",
     "gemm_fused",
+    "gemm_fused_experts",
+    "gemm_fused_experts_reference",
+    "gemm_fused_pair",
+    "gemm_fused_pair_reference",
     "gemm_fused_reference",
     "operand_kind",
     "supports_attention",
     "supports_gemm",
+    "supports_gemm_experts",
     "with_forward_mode",
 ]
 

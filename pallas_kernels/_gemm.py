@@ -263,21 +263,44 @@ def _gemm_kernel(
     n_cols: int,
     block_k: int,
     precision: Any,
+    pair_at: int | None = None,
 ) -> None:
+    """One output tile: ``epilogue(x @ w, *operand tiles)``; with ``pair_at``, ``refs``
+    starts with a second weight ``w2`` and the tile of ``x @ w2`` (rounded to x's dtype, as
+    the program's own GEMM returns it) is the epilogue's operand ``pair_at``."""
+    if pair_at is not None:
+        w2_ref, refs = refs[0], refs[1:]
     col_refs, o_ref = refs[:n_cols], refs[n_cols]
     bm, bn = o_ref.shape
     k_steps = x_ref.shape[1] // block_k
+    zero = jnp.zeros((bm, bn), jnp.float32)
 
-    def body(kk: Any, acc: jax.Array) -> jax.Array:
-        a = x_ref[:, pl.ds(kk * block_k, block_k)]
-        b = w_ref[pl.ds(kk * block_k, block_k), :]
-        return acc + dsp.dot(a, b, precision=precision)
+    if pair_at is None:
 
-    acc = lax.fori_loop(0, k_steps, body, jnp.zeros((bm, bn), jnp.float32))
+        def body(kk: Any, acc: jax.Array) -> jax.Array:
+            a = x_ref[:, pl.ds(kk * block_k, block_k)]
+            b = w_ref[pl.ds(kk * block_k, block_k), :]
+            return acc + dsp.dot(a, b, precision=precision)
+
+        acc = lax.fori_loop(0, k_steps, body, zero)
+    else:
+
+        def body2(kk: Any, accs: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            a = x_ref[:, pl.ds(kk * block_k, block_k)]
+            b = w_ref[pl.ds(kk * block_k, block_k), :]
+            b2 = w2_ref[pl.ds(kk * block_k, block_k), :]
+            return (
+                accs[0] + dsp.dot(a, b, precision=precision),
+                accs[1] + dsp.dot(a, b2, precision=precision),
+            )
+
+        acc, acc2 = lax.fori_loop(0, k_steps, body2, (zero, zero))
     cols = []
     for c in col_refs:
         tile = c[...]
         cols.append(tile.astype(jnp.float32) if jnp.issubdtype(tile.dtype, jnp.floating) else tile)
+    if pair_at is not None:
+        cols.insert(pair_at, acc2.astype(x_ref.dtype).astype(jnp.float32))
     out = epilogue(acc, *cols)
     if jnp.shape(out) != (bm, bn):
         raise ValueError(
@@ -347,7 +370,11 @@ def _gemm_pallas(
     blocks: GemmBlocks | mgpu.MosaicGemmConfig | None,
     precision: Any,
     backend: str = "triton",
+    w2: jax.Array | None = None,
+    pair_at: int | None = None,
 ) -> jax.Array:
+    """The Pallas GEMM; with ``w2`` (and ``pair_at``), also ``x @ w2`` in the same kernel,
+    the epilogue's operand ``pair_at`` (:func:`gemm_fused_pair`)."""
     if backend == "mosaic":
         cfg = blocks if isinstance(blocks, mgpu.MosaicGemmConfig) else None
         return mgpu.gemm_mosaic(x, w, cols, epilogue, out_dtype, interpret, cfg)
@@ -357,12 +384,15 @@ def _gemm_pallas(
         blocks = None
     if blocks is None:
         blocks = default_gemm_blocks(m, n, k, x.dtype, interpret)
+        if w2 is not None and not interpret:  # two accumulators: half as wide (untimed)
+            blocks = dataclasses.replace(blocks, block_n=max(16, blocks.block_n // 2))
     else:
         blocks = clamp_gemm_blocks(blocks, m, n, k)
     bm, bn, bk = blocks.block_m, blocks.block_n, blocks.block_k
     mp, np_, kp = dsp.round_up(m, bm), dsp.round_up(n, bn), dsp.round_up(k, bk)
     xp = _pad2(x, mp, kp)
     wp = _pad2(w, kp, np_)
+    w2p = () if w2 is None else (_pad2(w2, kp, np_),)
     colsp = tuple(_pad_operand(c, mp, np_) for c in cols)
     nm, nn = mp // bm, np_ // bn
     gm = max(1, min(blocks.group_m, nm))
@@ -375,19 +405,25 @@ def _gemm_pallas(
 
     out = pl.pallas_call(
         functools.partial(
-            _gemm_kernel, epilogue=epilogue, n_cols=len(cols), block_k=bk, precision=precision
+            _gemm_kernel,
+            epilogue=epilogue,
+            n_cols=len(cols),
+            block_k=bk,
+            precision=precision,
+            pair_at=None if w2 is None else pair_at,
         ),
         grid=(nm * nn,),
         in_specs=[
             pl.BlockSpec((bm, kp), lambda p: (m_of(p), 0)),
             pl.BlockSpec((kp, bn), lambda p: (0, n_of(p))),
         ]
+        + [pl.BlockSpec((kp, bn), lambda p: (0, n_of(p))) for _ in w2p]
         + [_operand_spec(c, bm, bn, m_of, n_of) for c in cols],
         out_specs=pl.BlockSpec((bm, bn), lambda p: (m_of(p), n_of(p))),
         out_shape=dsp.out_struct((mp, np_), out_dtype, xp),
-        name="gemm_fused",
+        name="gemm_fused" if w2 is None else "gemm_fused_pair",
         **dsp.pallas_call_kwargs(interpret, blocks.num_warps, blocks.num_stages),
-    )(xp, wp, *colsp)
+    )(xp, wp, *w2p, *colsp)
     if (mp, np_) != (m, n):
         out = out[:m, :n]
     return out
@@ -703,3 +739,399 @@ def epilogue_reference(
     _check_activation(activation)
     cols = () if bias is None else (bias,)
     return _apply_epilogue(_REF_EPILOGUES[(activation, bias is not None)], acc, cols, jnp.float32)
+
+
+# --------------------------------------------------------------------------- #
+# Batched GEMMs: a leading expert axis on the weight
+# --------------------------------------------------------------------------- #
+
+
+def _experts_frame(
+    x_shape: Any, w_shape: Any, operand_shapes: tuple[Any, ...], x_batched: bool
+) -> tuple[tuple[int, ...], tuple[str, ...], tuple[bool, ...]] | str:
+    """``(lead, per-expert operand kinds, which operands vary along the experts)`` of
+    ``x @ w[e]`` for every expert ``e``, or why the kernel cannot take it."""
+    try:
+        xs = tuple(int(d) for d in x_shape)
+        ws = tuple(int(d) for d in w_shape)
+    except TypeError:
+        return f"shapes must be sequences of ints, got {x_shape!r}, {w_shape!r}"
+    if len(ws) != 3:
+        return f"w must be rank 3 [E, K, N], got shape {ws}"
+    e, k, n = ws
+    if x_batched and (len(xs) < 2 or xs[0] != e):
+        return f"a batched x must be [E={e}, ..., K], got shape {xs}"
+    lead = xs[1:-1] if x_batched else xs[:-1]
+    if not xs or xs[-1] != k:
+        return f"contraction mismatch: x[..., {xs[-1] if xs else None}] @ w[E, {k}, ...]"
+    rank = len(lead) + 2
+    kinds, batched = [], []
+    for i, cs in enumerate(operand_shapes):
+        s = tuple(int(d) for d in cs)
+        if len(s) > rank:
+            return f"operand {i} of shape {s} has more axes than the result [E, ..., N]"
+        s = (1,) * (rank - len(s)) + s
+        kind = operand_kind(s[1:], lead, n)
+        if kind is None or s[0] not in (1, e):
+            return (
+                f"operand {i} of shape {s} is not, per expert, a scalar, a column [N], a row "
+                f"[*lead, 1] or a full tile [*lead, N] (with or without the expert axis)"
+            )
+        kinds.append(kind)
+        batched.append(s[0] == e and e != 1)
+    return lead, tuple(kinds), tuple(batched)
+
+
+def supports_gemm_experts(
+    x_shape: Any,
+    w_shape: Any,
+    dtype: Any,
+    *,
+    x_batched: bool = False,
+    operand_shapes: tuple[Any, ...] = (),
+) -> bool:
+    """True iff :func:`gemm_fused_experts` runs the Pallas kernel for these shapes."""
+    frame = _experts_frame(x_shape, w_shape, tuple(operand_shapes), x_batched)
+    if isinstance(frame, str):
+        return False
+    lead = frame[0]
+    ws = tuple(int(d) for d in w_shape)
+    return _kernel_error((*lead, ws[1]), ws[1:], dtype, ()) is None
+
+
+def _experts_operands(
+    cols: tuple[jax.Array, ...], lead: tuple[int, ...], n: int, batched: tuple[bool, ...]
+) -> tuple[jax.Array, ...]:
+    """Each operand in kernel form (:func:`_as_kernel_operands`), per expert; an operand
+    that varies along the experts keeps that axis first."""
+    rank = len(lead) + 2
+    out = []
+    for c, b in zip(cols, batched, strict=True):
+        c = jnp.reshape(c, (1,) * (rank - c.ndim) + c.shape)
+        if b:
+            out.append(jax.vmap(lambda ce: _as_kernel_operands((ce,), lead, n)[0])(c))
+        else:
+            out.append(_as_kernel_operands((c[0],), lead, n)[0])
+    return tuple(out)
+
+
+def _experts_axes(x_batched: bool, batched: tuple[bool, ...]) -> tuple[Any, ...]:
+    return (0 if x_batched else None, 0, *(0 if b else None for b in batched))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _experts_core(
+    x: jax.Array,
+    w: jax.Array,
+    cols: tuple[jax.Array, ...],
+    epilogue: Callable[..., Any],
+    cfg: tuple[Any, ...],
+) -> jax.Array:
+    out_dtype, interpret, precision, x_batched, batched = cfg
+
+    def one(xe: jax.Array, we: jax.Array, *ce: jax.Array) -> jax.Array:
+        return _gemm_pallas(xe, we, ce, epilogue, out_dtype, interpret, None, precision)
+
+    # vmap adds the expert axis to the kernel's grid (one pallas_call)
+    return jax.vmap(one, in_axes=_experts_axes(x_batched, batched))(x, w, *cols)
+
+
+def _experts_fwd(
+    x: jax.Array,
+    w: jax.Array,
+    cols: tuple[jax.Array, ...],
+    epilogue: Callable[..., Any],
+    cfg: tuple[Any, ...],
+) -> tuple[jax.Array, Any]:
+    return _experts_core(x, w, cols, epilogue, cfg), (x, w, cols)
+
+
+def _experts_frame_cols(cols: tuple[jax.Array, ...], batched: tuple[bool, ...]) -> tuple:
+    """Kernel-form operands broadcastable against the ``[E, M, N]`` accumulator: a
+    per-expert column ``[E, N]`` becomes ``[E, 1, N]``."""
+    return tuple(
+        c[:, None, :] if b and c.ndim == 2 else c for c, b in zip(cols, batched, strict=True)
+    )
+
+
+def _experts_bwd(
+    epilogue: Callable[..., Any], cfg: tuple[Any, ...], res: Any, g: jax.Array
+) -> tuple[Any, ...]:
+    out_dtype, _, precision, x_batched, batched = cfg
+    x, w, cols = res
+    sx = "emk" if x_batched else "mk"
+    acc = jnp.einsum(
+        f"{sx},ekn->emn", x, w, precision=precision, preferred_element_type=jnp.float32
+    )
+    framed = _experts_frame_cols(cols, batched)
+    _, vjp = jax.vjp(lambda a, *c: _apply_epilogue(epilogue, a, c, out_dtype), acc, *framed)
+    dacc, *dcols = vjp(g)
+    dcols = [jnp.reshape(d, c.shape) for d, c in zip(dcols, cols, strict=True)]
+    dacc = dacc.astype(x.dtype)
+    dx = jnp.einsum(f"emn,ekn->{sx}", dacc, w, precision=precision).astype(x.dtype)
+    dw = jnp.einsum(f"{sx},emn->ekn", x, dacc, precision=precision).astype(w.dtype)
+    return dx, dw, tuple(dcols)
+
+
+_experts_core.defvjp(_experts_fwd, _experts_bwd)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("epilogue", "interpret", "precision", "out_dtype", "x_batched")
+)
+def _experts_kernel_path(
+    x: jax.Array,
+    w: jax.Array,
+    cols: tuple[jax.Array, ...],
+    *,
+    epilogue: Callable[..., Any],
+    interpret: bool,
+    precision: Any,
+    out_dtype: Any,
+    x_batched: bool,
+) -> jax.Array:
+    frame = _experts_frame(x.shape, w.shape, tuple(c.shape for c in cols), x_batched)
+    assert not isinstance(frame, str), frame
+    lead, _, batched = frame
+    e, k, n = w.shape
+    m = math.prod(lead)
+    x2 = x.reshape((e, m, k) if x_batched else (m, k))
+    ops = _experts_operands(cols, lead, n, batched)
+    cfg = (out_dtype, interpret, precision, x_batched, batched)
+    return _experts_core(x2, w, ops, epilogue, cfg).reshape(e, *lead, n)
+
+
+def gemm_fused_experts_reference(
+    x: jax.Array,
+    w: jax.Array,
+    epilogue: Callable[..., Any],
+    *operands: jax.Array,
+    x_batched: bool = False,
+    out_dtype: Any = None,
+) -> jax.Array:
+    """Plain JAX: ``epilogue(einsum(x, w) in f32, *[c in f32]).astype(result dtype)``
+    over the ``[E, *lead, N]`` result (see :func:`gemm_fused_experts`)."""
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    acc = jnp.einsum(
+        "e...k,ekn->e...n" if x_batched else "...k,ekn->e...n",
+        x,
+        w,
+        preferred_element_type=jnp.float32,
+    )
+    out_dtype = jnp.result_type(x.dtype, w.dtype) if out_dtype is None else out_dtype
+    cols = tuple(jnp.asarray(c) for c in operands)
+    return _apply_epilogue(epilogue, acc, cols, out_dtype)
+
+
+def gemm_fused_experts(
+    x: jax.Array,
+    w: jax.Array,
+    epilogue: Callable[..., Any],
+    *operands: jax.Array,
+    x_batched: bool = False,
+    impl: str | None = None,
+    kernel_epilogue: Callable[..., Any] | None = None,
+    out_dtype: Any = None,
+) -> jax.Array:
+    """``epilogue(x @ w[e], *operands)`` for every expert ``e``: a batched GEMM whose
+    weight ``w`` is ``[E, K, N]``, the epilogue fused (MoE experts run densely).
+
+    ``x`` is ``[..., K]``, shared by every expert, or (``x_batched``) ``[E, ..., K]``; the
+    result is ``[E, *lead, N]``. Each operand broadcasts against the result and is, per
+    expert, one :func:`gemm_fused` takes (a scalar, a column ``[N]``, a row ``[*lead, 1]``
+    or a full tile ``[*lead, N]``), with the expert axis (``[E, 1, N]``: a per-expert bias)
+    or without it. The kernel is :func:`gemm_fused`'s with the expert axis added to its
+    grid; the backward pass is XLA's (einsums and the epilogue's own derivative), forward
+    mode the reference's.
+    """
+    epilogue = dsp.as_callable(epilogue, "epilogue")
+    kernel_epilogue = (
+        epilogue if kernel_epilogue is None else dsp.as_callable(kernel_epilogue, "epilogue")
+    )
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    cols = tuple(jnp.asarray(c) for c in operands)
+    frame = _experts_frame(x.shape, w.shape, tuple(c.shape for c in cols), x_batched)
+    if isinstance(frame, str):
+        raise ValueError(f"gemm_fused_experts: {frame}")
+    for name, a in (("x", x), ("w", w)):
+        if not jnp.issubdtype(a.dtype, jnp.floating):
+            raise TypeError(f"gemm_fused_experts: {name} must be floating point, got {a.dtype}")
+    out_dtype = jnp.dtype(jnp.result_type(x.dtype, w.dtype) if out_dtype is None else out_dtype)
+    reason = _kernel_error((*frame[0], w.shape[1]), w.shape[1:], x.dtype, ())
+    if reason is None and x.dtype != w.dtype:
+        reason = f"x and w must share a dtype, got {x.dtype} and {w.dtype}"
+    impl = dsp.resolve_impl(impl, reason, "gemm_fused_experts")
+
+    def reference(x: jax.Array, w: jax.Array, cols: tuple[jax.Array, ...]) -> jax.Array:
+        return gemm_fused_experts_reference(
+            x, w, epilogue, *cols, x_batched=x_batched, out_dtype=out_dtype
+        )
+
+    if impl == "xla":
+        return jax.jit(reference)(x, w, cols)
+    kernel = functools.partial(
+        _experts_kernel_path,
+        epilogue=kernel_epilogue,
+        interpret=impl == "interpret",
+        precision=dsp.matmul_precision(x.dtype),
+        out_dtype=out_dtype,
+        x_batched=x_batched,
+    )
+    return with_forward_mode(kernel, reference)(x, w, cols)
+
+
+# --------------------------------------------------------------------------- #
+# Gated pairs: two GEMMs of one activation in one kernel
+# --------------------------------------------------------------------------- #
+
+
+def _with_pair(cols: tuple[Any, ...], pair_at: int, acc2: Any) -> tuple[Any, ...]:
+    return (*cols[:pair_at], acc2, *cols[pair_at:])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _pair_core(
+    x: jax.Array,
+    w: jax.Array,
+    w2: jax.Array,
+    cols: tuple[jax.Array, ...],
+    epilogue: Callable[..., Any],
+    cfg: tuple[Any, ...],
+) -> jax.Array:
+    out_dtype, interpret, blocks, precision, pair_at = cfg
+    return _gemm_pallas(
+        x, w, cols, epilogue, out_dtype, interpret, blocks, precision, w2=w2, pair_at=pair_at
+    )
+
+
+def _pair_fwd(
+    x: jax.Array,
+    w: jax.Array,
+    w2: jax.Array,
+    cols: tuple[jax.Array, ...],
+    epilogue: Callable[..., Any],
+    cfg: tuple[Any, ...],
+) -> tuple[jax.Array, Any]:
+    return _pair_core(x, w, w2, cols, epilogue, cfg), (x, w, w2, cols)
+
+
+def _pair_bwd(
+    epilogue: Callable[..., Any], cfg: tuple[Any, ...], res: Any, g: jax.Array
+) -> tuple[Any, ...]:
+    out_dtype, _, _, precision, pair_at = cfg
+    x, w, w2, cols = res
+    acc = dsp.dot(x, w, precision=precision)
+    acc2 = dsp.dot(x, w2, precision=precision).astype(x.dtype)
+
+    def epi(a: jax.Array, a2: jax.Array, *c: jax.Array) -> jax.Array:
+        return _apply_epilogue(epilogue, a, _with_pair(c, pair_at, a2), out_dtype)
+
+    _, vjp = jax.vjp(epi, acc, acc2, *cols)
+    dacc, dacc2, *dcols = vjp(g)
+    dacc, dacc2 = dacc.astype(x.dtype), dacc2.astype(x.dtype)
+    dx = dsp.dot(dacc, w, trans_b=True, precision=precision) + dsp.dot(
+        dacc2, w2, trans_b=True, precision=precision
+    )
+    dw = dsp.dot(x, dacc, trans_a=True, precision=precision).astype(w.dtype)
+    dw2 = dsp.dot(x, dacc2, trans_a=True, precision=precision).astype(w2.dtype)
+    return dx.astype(x.dtype), dw, dw2, tuple(dcols)
+
+
+_pair_core.defvjp(_pair_fwd, _pair_bwd)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("epilogue", "interpret", "precision", "out_dtype", "pair_at")
+)
+def _pair_kernel_path(
+    x: jax.Array,
+    w: jax.Array,
+    w2: jax.Array,
+    cols: tuple[jax.Array, ...],
+    *,
+    epilogue: Callable[..., Any],
+    interpret: bool,
+    precision: Any,
+    out_dtype: Any,
+    pair_at: int,
+) -> jax.Array:
+    lead = x.shape[:-1]
+    x2 = x.reshape(math.prod(lead), x.shape[-1])
+    ops = _as_kernel_operands(tuple(cols), lead, w.shape[1])
+    cfg = (out_dtype, interpret, None, precision, pair_at)
+    return _pair_core(x2, w, w2, ops, epilogue, cfg).reshape(*lead, w.shape[1])
+
+
+def gemm_fused_pair_reference(
+    x: jax.Array,
+    w: jax.Array,
+    w2: jax.Array,
+    epilogue: Callable[..., Any],
+    *operands: jax.Array,
+    pair_at: int | None = None,
+    out_dtype: Any = None,
+) -> jax.Array:
+    """Plain JAX: :func:`gemm_fused_reference` with ``x @ w2`` (in x's dtype) inserted as
+    the epilogue's operand ``pair_at`` (default: after the others)."""
+    x, w, w2 = jnp.asarray(x), jnp.asarray(w), jnp.asarray(w2)
+    cols = tuple(jnp.asarray(c) for c in operands)
+    at = len(cols) if pair_at is None else pair_at
+    up = jnp.dot(x, w2, preferred_element_type=jnp.float32).astype(x.dtype)
+    return gemm_fused_reference(x, w, epilogue, *_with_pair(cols, at, up), out_dtype=out_dtype)
+
+
+def gemm_fused_pair(
+    x: jax.Array,
+    w: jax.Array,
+    w2: jax.Array,
+    epilogue: Callable[..., Any],
+    *operands: jax.Array,
+    pair_at: int | None = None,
+    impl: str | None = None,
+    kernel_epilogue: Callable[..., Any] | None = None,
+    out_dtype: Any = None,
+) -> jax.Array:
+    """``epilogue(x @ w, *operands)`` where the operand ``pair_at`` (default: the last) is
+    ``x @ w2``, computed by the same kernel: a gated pair (GLU, SwiGLU, GeGLU:
+    ``act(x @ w1) * (x @ w2)``) reads each tile of x once for both GEMMs.
+
+    ``w2`` has ``w``'s shape ``[K, N]``; ``x @ w2`` reaches the epilogue rounded to x's
+    dtype, as the program's own GEMM returns it. The other operands are
+    :func:`gemm_fused`'s. The backward pass is XLA's (GEMMs and the epilogue's own
+    derivative), forward mode the reference's.
+    """
+    epilogue = dsp.as_callable(epilogue, "epilogue")
+    kernel_epilogue = (
+        epilogue if kernel_epilogue is None else dsp.as_callable(kernel_epilogue, "epilogue")
+    )
+    x, w, w2 = jnp.asarray(x), jnp.asarray(w), jnp.asarray(w2)
+    cols = tuple(jnp.asarray(c) for c in operands)
+    _validate(x, w, cols, "gemm_fused_pair")
+    if w2.shape != w.shape or w2.dtype != w.dtype:
+        raise ValueError(
+            f"gemm_fused_pair: w2 must have w's shape and dtype {w.shape} {w.dtype}, "
+            f"got {w2.shape} {w2.dtype}"
+        )
+    at = len(cols) if pair_at is None else int(pair_at)
+    if not 0 <= at <= len(cols):
+        raise ValueError(f"gemm_fused_pair: pair_at={at} outside 0..{len(cols)}")
+    out_dtype = jnp.dtype(jnp.result_type(x.dtype, w.dtype) if out_dtype is None else out_dtype)
+    reason = _kernel_error(x.shape, w.shape, x.dtype, tuple(c.shape for c in cols))
+    if reason is None and x.dtype != w.dtype:
+        reason = f"x and w must share a dtype, got {x.dtype} and {w.dtype}"
+    impl = dsp.resolve_impl(impl, reason, "gemm_fused_pair")
+
+    def reference(x: jax.Array, w: jax.Array, w2: jax.Array, cols: tuple) -> jax.Array:
+        return gemm_fused_pair_reference(x, w, w2, epilogue, *cols, pair_at=at, out_dtype=out_dtype)
+
+    if impl == "xla":
+        return jax.jit(reference)(x, w, w2, cols)
+    kernel = functools.partial(
+        _pair_kernel_path,
+        epilogue=kernel_epilogue,
+        interpret=impl == "interpret",
+        precision=dsp.matmul_precision(x.dtype),
+        out_dtype=out_dtype,
+        pair_at=at,
+    )
+    return with_forward_mode(kernel, reference)(x, w, w2, cols)

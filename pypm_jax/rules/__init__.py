@@ -28,6 +28,7 @@ from ._kernels import (
     FlashAttention,
     FlashAttentionSinks,
     GemmEpilogue,
+    GemmPairRegion,
     GemmRegion,
 )
 from .attention import (
@@ -70,7 +71,7 @@ from .causal import (
     attention_dpa_bias_mask_causal,
     attention_dpa_mask_causal,
 )
-from .epilogue import EPILOGUE_RULES, gemm_epilogue_region
+from .epilogue import EPILOGUE_RULES, PAIR_RULES, gemm_epilogue_pair, gemm_epilogue_region
 from .gemm import (
     GEMM_LINEAR_RULES,
     GEMM_RULES,
@@ -104,6 +105,8 @@ __all__ = [
     "attention_region",
     "GemmEpilogue",
     "GemmRegion",
+    "GemmPairRegion",
+    "gemm_epilogue_pair",
     "attention",
     "gemm",
     "attention_rule",
@@ -181,12 +184,15 @@ def attention_rules() -> list[Any]:
     )
 
 
-def gemm_rules(*, linear: bool = False, regions: bool = True) -> list[Any]:
+def gemm_rules(*, linear: bool = False, regions: bool = True, pairs: bool = False) -> list[Any]:
     """Dense + activation → GEMM with fused epilogue; ``linear=True`` adds plain dense + bias
     (before the region rule, so it takes those sites); ``regions=False`` leaves out the
-    region rule (any pointwise epilogue, grown over the kernels the other rules build)."""
+    region rule (any pointwise epilogue, grown over the kernels the other rules build);
+    ``pairs=True`` adds ``gemm_epilogue_pair`` (a gated pair ``act(x @ w1) * (x @ w2)``'s
+    two GEMMs in one kernel; not in ``default_rules()`` until timed on a GPU)."""
     rules = list(GEMM_RULES) + (list(GEMM_LINEAR_RULES) if linear else [])
-    return rules + (list(EPILOGUE_RULES) if regions else [])
+    rules += list(EPILOGUE_RULES) if regions else []
+    return rules + (list(PAIR_RULES) if regions and pairs else [])
 
 
 def standard_rules() -> list[Any]:

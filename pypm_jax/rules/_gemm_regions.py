@@ -20,6 +20,8 @@ __all__ = [
     "gemm_has_bias",
     "reads_gemm",
     "activation_steps",
+    "experts_gemm",
+    "pair_plan",
 ]
 
 import math
@@ -48,9 +50,13 @@ class GemmRegionPlan(NamedTuple):
     """How a ``GemmRegion`` node runs on ``pallas_kernels.gemm_fused``.
 
     ``operands`` is the kind of each operand the region reads (``"col"``, ``"row"``,
-    ``"full"``, ``"scalar"``: see ``pallas_kernels.operand_kind``), in the order of the
-    node's operand pack; ``xla_fuses`` says the region is one XLA:GPU fuses into its own
-    GEMM (a bias or residual add, then at most a ReLU or tanh-GELU).
+    ``"full"``, ``"scalar"``: see ``pallas_kernels.operand_kind``; ``"ecol"``, a column
+    per expert ``[E, 1, .., N]``), in the order of the node's operand pack; ``xla_fuses``
+    says the region is one XLA:GPU fuses into its own GEMM (a bias or residual add, then at
+    most a ReLU or tanh-GELU). ``experts`` is ``E`` for MoE experts run densely (the weight
+    ``[E, K, N]``, the result ``[E, *lead, N]``: ``pallas_kernels.gemm_fused_experts``),
+    else 0. A ``GemmPairRegion``'s plan has ``pair_at``, the operand that is the second
+    GEMM ``x @ w2`` (kind ``"pair"``, computed by the kernel), and ``transpose_w2``.
     """
 
     transpose_w: bool  # w is stored [N, K]
@@ -61,6 +67,9 @@ class GemmRegionPlan(NamedTuple):
     out_dtype: str
     operands: tuple[str, ...]
     xla_fuses: bool
+    experts: int = 0
+    pair_at: int = -1
+    transpose_w2: bool = False
 
 
 def _dense_dot(t: Any) -> bool:
@@ -84,9 +93,64 @@ def _dense_dot(t: Any) -> bool:
     )
 
 
+def _ints(xs: Any) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(x) for x in xs)
+    except (TypeError, ValueError):
+        return None
+
+
+def _experts(t: Any) -> tuple[int, int, int, bool, int] | None:
+    """``(E, K, N, transpose_w, weight side)`` of MoE experts run densely: ``transpose(
+    dot_general(...))`` of an activation ``x[*lead, K]`` (shared by every expert, no batch
+    axes) and a weight ``w[E, K, N]`` (or ``[E, N, K]``) into ``[E, *lead, N]`` -- what
+    ``einsum("th,ehm->etm", x, w)`` (keras-hub's Mixtral) traces to, in either operand
+    order; else None."""
+    op = getattr(t, "op", None)
+    if op is None or op.name != "transpose" or not is_table_op(op) or not t.inputs:
+        return None
+    d = t.inputs[0]
+    dop = getattr(d, "op", None)
+    if dop is None or dop.name != "dot_general" or not is_table_op(dop) or len(d.inputs) != 2:
+        return None
+    perm = _ints(t.attrs.get("permutation") or ())
+    shapes = [_ints(getattr(i, "shape", None) or ()) for i in d.inputs]
+    try:
+        (lc, rc), (lb, rb) = d.attrs["dimension_numbers"]
+        lc, rc = _ints(lc), _ints(rc)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if perm is None or lc is None or rc is None or lb or rb or None in shapes:
+        return None
+    if len(lc) != 1 or len(rc) != 1:
+        return None
+    for side in (0, 1):  # side: which operand is the weight
+        w, x = shapes[side], shapes[1 - side]
+        wc, xc = (lc, rc)[side][0], (lc, rc)[1 - side][0]
+        if len(w) != 3 or wc not in (1, 2) or not x or xc != len(x) - 1:
+            continue
+        lead = len(x) - 1
+        # the dot's axes: weight-first [E, N, *lead], activation-first [*lead, E, N]
+        if side == 0:
+            want = (0, *range(2, 2 + lead), 1)
+        else:
+            want = (lead, *range(lead), lead + 1)
+        if perm == want:
+            return w[0], w[wc], w[3 - wc], wc == 2, side
+    return None
+
+
+@guard_fn("rules.experts_gemm")
+def experts_gemm(term: Any) -> int | None:
+    """Is ``term`` MoE experts run densely (:func:`_experts`)? The weight's side (0: the
+    ``dot_general``'s lhs, 1: its rhs), or None."""
+    e = _experts(term)
+    return None if e is None else e[4]
+
+
 def _is_gemm(t: Any) -> bool:
     cls = t.op.op_class
-    return (cls is not None and cls.name == "gemm") or _dense_dot(t)
+    return (cls is not None and cls.name == "gemm") or _dense_dot(t) or _experts(t) is not None
 
 
 def _pointwise(t: Any) -> bool:
@@ -179,7 +243,7 @@ def _varying_axes(term: Any, rank: int) -> set[int] | None:
     return {offset + i for i, d in enumerate(shape) if d != 1}
 
 
-def operand_kind_of(term: Any, out_shape: tuple[int, ...]) -> str | None:
+def operand_kind_of(term: Any, out_shape: tuple[int, ...], experts: int = 0) -> str | None:
     """How the kernel tiles ``term`` read against the ``out_shape`` result, or None.
 
     JAX broadcasts size-1 axes of a binary operator's operands, and ``jnp`` writes a
@@ -196,6 +260,8 @@ def operand_kind_of(term: Any, out_shape: tuple[int, ...]) -> str | None:
         return "scalar"
     if axes == {last}:
         return "col"
+    if experts and rank > 2 and axes == {0, last} and shape[0] == experts:
+        return "ecol"  # a column per expert (a per-expert bias)
     if last not in axes:
         return "row" if shape[:-1] == tuple(out_shape[:-1]) else None
     return "full" if shape == tuple(out_shape) else None
@@ -343,7 +409,7 @@ def _linear(s: Step, kinds: tuple[str, ...], constant: set[int]) -> bool:
     if prim == "convert_element_type":
         return True
     if prim == "add":
-        return any(r[0] == "in" and kinds[r[1]] in ("col", "full") for r in args)
+        return any(r[0] == "in" and kinds[r[1]] in ("col", "ecol", "full") for r in args)
     return (prim in ("mul", "div") and const(args[1])) or (prim == "mul" and const(args[0]))
 
 
@@ -358,20 +424,41 @@ def _xla_fuses(region: Region, kinds: tuple[str, ...]) -> bool:
     return len(rest) <= 1 and all(s[0] == "max" and ("lit", 0.0) in s[2] for s in rest)
 
 
+def _experts_plan(base: Any, dtypes: Any) -> GemmPlan | None:
+    """A ``GemmPlan`` (no bias, no activation) of MoE experts run densely, or None."""
+    e = _experts(base)
+    if e is None:
+        return None
+    try:
+        dts = tuple(getattr(d, "numpy_name", d) for d in dtypes)
+    except TypeError:
+        return None
+    out = _ints(getattr(base, "shape", None) or ())
+    out_dtype = getattr(base.dtype, "numpy_name", None)
+    if len(set(dts)) != 1 or out_dtype != dts[0] or not out:
+        return None
+    _, k, n, transpose_w, _ = e
+    return GemmPlan("none", transpose_w, k, n, False, dts[0], out, out_dtype)
+
+
 def _base(base: Any, x_shape: Any, w_shape: Any, dtypes: Any) -> Any:
-    """(prefix steps, operand kinds, GemmPlan-like) of the value the region grows on:
-    no prefix on a bare ``dot_general``, else the region the kernel node already has."""
+    """(prefix steps, operand kinds, GemmPlan-like, experts) of the value the region grows
+    on: no prefix on a bare ``dot_general`` (or experts' ``transpose(dot_general)``), else
+    the region the kernel node already has."""
     name = base.op.name
     if name == "dot_general" and is_table_op(base.op):
         dn = base.attrs.get("dimension_numbers")
         gp = gemm_plan(x_shape, w_shape, dtypes, dn, (base.shape, base.dtype))
-        return None if gp is None else (None, (), gp)
+        return None if gp is None else (None, (), gp, 0)
+    if name == "transpose" and is_table_op(base.op):
+        gp = _experts_plan(base, dtypes)
+        return None if gp is None else (None, (), gp, int(_ints(w_shape)[0]))  # type: ignore[index]
     plan = base.attrs.get("plan")
     if name == "GemmRegion" and isinstance(plan, GemmRegionPlan):
-        return base.attrs.get("region"), plan.operands, plan
+        return base.attrs.get("region"), plan.operands, plan, plan.experts
     if name == "GemmEpilogue" and isinstance(plan, GemmPlan):
         prefix = activation_steps(plan.activation, plan.bias)
-        return None if prefix is None else (prefix, ("col",) * plan.bias, plan)
+        return None if prefix is None else (prefix, ("col",) * plan.bias, plan, 0)
     return None
 
 
@@ -390,7 +477,7 @@ def region_plan(
     b = _base(base, x_shape, w_shape, dtypes)
     if b is None or getattr(root, "shape", None) is None:
         return None
-    prefix, kinds, gp = b
+    prefix, kinds, gp, experts = b
     bare = prefix is None
     prefix = prefix or ()
     out_shape = tuple(root.shape)
@@ -400,7 +487,7 @@ def region_plan(
     if operand is not None:
         if _Walk((), base, ("acc",), {}).ref(operand) is not None:
             return None  # computed from literals (and the GEMM): region steps, no operand
-        kind = operand_kind_of(operand, out_shape)
+        kind = operand_kind_of(operand, out_shape, experts)
         if kind is None or len(kinds) >= MAX_OPERANDS or operand is base:
             return None
         operands[operand] = ("in", len(kinds))
@@ -430,5 +517,39 @@ def region_plan(
         out_dtype=out_dtype,
         operands=kinds,
         xla_fuses=_xla_fuses(region, kinds),
+        experts=experts,
     )
     return region, plan
+
+
+@guard_fn("rules.gemm_pair_plan")
+def pair_plan(node: Any, dot: Any) -> GemmRegionPlan | None:
+    """The plan of one kernel computing both GEMMs of a gated pair: ``node`` is a
+    ``GemmRegion`` whose last operand, a full tile, is ``dot``, a dense ``dot_general`` of
+    the region's own x and a weight of w's K, N and dtype (``act(x @ w1) * (x @ w2)``,
+    either weight stored ``[N, K]``); None where it is not."""
+    plan = node.attrs.get("plan") if getattr(node, "op", None) is not None else None
+    if not isinstance(plan, GemmRegionPlan) or plan.experts or plan.pair_at >= 0:
+        return None
+    if not plan.operands or plan.operands[-1] != "full" or not _dense_dot(dot):
+        return None
+    x, w = node.inputs[0], node.inputs[1]
+    if dot.inputs[0] is not x:
+        return None
+    w2 = dot.inputs[1]
+    if w2.dtype != w.dtype:
+        return None
+    dts = (x.dtype, w2.dtype, dot.dtype)
+    gp = gemm_plan(
+        x.shape, w2.shape, dts, dot.attrs.get("dimension_numbers"), (dot.shape, dot.dtype)
+    )
+    if gp is None or (gp.k, gp.n, gp.dtype) != (plan.k, plan.n, plan.dtype):
+        return None
+    if tuple(gp.out_shape) != tuple(plan.out_shape):
+        return None
+    return plan._replace(
+        operands=(*plan.operands[:-1], "pair"),
+        pair_at=len(plan.operands) - 1,
+        transpose_w2=gp.transpose_w,
+        xla_fuses=False,
+    )

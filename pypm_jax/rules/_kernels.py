@@ -23,6 +23,7 @@ __all__ = [
     "GemmEpilogue",
     "AttentionRegion",
     "GemmRegion",
+    "GemmPairRegion",
     "RegionOperands",
     "FUSE_ENV",
     "FUSE_POLICIES",
@@ -79,6 +80,13 @@ def _describe_region(*, region: Any, plan: Any) -> str:
 def GemmRegion(x, w, operands):  # noqa: N802
     """``region(x @ w, *operands)`` (:mod:`pypm_jax.rules._region`); ``operands`` is ``0``
     (none) or a :func:`RegionOperands` pack."""
+    return 1
+
+
+@pm.op(attrs=("region", "plan"), op_class="gemm", infer=_infer, describe=_describe_region)
+def GemmPairRegion(x, w, w2, operands):  # noqa: N802
+    """``region(x @ w, *operands)`` where the operand ``plan.pair_at`` is ``x @ w2``,
+    computed by the same kernel (a gated pair: ``pallas_kernels.gemm_fused_pair``)."""
     return 1
 
 
@@ -431,6 +439,8 @@ def _operand_tile(value: Any, kind: str, rank: int) -> Any:
         return value[..., :1]
     if kind == "scalar":
         return value[(0,) * rank]
+    if kind == "ecol":  # [E, 1, .., 1, N]: the experts' axis and the columns
+        return value[(slice(None), *(slice(0, 1),) * (rank - 2), slice(None))]
     return value
 
 
@@ -438,13 +448,23 @@ def _operand_tile(value: Any, kind: str, rank: int) -> Any:
 def gemm_region_impl(x: Any, w: Any, operands: Any, *, region: Any, plan: GemmRegionPlan) -> Any:
     import jax.numpy as jnp
 
-    from pallas_kernels import gemm_fused
+    from pallas_kernels import gemm_fused, gemm_fused_experts
 
-    if plan.transpose_w:
-        w = jnp.transpose(w)
     ops = operands if isinstance(operands, tuple) else ()
     rank = len(plan.out_shape)
     tiles = tuple(_operand_tile(v, k, rank) for v, k in zip(ops, plan.operands, strict=True))
+    if plan.experts:  # w [E, K, N] (or [E, N, K]), x shared: the result [E, *lead, N]
+        return gemm_fused_experts(
+            x,
+            jnp.swapaxes(w, 1, 2) if plan.transpose_w else w,
+            region_fn(region),
+            *tiles,
+            impl=gemm_impl(plan.xla_fuses),
+            kernel_epilogue=region_fn(region, "kernel"),
+            out_dtype=plan.out_dtype,
+        )
+    if plan.transpose_w:
+        w = jnp.transpose(w)
     return gemm_fused(
         x,
         w,
@@ -456,6 +476,32 @@ def gemm_region_impl(x: Any, w: Any, operands: Any, *, region: Any, plan: GemmRe
     )
 
 
+@register_impl(GemmPairRegion)
+def gemm_pair_region_impl(
+    x: Any, w: Any, w2: Any, operands: Any, *, region: Any, plan: GemmRegionPlan
+) -> Any:
+    import jax.numpy as jnp
+
+    from pallas_kernels import gemm_fused_pair
+
+    ops = operands if isinstance(operands, tuple) else ()
+    kinds = tuple(k for k in plan.operands if k != "pair")
+    rank = len(plan.out_shape)
+    tiles = tuple(_operand_tile(v, k, rank) for v, k in zip(ops, kinds, strict=True))
+    return gemm_fused_pair(
+        x,
+        jnp.transpose(w) if plan.transpose_w else w,
+        jnp.transpose(w2) if plan.transpose_w2 else w2,
+        region_fn(region),
+        *tiles,
+        pair_at=plan.pair_at,
+        impl=gemm_impl(plan.xla_fuses),
+        kernel_epilogue=region_fn(region, "kernel"),
+        out_dtype=plan.out_dtype,
+    )
+
+
+@register_describe(GemmPairRegion)
 @register_describe(GemmRegion)
 def describe_gemm_region(attrs: Mapping[str, Any], _type: str) -> KernelInfo:
     """``gemm  f32 256x512x1024  region,col,full``: M x K x N, flagged ``region`` and the
@@ -463,5 +509,5 @@ def describe_gemm_region(attrs: Mapping[str, Any], _type: str) -> KernelInfo:
     line)."""
     plan: GemmRegionPlan = attrs["plan"]
     m = prod(plan.out_shape[:-1])
-    flags = ("region", *sorted(set(plan.operands)))
+    flags = ("region", *sorted(set(plan.operands)), *(("experts",) if plan.experts else ()))
     return KernelInfo("gemm", f"{_short_dtype(plan.dtype)} {m}x{plan.k}x{plan.n}", flags)

@@ -50,6 +50,14 @@ from ._plans import (
     softmax_axes,
     vmapped_softmax_axes,
 )
+from ._weight_slices import (
+    squeezed_permutation,
+    swapped_dot,
+    weight_side,
+    weight_slice,
+    weight_split,
+    weight_squeeze,
+)
 from .attention import NEG_INF, Expand, Probs, Scaled, Softmax, Splat, StopGrad
 
 __all__ = [
@@ -69,6 +77,10 @@ __all__ = [
     "canonical_transpose_softmax",
     "canonical_transposed_probs",
     "canonical_transposed_probs_second",
+    "canonical_sliced_dot",
+    "canonical_split_dot",
+    "canonical_squeezed_dot",
+    "canonical_swapped_dot",
 ]
 
 # ---------------------------------------------------------------- no-op layout
@@ -489,6 +501,219 @@ def canonical_transposed_probs_second(o, x, t, p):
                          preferred_element_type=o.preferred_element_type)  # fmt: skip
 
 
+# ------------------------------------------------------------- sliced projections
+
+
+@pm.pattern
+def SlicedDot(y, d, x, w):
+    """``slice(dot_general(x, w))`` narrowing only axes the weight ``w`` contributes (a
+    fused gate/up projection cut into its halves), the full result read only by such
+    slices."""
+    y <= P.slice(d)
+    d <= P.dot_general(x, w)
+    assert weight_slice(d.term, y.term, None) != None  # noqa: E711
+    return y
+
+
+@pm.pattern
+def SlicedDotT(y, t, d, x, w):
+    """The same through the einsum's output transpose: ``slice(transpose(dot_general))``."""
+    y <= P.slice(t)
+    t <= P.transpose(d)
+    d <= P.dot_general(x, w)
+    assert weight_slice(d.term, y.term, t.permutation) != None  # noqa: E711
+    return y
+
+
+@pm.pattern
+def SplitDot(y, d, x, w):
+    """One output of ``split(dot_general(x, w))`` along a weight axis in two
+    (``jnp.split(x @ w, 2, axis=-1)``): the first half..."""
+    S = pm.Op(1, 2)
+    assert S.name == "split"
+    y <= S(d)[0]
+    d <= P.dot_general(x, w)
+    assert weight_split(d.term, y.term) != None  # noqa: E711
+    return y
+
+
+@pm.pattern
+def SplitDot(y, d, x, w):  # noqa: F811
+    """... and the second."""
+    S = pm.Op(1, 2)
+    assert S.name == "split"
+    y <= S(d)[1]
+    d <= P.dot_general(x, w)
+    assert weight_split(d.term, y.term) != None  # noqa: E711
+    return y
+
+
+@pm.pattern
+def SqueezedDot(y, d, x, w):
+    """``squeeze(dot_general(x, w))`` of size-1 axes the weight contributes."""
+    y <= P.squeeze(d)
+    d <= P.dot_general(x, w)
+    assert weight_squeeze(d.term, y.dimensions, None) != None  # noqa: E711
+    return y
+
+
+@pm.pattern
+def SqueezedDotT(y, t, d, x, w):
+    y <= P.squeeze(t)
+    t <= P.transpose(d)
+    d <= P.dot_general(x, w)
+    assert weight_squeeze(d.term, y.dimensions, t.permutation) != None  # noqa: E711
+    return y
+
+
+@pm.pattern
+def SwappedDot(y, d, a, b):
+    """``transpose(dot_general(a, b))`` that is ``dot_general(b, a)``, ``b`` contracting its
+    last axis (the weight-first form ``jnp.einsum`` writes for some output orders)."""
+    y <= P.transpose(d)
+    d <= P.dot_general(a, b)
+    assert swapped_dot(d.term, y.permutation) != None  # noqa: E711
+    return y
+
+
+@pm.rule(SlicedDot)
+def canonical_sliced_dot(y, d, x, w):
+    """``slice(x · w)`` → ``x · slice(w)``: the weight sliced as the result was (the
+    weight is either operand: ``weight_side``)."""
+    s = weight_slice(d.term, y.term, None)
+    if weight_side(d.term) == 1:
+        ws = P.slice(w, start_indices=s[0], limit_indices=s[1], strides=s[2])
+        return P.dot_general(
+            x,
+            ws,
+            dimension_numbers=d.dimension_numbers,
+            precision=d.precision,
+            preferred_element_type=d.preferred_element_type,
+        )
+    else:
+        xs = P.slice(x, start_indices=s[0], limit_indices=s[1], strides=s[2])
+        return P.dot_general(
+            xs,
+            w,
+            dimension_numbers=d.dimension_numbers,
+            precision=d.precision,
+            preferred_element_type=d.preferred_element_type,
+        )
+
+
+@pm.rule(SlicedDotT)
+def canonical_sliced_dot_t(y, t, d, x, w):
+    """``slice(transpose(x · w))`` → ``transpose(x · slice(w))``."""
+    s = weight_slice(d.term, y.term, t.permutation)
+    if weight_side(d.term) == 1:
+        ws = P.slice(w, start_indices=s[0], limit_indices=s[1], strides=s[2])
+        return P.transpose(
+            P.dot_general(
+                x,
+                ws,
+                dimension_numbers=d.dimension_numbers,
+                precision=d.precision,
+                preferred_element_type=d.preferred_element_type,
+            ),
+            permutation=t.permutation,
+        )
+    else:
+        xs = P.slice(x, start_indices=s[0], limit_indices=s[1], strides=s[2])
+        return P.transpose(
+            P.dot_general(
+                xs,
+                w,
+                dimension_numbers=d.dimension_numbers,
+                precision=d.precision,
+                preferred_element_type=d.preferred_element_type,
+            ),
+            permutation=t.permutation,
+        )
+
+
+@pm.rule(SplitDot)
+def canonical_split_dot(y, d, x, w):
+    """``split(x · w)[i]`` → ``x · slice(w)``: the weight cut as the result was."""
+    s = weight_split(d.term, y.term)
+    if weight_side(d.term) == 1:
+        ws = P.slice(w, start_indices=s[0], limit_indices=s[1], strides=s[2])
+        return P.dot_general(
+            x,
+            ws,
+            dimension_numbers=d.dimension_numbers,
+            precision=d.precision,
+            preferred_element_type=d.preferred_element_type,
+        )
+    else:
+        xs = P.slice(x, start_indices=s[0], limit_indices=s[1], strides=s[2])
+        return P.dot_general(
+            xs,
+            w,
+            dimension_numbers=d.dimension_numbers,
+            precision=d.precision,
+            preferred_element_type=d.preferred_element_type,
+        )
+
+
+@pm.rule(SqueezedDot, single_use=True)
+def canonical_squeezed_dot(y, d, x, w):
+    """``squeeze(x · w)`` → ``x · squeeze(w)``: the size-1 weight axis dropped first."""
+    s = weight_squeeze(d.term, y.dimensions, None)
+    if weight_side(d.term) == 1:
+        return P.dot_general(
+            x,
+            P.squeeze(w, dimensions=s[0]),
+            dimension_numbers=s[1],
+            precision=d.precision,
+            preferred_element_type=d.preferred_element_type,
+        )
+    else:
+        return P.dot_general(
+            P.squeeze(x, dimensions=s[0]),
+            w,
+            dimension_numbers=s[1],
+            precision=d.precision,
+            preferred_element_type=d.preferred_element_type,
+        )
+
+
+@pm.rule(SqueezedDotT, single_use=True)
+def canonical_squeezed_dot_t(y, t, d, x, w):
+    """``squeeze(transpose(x · w))`` → ``transpose(x · squeeze(w))``."""
+    s = weight_squeeze(d.term, y.dimensions, t.permutation)
+    perm = squeezed_permutation(t.permutation, y.dimensions)
+    if weight_side(d.term) == 1:
+        dot = P.dot_general(
+            x,
+            P.squeeze(w, dimensions=s[0]),
+            dimension_numbers=s[1],
+            precision=d.precision,
+            preferred_element_type=d.preferred_element_type,
+        )
+    else:
+        dot = P.dot_general(
+            P.squeeze(x, dimensions=s[0]),
+            w,
+            dimension_numbers=s[1],
+            precision=d.precision,
+            preferred_element_type=d.preferred_element_type,
+        )
+    return P.transpose(dot, permutation=perm)
+
+
+@pm.rule(SwappedDot, single_use=True)
+def canonical_swapped_dot(y, d, a, b):
+    """``transpose(a · b)`` → ``b · a`` where the transpose only swaps the operands'
+    axes."""
+    return P.dot_general(
+        b,
+        a,
+        dimension_numbers=swapped_dot(d.term, y.permutation),
+        precision=d.precision,
+        preferred_element_type=d.preferred_element_type,
+    )
+
+
 CANONICAL_RULES = [
     canonical_copy,
     canonical_transposes,
@@ -504,4 +729,10 @@ CANONICAL_RULES = [
     canonical_transpose_softmax,
     canonical_transposed_probs,
     canonical_transposed_probs_second,
+    canonical_sliced_dot,
+    canonical_sliced_dot_t,
+    canonical_split_dot,
+    canonical_squeezed_dot,
+    canonical_squeezed_dot_t,
+    canonical_swapped_dot,
 ]

@@ -19,6 +19,12 @@ The rule's guard function :func:`~pypm_jax.rules._gemm_regions.region_plan` turn
 into the region as data (:mod:`pypm_jax.rules._region`) and the kernel plan; the
 ``GemmRegion`` node carries both, the report shows the region, and lowering compiles it into
 ``pallas_kernels.gemm_fused``'s epilogue.
+
+``Gemm`` also takes MoE experts run densely (``transpose(dot_general)`` of a weight
+``[E, K, N]`` and an activation every expert shares, into ``[E, *lead, N]``): their regions
+lower to ``pallas_kernels.gemm_fused_experts``. The opt-in rule ``gemm_epilogue_pair``
+(``PAIR_RULES``) makes a region whose last operand is a second GEMM of its own x one
+``GemmPairRegion`` computing both (``pallas_kernels.gemm_fused_pair``).
 """
 
 from __future__ import annotations
@@ -28,14 +34,23 @@ import pypm_jax as pm
 from ..jax import prims as P
 from ._gemm_regions import (
     computed_from_literals,
+    experts_gemm,
     gemm_has_bias,
+    pair_plan,
     reads_gemm,
     region_plan,
     region_prim,
 )
-from ._kernels import GemmEpilogue, GemmRegion, RegionOperands
+from ._kernels import GemmEpilogue, GemmPairRegion, GemmRegion, RegionOperands
 
-__all__ = ["EPILOGUE_RULES", "PwRegion", "Gemm", "gemm_epilogue_region"]
+__all__ = [
+    "EPILOGUE_RULES",
+    "PAIR_RULES",
+    "PwRegion",
+    "Gemm",
+    "gemm_epilogue_region",
+    "gemm_epilogue_pair",
+]
 
 
 @pm.pattern
@@ -50,6 +65,28 @@ def Gemm(x, w, u):
 def Gemm(x, w, u):  # noqa: F811 (alternates share a name)
     """A bare ``dot_general(x, w)`` (u stays unbound)."""
     return P.dot_general(x, w)
+
+
+@pm.pattern
+def Gemm(x, w, u):  # noqa: F811
+    """MoE experts run densely: ``transpose(dot_general(w, x))`` of a weight ``[E, K, N]``
+    and an activation ``[*lead, K]`` shared by every expert, into ``[E, *lead, N]``
+    (keras-hub's Mixtral: ``einsum("th,ehm->etm")``)."""
+    y, d = pm.var(), pm.var()
+    y <= P.transpose(d)
+    d <= P.dot_general(w, x)
+    assert experts_gemm(y.term) == 0
+    return y
+
+
+@pm.pattern
+def Gemm(x, w, u):  # noqa: F811
+    """The same, the activation the ``dot_general``'s lhs."""
+    y, d = pm.var(), pm.var()
+    y <= P.transpose(d)
+    d <= P.dot_general(x, w)
+    assert experts_gemm(y.term) == 1
+    return y
 
 
 @pm.pattern
@@ -165,6 +202,12 @@ def gemm_epilogue_region(r, y, x, w, u, o):
         with_o = region_plan(r.term, y.term, o.term, x.shape, w.shape, dtypes)
         assert with_o != None  # noqa: E711
         return GemmRegion(x, w, RegionOperands(0, o), region=with_o[0], plan=with_o[1])
+    elif y.op == P.transpose:  # experts (the Gemm alternates above)
+        if alone != None:  # noqa: E711
+            return GemmRegion(x, w, 0, region=alone[0], plan=alone[1])
+        with_o = region_plan(r.term, y.term, o.term, x.shape, w.shape, dtypes)
+        assert with_o != None  # noqa: E711
+        return GemmRegion(x, w, RegionOperands(0, o), region=with_o[0], plan=with_o[1])
     elif y.op == GemmRegion:
         if alone != None:  # noqa: E711
             return GemmRegion(x, w, u, region=alone[0], plan=alone[1])
@@ -187,3 +230,25 @@ def gemm_epilogue_region(r, y, x, w, u, o):
 
 
 EPILOGUE_RULES = [gemm_epilogue_region]
+
+
+@pm.pattern
+def GatedPair(r, x, w, rest, w2, d):
+    """A region whose last operand is a second GEMM of its own x: ``act(x @ w1) * (x @ w2)``
+    after the rules above (the activation's kernel reading the other GEMM as a full
+    tile)."""
+    r <= GemmRegion(x, w, RegionOperands(rest, d))
+    d <= P.dot_general(x, w2)
+    assert pair_plan(r.term, d.term) != None  # noqa: E711
+    return r
+
+
+@pm.rule(GatedPair, single_use=True)
+def gemm_epilogue_pair(r, x, w, rest, w2, d):
+    """Both GEMMs of a gated pair in one kernel (``pallas_kernels.gemm_fused_pair``): the
+    second one's tiles are computed next to the first's instead of read back."""
+    plan = pair_plan(r.term, d.term)
+    return GemmPairRegion(x, w, w2, rest, region=r.region, plan=plan)
+
+
+PAIR_RULES = [gemm_epilogue_pair]

@@ -12,7 +12,12 @@ from pallas_kernels import (
     gemm_epilogue,
     gemm_epilogue_reference,
     gemm_fused,
+    gemm_fused_experts,
+    gemm_fused_experts_reference,
+    gemm_fused_pair,
+    gemm_fused_pair_reference,
     gemm_fused_reference,
+    supports_gemm_experts,
 )
 from pallas_kernels._gemm import GemmBlocks, erf
 from pypm_testing.kernels import GRAD_TOL, assert_close, rnd
@@ -218,3 +223,106 @@ def test_operands_the_kernel_cannot_tile_are_refused(shape) -> None:
     x, w = rnd(0, (3, 13, 50)), rnd(1, (50, 45))
     with pytest.raises(ValueError, match="operand 0 of shape"):
         gemm_fused(x, w, lambda a, c: a + c, jnp.ones(shape), impl="interpret")
+
+
+# ------------------------------------------------- batched: an expert axis on the weight
+
+EXPERT_OPERANDS = {  # against the [E=3, 2, 13, 45] result
+    "shared column": (45,),
+    "per-expert column": (3, 1, 1, 45),
+    "per-expert row": (3, 2, 13, 1),
+    "shared full": (2, 13, 45),
+    "per-expert full": (3, 2, 13, 45),
+    "scalar": (),
+}
+
+
+@pytest.mark.parametrize("x_batched", [False, True], ids=["x shared", "x per expert"])
+@pytest.mark.parametrize("operand", list(EXPERT_OPERANDS))
+def test_experts_values_and_gradients(operand: str, x_batched: bool) -> None:
+    """``epilogue(x @ w[e], c)`` for each expert: one pallas_call (the experts on its grid),
+    equal to the einsum in values and gradients (x, w and the operand)."""
+    e, lead = 3, (2, 13)
+    x = rnd(60, ((e, *lead, 50) if x_batched else (*lead, 50)), scale=0.5)
+    w, c = rnd(61, (e, 50, 45), scale=0.3), rnd(62, EXPERT_OPERANDS[operand])
+    cot = rnd(63, (e, *lead, 45))
+
+    def epi(acc, c):
+        return jax.nn.silu(acc + c) * c
+
+    def kernel(x, w, c):
+        return gemm_fused_experts(x, w, epi, c, x_batched=x_batched, impl="interpret")
+
+    def plain(x, w, c):
+        spec = "e...k,ekn->e...n" if x_batched else "...k,ekn->e...n"
+        return epi(jnp.einsum(spec, x, w), c)
+
+    out = kernel(x, w, c)
+    assert out.shape == (e, *lead, 45)
+    assert str(jax.make_jaxpr(kernel)(x, w, c)).count("pallas_call") == 1
+    assert_close(out, plain(x, w, c), "float32", what=operand)
+    ref = gemm_fused_experts_reference(x, w, epi, c, x_batched=x_batched)
+    assert_close(out, ref, "float32", what=operand)
+    got = jax.grad(lambda *a: jnp.sum(kernel(*a) * cot), (0, 1, 2))(x, w, c)
+    want = jax.grad(lambda *a: jnp.sum(plain(*a) * cot), (0, 1, 2))(x, w, c)
+    for name, g, r in zip(("dx", "dw", "dc"), got, want, strict=True):
+        assert g.shape == r.shape, (operand, name)
+        assert_close(g, r, "float32", tol_table=GRAD_TOL, what=f"{operand} {name}")
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 1, 45), (3, 2, 1, 45), (4, 3, 2, 13, 45)])
+def test_experts_operands_the_kernel_cannot_tile_are_refused(shape) -> None:
+    x, w = rnd(0, (2, 13, 50)), rnd(1, (3, 50, 45))
+    with pytest.raises(ValueError, match="operand 0 of shape"):
+        gemm_fused_experts(x, w, lambda a, c: a + c, jnp.ones(shape), impl="interpret")
+    assert not supports_gemm_experts(x.shape, w.shape, "float32", operand_shapes=(shape,))
+    assert supports_gemm_experts(x.shape, w.shape, "float32", operand_shapes=((45,),))
+
+
+# ------------------------------------------------------- gated pairs: two GEMMs, one kernel
+
+
+@pytest.mark.parametrize("pair_at", [0, 1], ids=["up first", "up last"])
+def test_gated_pair_values_and_gradients(pair_at: int) -> None:
+    """``silu(x @ w + b) * (x @ w2)`` with ``x @ w2`` computed in the kernel (one
+    pallas_call), equal to the plain program in values and in
+    gradients of x, w, w2 and the bias."""
+    x, w, w2 = rnd(70, (3, 13, 50), scale=0.5), rnd(71, (50, 45), scale=0.3), rnd(72, (50, 45))
+    b, cot = rnd(73, (45,)), rnd(74, (3, 13, 45))
+
+    def epi(acc, *ops):
+        up, bias = (ops[0], ops[1]) if pair_at == 0 else (ops[1], ops[0])
+        return jax.nn.silu(acc + bias) * up
+
+    def kernel(x, w, w2, b):
+        return gemm_fused_pair(x, w, w2, epi, b, pair_at=pair_at, impl="interpret")
+
+    def plain(x, w, w2, b):
+        return jax.nn.silu(x @ w + b) * (x @ w2)
+
+    out = kernel(x, w, w2, b)
+    assert str(jax.make_jaxpr(kernel)(x, w, w2, b)).count("pallas_call") == 1
+    assert_close(out, plain(x, w, w2, b), "float32")
+    ref = gemm_fused_pair_reference(x, w, w2, epi, b, pair_at=pair_at)
+    assert_close(out, ref, "float32")
+    got = jax.grad(lambda *a: jnp.sum(kernel(*a) * cot), (0, 1, 2, 3))(x, w, w2, b)
+    want = jax.grad(lambda *a: jnp.sum(plain(*a) * cot), (0, 1, 2, 3))(x, w, w2, b)
+    for name, g, r in zip(("dx", "dw", "dw2", "db"), got, want, strict=True):
+        assert g.shape == r.shape, name
+        assert_close(g, r, "float32", tol_table=GRAD_TOL, what=name)
+
+
+def test_gated_pair_bf16_rounds_the_second_gemm_as_the_program_does() -> None:
+    x, w, w2 = (
+        rnd(80 + i, s, jnp.bfloat16, scale=0.3)
+        for i, s in enumerate(((37, 50), (50, 45), (50, 45)))
+    )
+
+    def epi(acc, up):
+        return jax.nn.gelu(acc) * up
+
+    out = gemm_fused_pair(x, w, w2, epi, impl="interpret")
+    assert out.dtype == jnp.bfloat16
+    assert_close(out, gemm_fused_pair_reference(x, w, w2, epi), "bfloat16")
+    with pytest.raises(ValueError, match="w2 must have w's shape"):
+        gemm_fused_pair(x, w, w2[:, :44], epi, impl="interpret")

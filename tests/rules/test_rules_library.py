@@ -30,16 +30,19 @@ def test_default_rules_canonical_first_then_attention_then_epilogues():
 
 
 def test_rules_compile_and_name_their_patterns():
-    for rule in [*R.default_rules(), R.gemm_epilogue_linear]:
+    for rule in [*R.default_rules(), R.gemm_epilogue_linear, R.gemm_epilogue_pair]:
         d = rule.definition
         assert d.branches and d.pattern.name[0].isupper()
         # attention_causal_* and the region rules after attention_region replace a kernel
         # node and keep reading its (shared) mask or captured operands; the canonical rules
         # that drop layout ops replace a value by an equal one (nothing computed twice); those
         # that rebuild a contraction or move a layout op past a computation (grouped 5-D
-        # einsums, moved scores) would compute it twice if it were read elsewhere
+        # einsums, moved scores, a squeeze or a transpose of a GEMM) would compute it twice
+        # if it were read elsewhere (canonical_sliced_dot's guard asks instead that every
+        # reader of the GEMM be such a slice)
         rebuilds = ("canonical_grouped", "canonical_scaled", "canonical_transpose_")
-        rebuilds = (*rebuilds, "canonical_transposed_")
+        rebuilds = (*rebuilds, "canonical_transposed_", "canonical_squeezed_dot")
+        rebuilds = (*rebuilds, "canonical_swapped_dot")
         # attention_region_zero, like attention_region, replaces a whole attention
         rebuilds = (*rebuilds, "attention_region_zero")
         shared = rule.name.startswith(("attention_causal", "attention_region_", "canonical_"))
