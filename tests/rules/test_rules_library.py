@@ -37,9 +37,9 @@ def test_rules_compile_and_name_their_patterns():
         # node and keep reading its (shared) mask or captured operands; the canonical rules
         # that drop layout ops replace a value by an equal one (nothing computed twice); those
         # that rebuild a contraction or move a layout op past a computation (grouped 5-D
-        # einsums, moved scores) would compute it twice if it were read elsewhere
+        # einsums, moved or split scores) would compute it twice if it were read elsewhere
         rebuilds = ("canonical_grouped", "canonical_scaled", "canonical_transpose_")
-        rebuilds = (*rebuilds, "canonical_transposed_")
+        rebuilds = (*rebuilds, "canonical_transposed_", "canonical_split_")
         # attention_region_zero, like attention_region, replaces a whole attention
         rebuilds = (*rebuilds, "attention_region_zero")
         shared = rule.name.startswith(("attention_causal", "attention_region_", "canonical_"))
