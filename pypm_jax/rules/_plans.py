@@ -50,6 +50,13 @@ __all__ = [
     "grouped_scores_plan",
     "grouped_probs_plan",
     "sinks_transpose",
+    "merges_through",
+    "split_scores",
+    "split_permutation",
+    "compose_permutations",
+    "moved_softmax_axis",
+    "merged_axis",
+    "merged_broadcast",
     "inverse_of",
     "moved_axes",
     "fold_operand_transpose",
@@ -504,6 +511,194 @@ def sinks_transpose(op: Any, moved_op: Any, rank: Any) -> bool:
     if rank != 4 or name not in _MOVES_UNARY | _MOVES_BINARY | {"select_n"}:
         return False
     return moved in _MOVES_UNARY | _MOVES_BINARY | {"dot_general", "select_n"}
+
+
+def _merges(in_shape: Any, out_shape: Any) -> list[int]:
+    """The axes ``i`` such that merging ``i`` and ``i + 1`` of rank-5 ``in_shape`` (row-major)
+    gives rank-4 ``out_shape`` (several where size-1 axes make it ambiguous: the same
+    reshape)."""
+    a, b = _ints(in_shape), _ints(out_shape)
+    if a is None or b is None or len(a) != 5 or len(b) != 4:
+        return []
+    return [i for i in range(4) if _merge(a, i) == b]
+
+
+@guard_fn("rules.split_scores")
+def split_scores(
+    a_shape: Any, b_shape: Any, dn: Any, perm: Any, shape: Any
+) -> tuple[int, ...] | None:
+    """The rank-4 shape whose row-major split is ``transpose(dot_general(a, b), perm)``
+    (of shape ``shape``): 5-D grouped scores whose (K, G) axes are adjacent, K first, so
+    that they equal the 4-D scores of the merged query heads split back
+    (``rules.grouped_scores_plan`` gives those; where several adjacent pairs read so, the
+    innermost: a leading batch axis followed by the queries is not a head grouping). None
+    otherwise."""
+    out = _ints(shape)
+    if out is None or len(out) != 5:
+        return None
+    for i in (3, 2, 1, 0):  # innermost first: never a batch axis merged with the queries
+        merged = _merge(out, i)
+        if grouped_scores_plan(a_shape, b_shape, dn, perm, merged, None) is not None:
+            return merged
+    return None
+
+
+_SPLIT_SOURCES = _MOVES_UNARY | _MOVES_BINARY | {"dot_general", "select_n", "transpose"}
+
+
+def _pair_after(perm: tuple[int, ...], i: int) -> int | None:
+    """Where the adjacent axes ``i``, ``i + 1`` land, still adjacent and in order, after
+    ``transpose(., perm)``; None if they do not."""
+    at = perm.index(i)
+    return at if at + 1 < len(perm) and perm[at + 1] == i + 1 else None
+
+
+@guard_fn("rules.split_permutation")
+def split_permutation(perm: Any, shape: Any, x_shape: Any, x_op: Any) -> tuple[int, ...] | None:
+    """``transpose(reshape(x), perm)``, the reshape a row-major split of an axis of rank-4
+    ``x`` into two (``shape``), as ``reshape(transpose(x, perm4))``: the permutation ``perm4``
+    of ``x``'s axes, where the split pair stays adjacent and in order. Only for ``x``
+    computed by a contraction, pointwise, ``select_n`` or a transpose (scores: a mask
+    regrouped for ``jax.nn.dot_product_attention`` keeps its form). None otherwise."""
+    p, out, x = _ints(perm), _ints(shape), _ints(x_shape)
+    name = x_op if isinstance(x_op, str) else getattr(x_op, "name", None)
+    if p is None or out is None or x is None or not _is_perm(p, 5) or name not in _SPLIT_SOURCES:
+        return None
+    for i in _merges(out, x):
+        at = _pair_after(p, i)
+        if at is None:
+            continue
+        kept = [a for a in p if a != i + 1]
+        return tuple(a if a <= i else a - 1 for a in kept)
+    return None
+
+
+@guard_fn("rules.compose_permutations")
+def compose_permutations(first: Any, then: Any) -> tuple[int, ...] | None:
+    """The permutation of ``transpose(transpose(x, first), then)``, or None."""
+    a, b = _ints(first), _ints(then)
+    if a is None or b is None or len(a) != len(b) or not _is_perm(a, len(a)):
+        return None
+    if not _is_perm(b, len(b)):
+        return None
+    return tuple(a[i] for i in b)
+
+
+def _split_frame(perm: tuple[int, ...], shape: tuple[int, ...], i: int) -> list[Any]:
+    """Labels of the axes of ``reshape(transpose(w, perm))`` split at ``i``: w's axis, and
+    the part of a split one, with its size."""
+    out: list[Any] = []
+    for k, a in enumerate(perm):
+        if k == i:
+            out += [(a, 0, shape[i]), (a, 1, shape[i + 1])]
+        else:
+            out.append((a, -1, shape[k if k < i else k + 1]))
+    return out
+
+
+@guard_fn("rules.moved_softmax_axis")
+def moved_softmax_axis(
+    x_perm: Any, x_shape: Any, t_shape: Any, u_perm: Any, u_shape: Any, s_shape: Any,
+    sum_axes: Any, max_axes: Any, kept_shape: Any,
+) -> tuple[int, ...] | None:  # fmt: skip
+    """A softmax of ``x = reshape(transpose(w, x_perm))`` whose max is taken on another
+    split of the same rank-4 ``w``, ``u = reshape(transpose(w, u_perm))`` (penzai's
+    ``vmap``-form softmax, after the splits moved down): the axis of ``transpose(w, x_perm)``
+    (shape ``t_shape``; ``s_shape`` is ``transpose(w, u_perm)``'s) it reduces, where the max
+    reduces the same axis of ``w`` and keeps the others in x's order (both kept as
+    ``kept_shape``: x's shape, 1 on the reduced axis; None: not asked). None otherwise."""
+    px, pu = _ints(x_perm), _ints(u_perm)
+    x, t, u, sh = _ints(x_shape), _ints(t_shape), _ints(u_shape), _ints(s_shape)
+    kept = _ints(kept_shape)
+    if px is None or pu is None or x is None or u is None or t is None or sh is None:
+        return None
+    if not _is_perm(px, 4) or not _is_perm(pu, 4) or len(x) != 5 or len(u) != 5:
+        return None
+    ax, au = _axis(sum_axes, 5), _axis(max_axes, 5)
+    if ax is None or au is None:
+        return None
+    if kept_shape is not None and kept != tuple(1 if k == ax else d for k, d in enumerate(x)):
+        return None
+    for i in _merges(x, t):
+        if ax in (i, i + 1):
+            continue
+        fx = _split_frame(px, x, i)
+        for j in _merges(u, sh):
+            fu = _split_frame(pu, u, j)
+            if fx[ax] == fu[au] and [f for k, f in enumerate(fx) if k != ax] == [
+                f for k, f in enumerate(fu) if k != au
+            ]:
+                return (ax if ax < i else ax - 1,)
+    return None
+
+
+@guard_fn("rules.merges_through")
+def merges_through(op: Any, in_shape: Any, out_shape: Any) -> bool:
+    """May ``op(reshape(x))`` (``op`` pointwise, its other operands scalars) become
+    ``reshape(op(x))``? For a row-major reshape between rank-5 ``in_shape`` and rank-4
+    ``out_shape`` merging (or, read the other way, splitting) two adjacent axes: grouped
+    scores' (K, G) and the query heads. ``op`` is one the rules re-apply."""
+    name = op if isinstance(op, str) else getattr(op, "name", None)
+    return name in _MOVES_UNARY | _MOVES_BINARY and bool(_merges(in_shape, out_shape))
+
+
+@guard_fn("rules.merged_axis")
+def merged_axis(in_shape: Any, out_shape: Any, axes: Any) -> tuple[int, ...] | None:
+    """A single reduced axis of rank-5 ``in_shape`` as an axis of its rank-4 merge
+    ``out_shape``, where the merged pair is not reduced (or the reduced axis merges with a
+    size-1 axis): a softmax over it commutes with the merge. None otherwise."""
+    a = _ints(in_shape)
+    for i in _merges(in_shape, out_shape):
+        ax = _axis(axes, 5)
+        if ax is None or a is None:
+            return None
+        if ax < i:
+            return (ax,)
+        if ax > i + 1:
+            return (ax - 1,)
+        if a[2 * i + 1 - ax] == 1:  # the other axis of the pair has size 1
+            return (i,)
+    return None
+
+
+@guard_fn("rules.merged_broadcast")
+def merged_broadcast(
+    broadcast_dimensions: Any, in_shape: Any, shape: Any, out_shape: Any
+) -> tuple[Any, ...] | None:
+    """``reshape(broadcast_in_dim(x, shape, broadcast_dimensions), out_shape)`` merging two
+    adjacent axes of a rank-5 ``shape``, as a broadcast: ``(split, x_shape, dims)`` where
+    the result is ``broadcast_in_dim(x', out_shape, dims)``, ``x'`` being ``x`` (``split``
+    0) or ``reshape(x, x_shape)`` (1: x's own axes on the pair merged too). For a broadcast
+    mask or fill merged with the scores it masks. None where the merge mixes a broadcast
+    axis with one of x's (``jnp.repeat``'s grouping: not a broadcast)."""
+    dims, x, out5 = _ints(broadcast_dimensions), _ints(in_shape), _ints(shape)
+    if dims is None or x is None or out5 is None or len(dims) != len(x):
+        return None
+    if any(not 0 <= d < len(out5) for d in dims) or list(dims) != sorted(set(dims)):
+        return None
+    if any(s not in (1, out5[d]) for s, d in zip(x, dims, strict=True)):
+        return None
+    for i in _merges(shape, out_shape):
+        pair = [j for j, d in enumerate(dims) if d in (i, i + 1)]
+        moved = tuple(d if d <= i else d - 1 for d in dims)
+        if not pair:
+            return (0, x, moved)
+        if len(pair) == 1:
+            j = pair[0]
+            other = i + 1 if dims[j] == i else i
+            if x[j] == 1 or out5[other] == 1:
+                return (0, x, moved)
+            continue
+        j = pair[0]
+        full = (x[j], x[j + 1]) == (out5[i], out5[i + 1])
+        if (
+            full
+            or x[j] == x[j + 1] == 1
+            or (out5[i] == 1 and x[j + 1] == out5[i + 1])
+            or (out5[i + 1] == 1 and x[j] == out5[i])
+        ):
+            return (1, _merge(x, j), moved[: j + 1] + moved[j + 2 :])
+    return None
 
 
 @guard_fn("rules.inverse_of")

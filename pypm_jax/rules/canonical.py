@@ -19,7 +19,11 @@ to a single form first, so every kernel rule sees that form:
   as ``jnp.repeat`` does (``Kv``): the merged scores and the split probabilities are
   rewritten to 4-D contractions, a scalar scale between the scores and their merge moves
   before it, and a rank-4 transpose of scores merged query-major (``[B, T, N, S]``) moves
-  down the soft-cap, the mask and the softmax into the contraction with v.
+  down the soft-cap, the mask and the softmax into the contraction with v. Grouped scores
+  moved so that K and G are adjacent are the split of 4-D scores, and the split moves down
+  the chain (soft-cap, scale, broadcast mask and fill, softmax, re-zeroing, rank-5
+  transposes that keep the pair together, a ``vmap``-form softmax) until a merge cancels it
+  or the contraction with v reads it: a chain kept at rank 5 runs at rank 4.
 
 Each rule replaces a value by one that is equal element for element, so it never changes
 what the program computes, only how the kernel rules see it; where no kernel rule fires,
@@ -35,6 +39,7 @@ import pypm_jax as pm
 
 from ..jax import prims as P
 from ._plans import (
+    compose_permutations,
     fold_operand_transpose,
     grouped_probs_plan,
     grouped_scores_plan,
@@ -42,12 +47,18 @@ from ._plans import (
     inverse_permutation,
     kept_dims,
     kept_shape,
+    merged_axis,
+    merged_broadcast,
+    merges_through,
     moved_axes,
+    moved_softmax_axis,
     noop_reshape,
     row_major,
     scale_kind,
     sinks_transpose,
     softmax_axes,
+    split_permutation,
+    split_scores,
     vmapped_softmax_axes,
 )
 from ._weight_slices import (
@@ -71,6 +82,15 @@ __all__ = [
     "canonical_grouped_scores",
     "canonical_grouped_scores_moved",
     "canonical_grouped_probs",
+    "canonical_split_scores",
+    "canonical_split_unary",
+    "canonical_split_scalar",
+    "canonical_split_where",
+    "canonical_split_where_second",
+    "canonical_split_softmax",
+    "canonical_split_transpose",
+    "canonical_split_transposes",
+    "canonical_split_softmax_moved",
     "canonical_transpose_unary",
     "canonical_transpose_scalar",
     "canonical_transpose_where",
@@ -215,6 +235,298 @@ def canonical_scaled_reshape(r, s, sc, c):
     if scale_kind(sc.op) == -1:
         return P.div(P.reshape(s, new_sizes=r.shape, dimensions=None), c)
     return P.mul(P.reshape(s, new_sizes=r.shape, dimensions=None), c)
+
+
+# A rank-5 scores chain (``[B, K, G, T, S]``: soft-cap, a broadcast mask, the softmax,
+# re-zeroing) up to the 5-D contraction with v. The grouped scores are the split
+# ``reshape(S4)`` of the 4-D scores ``S4`` (``canonical_split_scores``, where K and G are
+# adjacent), and the split moves down the chain, one operation at a time, each
+# ``f(reshape(x))`` becoming ``reshape(f(x))`` (only rank 4 → 5 row-major splits), until the
+# probabilities meet v, where the grouped rules read them (or the contraction's own merge
+# cancels the split). The chain then runs at rank 4, in the contraction's layout.
+
+
+@pm.pattern
+def SplitScores(t, s, a, b):
+    """``transpose(dot_general(a, b))``: 5-D grouped scores moved so that (K, G) are
+    adjacent, K first (``rules.split_scores``)."""
+    t <= P.transpose(s)
+    s <= P.dot_general(a, b)
+    assert split_scores(a.shape, b.shape, s.dimension_numbers, t.permutation, t.shape) is not None
+    return t
+
+
+@pm.rule(SplitScores, single_use=True)
+def canonical_split_scores(t, s, a, b):
+    """Grouped 5-D scores → ``reshape(S4)``, ``S4`` the 4-D scores of the merged query
+    heads and k repeated per group (``canonical_grouped_scores_moved``'s), split back."""
+    merged = split_scores(a.shape, b.shape, s.dimension_numbers, t.permutation, t.shape)
+    assert merged is not None
+    plan = grouped_scores_plan(a.shape, b.shape, s.dimension_numbers, t.permutation, merged,
+                               None)  # fmt: skip
+    assert plan is not None
+    q5 = a if plan[0] == 0 else b
+    k4 = b if plan[0] == 0 else a
+    q = P.reshape(q5, new_sizes=plan[1], dimensions=None)
+    k = P.reshape(P.broadcast_in_dim(k4, shape=plan[2], broadcast_dimensions=plan[3]),
+                  new_sizes=plan[4], dimensions=None)  # fmt: skip
+    if plan[5] == 1:
+        d = P.dot_general(k, q, dimension_numbers=plan[6], precision=s.precision,
+                          preferred_element_type=s.preferred_element_type)  # fmt: skip
+    else:
+        d = P.dot_general(q, k, dimension_numbers=plan[6], precision=s.precision,
+                          preferred_element_type=s.preferred_element_type)  # fmt: skip
+    if plan[7] == ():
+        return P.reshape(d, new_sizes=t.shape, dimensions=None)
+    return P.reshape(P.transpose(d, permutation=plan[7]), new_sizes=t.shape, dimensions=None)
+
+
+@pm.pattern
+def SplitUnary(y, r, x, f):
+    """``f(reshape(x))`` for a unary pointwise ``f``, the reshape splitting an axis of a
+    rank-4 ``x`` in two."""
+    y <= f(r)
+    r <= P.reshape(x)
+    assert row_major(r.dimensions) and merges_through(f.name, r.shape, x.shape)
+    return y
+
+
+@pm.rule(SplitUnary, single_use=True)
+def canonical_split_unary(y, r, x, f):
+    """``f(reshape(x))`` → ``reshape(f(x))``."""
+    if f.name == "tanh":
+        return P.reshape(P.tanh(x), new_sizes=r.shape, dimensions=None)
+    if f.name == "logistic":
+        return P.reshape(P.logistic(x), new_sizes=r.shape, dimensions=None)
+    if f.name == "exp":
+        return P.reshape(P.exp(x), new_sizes=r.shape, dimensions=None)
+    assert f.name == "neg"
+    return P.reshape(P.neg(x), new_sizes=r.shape, dimensions=None)
+
+
+@pm.pattern
+def SplitScalar(y, a, b, x, f):
+    """``f(reshape(x), c)`` or ``f(c, reshape(x))`` for a binary pointwise ``f`` and a
+    scalar ``c`` (a soft-cap's ``s / cap``, ``* cap``)."""
+    y <= f(a, b)
+    a <= P.reshape(x)
+    assert b.rank == 0 and row_major(a.dimensions) and merges_through(f.name, a.shape, x.shape)
+    return y
+
+
+@pm.pattern
+def SplitScalar(y, a, b, x, f):  # noqa: F811
+    y <= f(a, b)
+    b <= P.reshape(x)
+    assert a.rank == 0 and row_major(b.dimensions) and merges_through(f.name, b.shape, x.shape)
+    return y
+
+
+@pm.rule(SplitScalar, single_use=True)
+def canonical_split_scalar(y, a, b, x, f):
+    """``f(reshape(x), c)`` → ``reshape(f(x, c))`` (either operand order)."""
+    if a.rank == 0:
+        if f.name == "mul":
+            return P.reshape(P.mul(a, x), new_sizes=b.shape, dimensions=None)
+        if f.name == "div":
+            return P.reshape(P.div(a, x), new_sizes=b.shape, dimensions=None)
+        if f.name == "add":
+            return P.reshape(P.add(a, x), new_sizes=b.shape, dimensions=None)
+        assert f.name == "sub"
+        return P.reshape(P.sub(a, x), new_sizes=b.shape, dimensions=None)
+    if f.name == "mul":
+        return P.reshape(P.mul(x, b), new_sizes=a.shape, dimensions=None)
+    if f.name == "div":
+        return P.reshape(P.div(x, b), new_sizes=a.shape, dimensions=None)
+    if f.name == "add":
+        return P.reshape(P.add(x, b), new_sizes=a.shape, dimensions=None)
+    assert f.name == "sub"
+    return P.reshape(P.sub(x, b), new_sizes=a.shape, dimensions=None)
+
+
+@pm.pattern
+def SplitWhere(y, m, c, r, x, m0, c0):
+    """``select_n(m, c, reshape(x))`` (``jnp.where(m, reshape(x), c)``), ``m`` and ``c``
+    broadcasts (a mask and a fill) that stay broadcasts merged (``rules.merged_broadcast``)."""
+    y <= P.select_n(m, c, r)
+    r <= P.reshape(x)
+    m <= P.broadcast_in_dim(m0)
+    c <= P.broadcast_in_dim(c0)
+    assert row_major(r.dimensions) and r.rank == 5 and x.rank == 4
+    assert merged_broadcast(m.broadcast_dimensions, m0.shape, m.shape, x.shape) is not None
+    assert merged_broadcast(c.broadcast_dimensions, c0.shape, c.shape, x.shape) is not None
+    return y
+
+
+@pm.rule(SplitWhere, single_use=True)
+def canonical_split_where(y, m, c, r, x, m0, c0):
+    """``select_n(m, c, reshape(x))`` → ``reshape(select_n(m', c', x))``, the mask and the
+    fill broadcast to ``x``'s shape."""
+    pm_ = merged_broadcast(m.broadcast_dimensions, m0.shape, m.shape, x.shape)
+    pc = merged_broadcast(c.broadcast_dimensions, c0.shape, c.shape, x.shape)
+    assert pm_ is not None and pc is not None
+    mask = m0
+    if pm_[0] == 1:
+        mask = P.reshape(m0, new_sizes=pm_[1], dimensions=None)
+    fill = c0
+    if pc[0] == 1:
+        fill = P.reshape(c0, new_sizes=pc[1], dimensions=None)
+    out = P.select_n(
+        P.broadcast_in_dim(mask, shape=x.shape, broadcast_dimensions=pm_[2]),
+        P.broadcast_in_dim(fill, shape=x.shape, broadcast_dimensions=pc[2]),
+        x,
+    )
+    return P.reshape(out, new_sizes=r.shape, dimensions=None)
+
+
+@pm.pattern
+def SplitWhereSecond(y, m, c, r, x, m0, c0):
+    """``select_n(m, reshape(x), c)`` (``jnp.where(m, c, reshape(x))``), the same."""
+    y <= P.select_n(m, r, c)
+    r <= P.reshape(x)
+    m <= P.broadcast_in_dim(m0)
+    c <= P.broadcast_in_dim(c0)
+    assert row_major(r.dimensions) and r.rank == 5 and x.rank == 4
+    assert merged_broadcast(m.broadcast_dimensions, m0.shape, m.shape, x.shape) is not None
+    assert merged_broadcast(c.broadcast_dimensions, c0.shape, c.shape, x.shape) is not None
+    return y
+
+
+@pm.rule(SplitWhereSecond, single_use=True)
+def canonical_split_where_second(y, m, c, r, x, m0, c0):
+    """``select_n(m, reshape(x), c)`` → ``reshape(select_n(m', x, c'))``."""
+    pm_ = merged_broadcast(m.broadcast_dimensions, m0.shape, m.shape, x.shape)
+    pc = merged_broadcast(c.broadcast_dimensions, c0.shape, c.shape, x.shape)
+    assert pm_ is not None and pc is not None
+    mask = m0
+    if pm_[0] == 1:
+        mask = P.reshape(m0, new_sizes=pm_[1], dimensions=None)
+    fill = c0
+    if pc[0] == 1:
+        fill = P.reshape(c0, new_sizes=pc[1], dimensions=None)
+    out = P.select_n(
+        P.broadcast_in_dim(mask, shape=x.shape, broadcast_dimensions=pm_[2]),
+        x,
+        P.broadcast_in_dim(fill, shape=x.shape, broadcast_dimensions=pc[2]),
+    )
+    return P.reshape(out, new_sizes=r.shape, dimensions=None)
+
+
+@pm.pattern
+def SplitSoftmax(p, r, x, m, z):
+    """The plain softmax (``jax.nn.softmax``'s, max taken on its own operand) of a split
+    ``reshape(x)`` over an axis the split keeps (``rules.merged_axis``)."""
+    e, kept_sum, kept_max, mm = pm.var(), pm.var(), pm.var(), pm.var()
+    p <= P.div(e, kept_sum)
+    kept_sum <= Expand(z)
+    z <= P.reduce_sum(e)
+    e <= P.exp(P.sub(r, StopGrad(kept_max)))
+    kept_max <= Expand(MaxClamp(mm, m))
+    m <= P.reduce_max(r)
+    r <= P.reshape(x)
+    assert row_major(r.dimensions)
+    assert softmax_axes(r.shape, z.axes, m.axes, kept_sum.shape, kept_max.shape)
+    assert merged_axis(r.shape, x.shape, z.axes) is not None
+    return p
+
+
+@pm.rule(SplitSoftmax, single_use=True)
+def canonical_split_softmax(p, r, x, m, z):
+    """``softmax(reshape(x))`` → ``reshape(softmax(x))`` over the same axis of ``x``. (The
+    ``max(-inf, .)`` clamp computes nothing and is left out.)"""
+    axes = merged_axis(r.shape, x.shape, z.axes)
+    assert axes is not None
+    shape, dims = kept_shape(x.shape, axes), kept_dims(x.shape, axes)
+    assert shape is not None and dims is not None
+    top = P.broadcast_in_dim(P.reduce_max(x, axes=axes), shape=shape, broadcast_dimensions=dims)
+    e = P.exp(P.sub(x, P.stop_gradient(top)))
+    total = P.broadcast_in_dim(P.reduce_sum(e, axes=axes), shape=shape, broadcast_dimensions=dims)
+    return P.reshape(P.div(e, total), new_sizes=r.shape, dimensions=None)
+
+
+@pm.pattern
+def SplitMoved(y, r, x):
+    """``transpose(reshape(x))``, a split of rank-4 ``x`` moved so that the split pair stays
+    adjacent and in order (``rules.split_permutation``)."""
+    y <= P.transpose(r)
+    r <= P.reshape(x)
+    assert row_major(r.dimensions)
+    assert split_permutation(y.permutation, r.shape, x.shape, x.op) is not None
+    return y
+
+
+@pm.rule(SplitMoved, single_use=True)
+def canonical_split_transpose(y, r, x):
+    """``transpose(reshape(x))`` → ``reshape(transpose(x))``: the split moves down the
+    transpose, which becomes a rank-4 one."""
+    perm = split_permutation(y.permutation, r.shape, x.shape, x.op)
+    assert perm is not None
+    return P.reshape(P.transpose(x, permutation=perm), new_sizes=y.shape, dimensions=None)
+
+
+@pm.pattern
+def SplitMovedTwice(y, r, t, w):
+    """``transpose(reshape(transpose(w)))``: the same, the split value itself moved."""
+    y <= P.transpose(r)
+    r <= P.reshape(t)
+    t <= P.transpose(w)
+    assert row_major(r.dimensions)
+    assert split_permutation(y.permutation, r.shape, t.shape, t.op) is not None
+    return y
+
+
+@pm.rule(SplitMovedTwice, single_use=True)
+def canonical_split_transposes(y, r, t, w):
+    """``transpose(reshape(transpose(w)))`` → ``reshape(transpose(w))``, one transpose (none
+    where they cancel)."""
+    perm = split_permutation(y.permutation, r.shape, t.shape, t.op)
+    assert perm is not None
+    both = compose_permutations(t.permutation, perm)
+    assert both is not None
+    if both == (0, 1, 2, 3):
+        return P.reshape(w, new_sizes=y.shape, dimensions=None)
+    return P.reshape(P.transpose(w, permutation=both), new_sizes=y.shape, dimensions=None)
+
+
+@pm.pattern
+def SplitSoftmaxMoved(p, x, tx, u, tu, w, z, m):
+    """A softmax of ``x = reshape(transpose(w))`` whose max is taken on another split of
+    the same ``w``, ``u = reshape(transpose(w))`` (penzai's ``vmap``-form softmax once the
+    splits moved down: the max on the value before the ``vmap``'s transpose)."""
+    e, kept_sum, kept_max, mm = pm.var(), pm.var(), pm.var(), pm.var()
+    p <= P.div(e, kept_sum)
+    kept_sum <= Expand(z)
+    z <= P.reduce_sum(e)
+    e <= P.exp(P.sub(x, StopGrad(kept_max)))
+    kept_max <= Expand(MaxClamp(mm, m))
+    m <= P.reduce_max(u)
+    x <= P.reshape(tx)
+    tx <= P.transpose(w)
+    u <= P.reshape(tu)
+    tu <= P.transpose(w)
+    assert row_major(x.dimensions) and row_major(u.dimensions) and kept_sum.shape == kept_max.shape
+    assert moved_softmax_axis(
+        tx.permutation, x.shape, tx.shape, tu.permutation, u.shape, tu.shape, z.axes, m.axes,
+        kept_max.shape,
+    ) is not None  # fmt: skip
+    return p
+
+
+@pm.rule(SplitSoftmaxMoved, single_use=True)
+def canonical_split_softmax_moved(p, x, tx, u, tu, w, z, m):
+    """→ ``reshape(softmax(transpose(w)))``, the plain softmax over the axis both reduce."""
+    axes = moved_softmax_axis(
+        tx.permutation, x.shape, tx.shape, tu.permutation, u.shape, tu.shape, z.axes, m.axes,
+        None,
+    )  # fmt: skip
+    assert axes is not None
+    shape, dims = kept_shape(tx.shape, axes), kept_dims(tx.shape, axes)
+    assert shape is not None and dims is not None
+    y = P.transpose(w, permutation=tx.permutation)
+    top = P.broadcast_in_dim(P.reduce_max(y, axes=axes), shape=shape, broadcast_dimensions=dims)
+    e = P.exp(P.sub(y, P.stop_gradient(top)))
+    total = P.broadcast_in_dim(P.reduce_sum(e, axes=axes), shape=shape, broadcast_dimensions=dims)
+    return P.reshape(P.div(e, total), new_sizes=x.shape, dimensions=None)
 
 
 @pm.pattern
@@ -723,6 +1035,15 @@ CANONICAL_RULES = [
     canonical_grouped_scores,
     canonical_grouped_scores_moved,
     canonical_grouped_probs,
+    canonical_split_scores,
+    canonical_split_unary,
+    canonical_split_scalar,
+    canonical_split_where,
+    canonical_split_where_second,
+    canonical_split_softmax,
+    canonical_split_transposes,
+    canonical_split_transpose,
+    canonical_split_softmax_moved,
     canonical_transpose_unary,
     canonical_transpose_scalar,
     canonical_transpose_where,

@@ -339,18 +339,18 @@ def tunix_gqa(k_first=False, v_first=True, scale=True):
 @pytest.mark.slow
 @pytest.mark.parametrize("k_heads, groups", [(2, 1), (2, 2), (1, 4), (1, 2)])
 def test_5d_grouped_einsums_become_one_attention(k_heads, groups):
-    """GQA (G = 1, 2, 4) and MQA (K = 1) as 5-D einsums with unrepeated k and v: the scale
-    commutes with the merge of the heads, the merged 5-D scores become 4-D scores of q and
-    k repeated per group, the split probabilities a 4-D contraction with v repeated: one
-    grouped flash attention."""
+    """GQA (G = 1, 2, 4) and MQA (K = 1) as 5-D einsums with unrepeated k and v: the 5-D
+    scores are the split of 4-D scores of q and k repeated per group, the split moves down
+    the scale and cancels with the merge of the heads, the split probabilities become a 4-D
+    contraction with v repeated: one grouped flash attention."""
     args = gqa_args(k_heads, groups)
     fn = tunix_gqa()
     fast = check(fn, args, {"attention_scaled_mask": 1}, grad=True)
     _, _, report = rewrite(fn, args)
     assert canonical(report) == {
-        "canonical_scaled_reshape": 1,
-        "canonical_grouped_scores_moved": 1,
-        "canonical_reshapes": 1,  # q's merge cancels its split
+        "canonical_split_scores": 1,
+        "canonical_split_scalar": 1,
+        "canonical_reshapes": 2,  # q's merge cancels its split, the scores' merge theirs
         "canonical_grouped_probs": 1,
     }
     (node,) = kernel_nodes(fast, args)
@@ -428,8 +428,8 @@ def test_5d_scores_merged_query_major_become_one_attention_region():
     fast, _, report = rewrite(fn, args)
     assert report.counts()["attention_region_done"] == 1
     assert canonical(report) == {
-        "canonical_grouped_scores_moved": 1,
-        "canonical_reshapes": 1,
+        "canonical_split_scores": 1,
+        "canonical_reshapes": 2,
         "canonical_transpose_scalar": 2,
         "canonical_transpose_unary": 1,
         "canonical_transpose_where": 1,
@@ -456,3 +456,130 @@ def test_transposes_of_other_values_stay_before_pointwise_operations():
     assert not report.canonical
     for a, b in zip(got, f(x, y), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+
+
+# ------------------------------------------ grouped scores kept at rank 5 up to the contraction
+
+
+def keras_gqa(rezero=True, mask_per_kv_head=False):
+    """keras-hub's Gemma 2: 5-D scores ``[B, K, G, T, S]`` (``einsum("BSKH,BTKGH->BKGTS")``),
+    soft-capped, masked by a mask broadcast to rank 5, softmax over the last axis, re-zeroed
+    by the same mask (Keras's ``Softmax(mask=)``), contracted at rank 5 with the unrepeated v."""
+
+    def attn(q, k, v, mask):
+        n, kh = q.shape[2], k.shape[2]
+        q5 = q.reshape(B, S, kh, n // kh, D)
+        s = jnp.einsum("BSKH,BTKGH->BKGTS", k, q5)
+        s = jnp.tanh(s / 50.0) * 50.0
+        m = jnp.broadcast_to(mask[:, :, None], s.shape)
+        if mask_per_kv_head:  # a mask that differs per kv head: not a [B, N, T, S] broadcast
+            m = m & (jnp.arange(kh) == 0)[None, :, None, None, None]
+        p = jax.nn.softmax(jnp.where(m, s, -1e9), axis=-1)
+        if rezero:
+            p = jnp.where(m, p, 0.0)
+        o = jnp.einsum("BKGTS,BSKH->BTKGH", p, v)
+        return o.reshape(B, S, n, D)
+
+    return attn
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k_heads, groups", [(1, 2), (2, 2)])
+@pytest.mark.parametrize("rezero", [True, False])
+def test_5d_scores_chain_at_rank_5_becomes_one_attention_region(k_heads, groups, rezero):
+    """The 5-D scores are the split of the 4-D grouped scores; the split moves down the
+    soft-cap, the rank-5 mask and fill (merged to rank 4 broadcasts), the softmax and the
+    re-zeroing, and cancels with the contraction's merge: one attention region, the
+    re-zeroing its zero rows (MQA, K = 1, as keras-hub's Gemma 2, and GQA)."""
+    args = gqa_args(k_heads, groups, seed=8)
+    fn = keras_gqa(rezero)
+    fast, _, report = rewrite(fn, args)
+    counts = report.counts()
+    assert counts.get("attention_region_zero" if rezero else "attention_region") == 1, report
+    got = canonical(report)
+    assert got["canonical_split_unary"] == 1 and got["canonical_split_softmax"] == 1
+    assert got["canonical_split_scalar"] == 2
+    assert got["canonical_split_where"] == (2 if rezero else 1)
+    check(fn, args, counts, grad=True)
+    assert len(kernel_nodes(fast, args)) == 0  # (an AttentionRegion node)
+
+
+def test_5d_scores_masked_per_kv_head_keep_their_rank():
+    """A mask that varies along K but not G is no broadcast of a ``[B, N, T, S]`` mask
+    (``rules.merged_broadcast``): the split stops at it, no attention is rewritten, and the
+    program computes the same."""
+    args = gqa_args(2, 2, seed=9)
+    fn = keras_gqa(rezero=False, mask_per_kv_head=True)
+    _, got, report = rewrite(fn, args)
+    assert not report
+    assert "canonical_split_where" not in canonical(report)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(fn(*args)), rtol=1e-5, atol=1e-6)
+
+
+def test_5d_scores_split_only_at_the_head_pair():
+    """Heads grouped (G, K) (``jnp.tile``'s grouping) are no split of 4-D scores: nothing
+    moves, and the rank-5 chain computes as written."""
+
+    def attn(q, k, v, mask):
+        q5 = q.reshape(B, S, 2, 2, D)  # [B, T, G, K, D]
+        s = jnp.tanh(jnp.einsum("BSKH,BTGKH->BGKTS", k, q5) / 50.0) * 50.0
+        p = jax.nn.softmax(jnp.where(mask[:, :, None], s, -1e9), axis=-1)
+        return jnp.einsum("BGKTS,BSKH->BTGKH", p, v).reshape(B, S, 4, D)
+
+    args = gqa_args(2, 2, seed=10)
+    _, got, report = rewrite(attn, args)
+    assert not report
+    assert not {"canonical_split_scores", "canonical_split_unary"} & set(canonical(report))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(attn(*args)), rtol=1e-5, atol=1e-6)
+
+
+def _vmapped_softmax(s):
+    """penzai's ``nmap(softmax)`` over S of ``[T, S, B, K, G]``: the max taken there, the
+    exponent in ``[T, B, K, G, S]``, which the result keeps."""
+    f = jax.nn.softmax
+    for _ in range(3):
+        f = jax.vmap(f, in_axes=1, out_axes=0)
+    return jax.vmap(f, in_axes=0, out_axes=0)(s)
+
+
+def penzai_gqa(q, k, v, mask):
+    """penzai's llama: 5-D scores ``[B, T, K, G, S]`` moved to ``[T, S, B, K, G]`` for the
+    mask, a ``vmap``-form softmax over S into ``[T, B, K, G, S]``, contracted with the
+    unrepeated v without moving back."""
+    q5 = q.reshape(B, S, 2, 2, D)
+    s = jnp.transpose(jnp.einsum("BSKH,BTKGH->BTKGS", k, q5), (1, 4, 0, 2, 3))
+    s = jnp.where(mask[0, 0][:, :, None, None, None], s, -1e9)
+    o = jnp.einsum("BSKH,TBKGS->BTKGH", v, _vmapped_softmax(s))
+    return o.reshape(B, S, 4, D)
+
+
+@pytest.mark.slow
+def test_5d_scores_moved_between_frames_become_one_attention():
+    """The split moves down the rank-5 transposes that keep K and G adjacent (composed with
+    the split scores' own), the mask, and the ``vmap``-form softmax whose max is taken in the
+    other frame (``canonical_split_softmax_moved``): one grouped flash attention."""
+    args = gqa_args(2, 2, seed=11)
+    fast = check(penzai_gqa, args, {"attention_mask": 1}, grad=True)
+    _, _, report = rewrite(penzai_gqa, args)
+    got = canonical(report)
+    assert got["canonical_split_scores"] >= 1 and got["canonical_split_softmax_moved"] == 1
+    assert got["canonical_split_transposes"] >= 1
+    assert len(kernel_nodes(fast, args)) == 1
+
+
+def test_5d_softmax_max_taken_over_another_axis_is_left_alone():
+    """A max over another axis than the sum's is no softmax: nothing is rewritten."""
+
+    def attn(q, k, v, mask):
+        q5 = q.reshape(B, S, 2, 2, D)
+        s = jnp.transpose(jnp.einsum("BSKH,BTKGH->BTKGS", k, q5), (1, 4, 0, 2, 3))
+        m = jnp.transpose(jnp.max(s, axis=0), (1, 2, 3, 0))[None]  # over T, not S
+        e = jnp.exp(jnp.transpose(s, (0, 2, 3, 4, 1)) - jax.lax.stop_gradient(m))
+        p = e / e.sum(-1, keepdims=True)
+        return jnp.einsum("BSKH,TBKGS->BTKGH", v, p).reshape(B, S, 4, D)
+
+    args = gqa_args(2, 2, seed=12)
+    _, got, report = rewrite(attn, args)
+    assert not report
+    assert "canonical_split_softmax_moved" not in canonical(report)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(attn(*args)), rtol=1e-5, atol=1e-6)

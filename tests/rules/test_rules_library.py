@@ -37,12 +37,15 @@ def test_rules_compile_and_name_their_patterns():
         # node and keep reading its (shared) mask or captured operands; the canonical rules
         # that drop layout ops replace a value by an equal one (nothing computed twice); those
         # that rebuild a contraction or move a layout op past a computation (grouped 5-D
-        # einsums, moved scores, a squeeze or a transpose of a GEMM) would compute it twice
-        # if it were read elsewhere (canonical_sliced_dot's guard asks instead that every
-        # reader of the GEMM be such a slice)
+        # einsums, moved or split scores, a squeeze or a transpose of a GEMM) would compute it
+        # twice if it were read elsewhere (canonical_sliced_dot's and canonical_split_dot's
+        # guards ask instead that every reader of the GEMM be such a slice)
         rebuilds = ("canonical_grouped", "canonical_scaled", "canonical_transpose_")
         rebuilds = (*rebuilds, "canonical_transposed_", "canonical_squeezed_dot")
-        rebuilds = (*rebuilds, "canonical_swapped_dot")
+        rebuilds = (*rebuilds, "canonical_swapped_dot", "canonical_split_scores")
+        rebuilds = (*rebuilds, "canonical_split_unary", "canonical_split_scalar")
+        rebuilds = (*rebuilds, "canonical_split_where", "canonical_split_softmax")
+        rebuilds = (*rebuilds, "canonical_split_transpose")
         # attention_region_zero, like attention_region, replaces a whole attention
         rebuilds = (*rebuilds, "attention_region_zero")
         shared = rule.name.startswith(("attention_causal", "attention_region_", "canonical_"))

@@ -267,6 +267,116 @@ def test_moving_transposes_down_the_scores():
     )
 
 
+def np_broadcast_in_dim(x, shape, dims):
+    expanded = np.reshape(
+        x, [x.shape[dims.index(i)] if i in dims else 1 for i in range(len(shape))]
+    )
+    return np.broadcast_to(expanded, shape)
+
+
+def test_splitting_grouped_scores():
+    """``transpose(dot_general(k, q5))`` as ``[B, K, G, T, S]`` (keras-hub's Gemma 2) is the
+    split of 4-D scores; the innermost adjacent (K, G) pair is chosen."""
+    q5, k = (2, 8, 1, 2, 32), (2, 8, 1, 32)
+    dn, perm = (((3,), (4,)), ((0, 2), (0, 2))), (0, 1, 4, 3, 2)  # dot: [B, K, S, T, G]
+    assert G.split_scores(k, q5, dn, perm, (2, 1, 2, 8, 8)) == (2, 2, 8, 8)
+    # tunix: [B, T, K, G, S]; (B, T) reads as a batch axis and the query after it: not chosen
+    q5, k = (2, 8, 2, 2, 32), (2, 8, 2, 32)
+    assert G.split_scores(k, q5, dn, (0, 3, 1, 4, 2), (2, 8, 2, 2, 8)) == (2, 8, 4, 8)
+    assert G.split_scores(k, q5, dn, (0, 1, 4, 3, 2), (2, 2, 2, 8, 8)) == (2, 4, 8, 8)
+    # [B, G, K, T, S]: (G, K) is jnp.tile's grouping
+    assert G.split_scores(k, q5, dn, (0, 4, 1, 3, 2), (2, 2, 2, 8, 8)) is None
+    assert G.split_scores(k, q5, dn, perm, (2, 2, 8, 8)) is None
+    assert G.split_scores("x", q5, dn, perm, (2, 2, 2, 8, 8)) is None
+
+
+def test_merging_through_the_scores_chain():
+    assert G.merges_through("tanh", (2, 1, 2, 8, 8), (2, 2, 8, 8))
+    assert G.merges_through("mul", (2, 2, 2, 8, 8), (2, 4, 8, 8))
+    assert not G.merges_through("tanh", (2, 2, 2, 8, 8), (2, 2, 16, 4))  # not a merge
+    assert not G.merges_through("integer_pow", (2, 2, 2, 8, 8), (2, 4, 8, 8))
+    assert not G.merges_through("tanh", (2, 4, 8, 8), (2, 4, 8, 8))
+    # the softmax axis: kept, moved by the merge, or merged with a size-1 axis
+    assert G.merged_axis((2, 2, 2, 8, 8), (2, 4, 8, 8), (4,)) == (3,)
+    assert G.merged_axis((2, 8, 2, 2, 8), (2, 8, 4, 8), (1,)) == (1,)
+    assert G.merged_axis((2, 1, 2, 8, 8), (2, 2, 8, 8), (2,)) == (1,)
+    assert G.merged_axis((2, 2, 2, 8, 8), (2, 4, 8, 8), (2,)) is None
+    assert G.merged_axis((2, 2, 2, 8, 8), (2, 4, 8, 8), (3, 4)) is None
+
+
+def test_moving_a_split_down_a_transpose():
+    """penzai: ``[B, T, K, G, S]`` (the split of ``[B, T, N, S]``) moved to ``[T, S, B, K,
+    G]`` is the split of ``[T, S, B, N]``."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(2, 8, 4, 8))
+    perm5 = (1, 4, 0, 2, 3)
+    perm4 = G.split_permutation(perm5, (2, 8, 2, 2, 8), x.shape, "dot_general")
+    assert perm4 == (1, 3, 0, 2)
+    want = np.transpose(np.reshape(x, (2, 8, 2, 2, 8)), perm5)
+    np.testing.assert_array_equal(np.reshape(np.transpose(x, perm4), want.shape), want)
+    assert G.split_permutation((1, 3, 0, 2, 4), (2, 8, 2, 2, 8), x.shape, "dot_general") is None
+    assert G.split_permutation((1, 4, 0, 3, 2), (2, 8, 2, 2, 8), x.shape, "dot_general") is None
+    # a mask regrouped for jax.nn.dot_product_attention: not scores, left as it is
+    assert G.split_permutation(perm5, (2, 8, 2, 2, 8), x.shape, "and") is None
+    assert G.split_permutation(perm5, (2, 8, 4, 8), x.shape, "dot_general") is None
+    first, then = (0, 2, 1, 3), (1, 3, 0, 2)
+    both = G.compose_permutations(first, then)
+    np.testing.assert_array_equal(np.transpose(x, both), np.transpose(np.transpose(x, first), then))
+    assert G.compose_permutations((0, 1), (0, 1, 2)) is None
+    assert G.compose_permutations((0, 0), (0, 1)) is None
+
+
+def test_softmax_with_its_max_in_another_frame():
+    """penzai's ``vmap``-form softmax once split: the max on ``[T, S, B, K, G]``, the
+    exponent on ``[T, B, K, G, S]``, both splits of moves of one ``[B, N, T, S]`` value."""
+    args = dict(
+        x_perm=(2, 0, 1, 3), x_shape=(8, 2, 2, 2, 8), t_shape=(8, 2, 4, 8),
+        u_perm=(2, 3, 0, 1), u_shape=(8, 8, 2, 2, 2), s_shape=(8, 8, 2, 4),
+        sum_axes=(4,), max_axes=(1,), kept_shape=(8, 2, 2, 2, 1),
+    )  # fmt: skip
+    assert G.moved_softmax_axis(**args) == (3,)
+    assert G.moved_softmax_axis(**{**args, "kept_shape": None}) == (3,)
+    assert G.moved_softmax_axis(**{**args, "max_axes": (0,)}) is None  # another axis of w
+    assert G.moved_softmax_axis(**{**args, "kept_shape": (8, 2, 2, 2, 8)}) is None
+    # the kept axes in another order than x's
+    assert G.moved_softmax_axis(**{**args, "u_perm": (2, 3, 1, 0), "s_shape": (8, 8, 4, 2),
+                                   "u_shape": (8, 8, 2, 2, 2)}) is None  # fmt: skip
+    assert G.moved_softmax_axis(**{**args, "sum_axes": (2,)}) is None  # a split axis
+
+
+@pytest.mark.parametrize(
+    "x_shape, shape, dims",
+    [
+        ((2, 1, 1, 8, 8), (2, 1, 2, 8, 8), (0, 1, 2, 3, 4)),  # keras-hub's mask, MQA
+        ((2, 8, 8), (2, 2, 2, 8, 8), (0, 3, 4)),  # broadcast along K and G
+        ((), (2, 2, 2, 8, 8), ()),  # a fill
+        ((2, 2, 2, 8), (2, 2, 2, 8, 8), (0, 1, 2, 3)),  # full along K and G
+        ((2, 2, 1, 8, 8), (2, 2, 1, 8, 8), (0, 1, 2, 3, 4)),  # G = 1
+    ],
+)
+def test_merged_broadcast_is_the_reshaped_broadcast(x_shape, shape, dims):
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=x_shape)
+    out = (shape[0], shape[1] * shape[2], *shape[3:])
+    plan = G.merged_broadcast(dims, x_shape, shape, out)
+    assert plan is not None
+    split, x_new, dims_new = plan
+    src = np.reshape(x, x_new) if split else x
+    assert split == (tuple(x_new) != tuple(x_shape))
+    want = np.reshape(np_broadcast_in_dim(x, shape, dims), out)
+    np.testing.assert_array_equal(np_broadcast_in_dim(src, out, dims_new), want)
+
+
+def test_merged_broadcast_refusals():
+    # varies along K, broadcast along G: jnp.repeat's grouping, not a broadcast
+    assert G.merged_broadcast((0, 1, 3, 4), (2, 2, 8, 8), (2, 2, 2, 8, 8), (2, 4, 8, 8)) is None
+    assert G.merged_broadcast((0, 2, 3, 4), (2, 2, 8, 8), (2, 2, 2, 8, 8), (2, 4, 8, 8)) is None
+    assert G.merged_broadcast((0, 1), (2, 8), (2, 2, 2, 8, 8), (2, 2, 16, 8)) is None  # no merge
+    assert G.merged_broadcast((0, 0), (2, 2), (2, 2, 2, 8, 8), (2, 4, 8, 8)) is None
+    assert G.merged_broadcast((0,), (3,), (2, 2, 2, 8, 8), (2, 4, 8, 8)) is None
+    assert G.merged_broadcast(None, (2,), (2, 2, 2, 8, 8), (2, 4, 8, 8)) is None
+
+
 def test_attention_plan_bhsd_probabilities_first():
     bhsd = (2, 2, 8, 32)
     plan = G.attention_plan(
