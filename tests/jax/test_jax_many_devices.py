@@ -1,5 +1,5 @@
 """A sharded training step on 8 host CPU devices (loss, ``jax.value_and_grad`` through the
-optimized forward, a momentum update, donated state) under ``pm.optimize(...,
+optimized forward, an optax update (SGD with momentum), donated state) under ``pm.optimize(...,
 donate_argnums=0, in_shardings=..., out_shardings=...)`` matches ``jax.jit``'s step for 3
 steps, with jit's output shardings; docs/JAX.md's multi-process example runs as two
 processes (``jax.distributed`` on localhost, two CPU devices each).
@@ -28,6 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 import pypm_jax as pm
 
@@ -54,8 +55,9 @@ def spec(leaf):  # heads and columns on "model" where they divide, else replicat
     return NamedSharding(mesh, P())
 
 
+tx = optax.sgd(0.05, momentum=0.9)
 param_sh = jax.tree.map(spec, params)
-state_sh = (param_sh, param_sh)
+state_sh = (param_sh, jax.tree.map(spec, tx.init(params)))
 batch_sh = NamedSharding(mesh, P("data"))
 
 
@@ -65,12 +67,11 @@ forward = pm.optimize(model.apply)
 
 
 def train_step(state, x, y, apply):
-    params, momentum = state
+    params, opt_state = state
     loss_fn = lambda p: jnp.mean((apply(p, x) - y) ** 2)
     loss, grads = jax.value_and_grad(loss_fn)(params)
-    momentum = jax.tree.map(lambda m, g: 0.9 * m + g, momentum, grads)
-    params = jax.tree.map(lambda p, m: p - 0.05 * m, params, momentum)
-    return (params, momentum), loss
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), loss
 
 
 options = dict(
@@ -81,7 +82,7 @@ ref = jax.jit(lambda state, x, y: train_step(state, x, y, model.apply), **option
 
 
 def fresh():  # from host copies: the steps donate (delete) the state they are given
-    state = jax.tree.map(np.asarray, (params, jax.tree.map(jnp.zeros_like, params)))
+    state = jax.tree.map(np.asarray, (params, tx.init(params)))
     return jax.device_put(state, state_sh)
 
 
