@@ -64,6 +64,18 @@ def grads_close(fn: Any, fast: Any, args: tuple[Any, ...], what: str, rtol: floa
         )
 
 
+def vjps_close(fn: Any, fast: Any, args: tuple[Any, ...], want: Any, what: str, seed: int) -> None:
+    """The gradients of ``vdot(f(*args), cot)`` for every argument (``cot`` a random
+    cotangent of ``want``'s shape, from ``seed``) match at float32's tolerance."""
+    cot = jax.random.normal(jax.random.PRNGKey(seed), want.shape)
+    argnums = tuple(range(len(args)))
+
+    def vjp_of(f: Any) -> Any:
+        return jax.jit(jax.grad(lambda *a: jnp.vdot(f(*a), cot), argnums=argnums))
+
+    rel_close(vjp_of(fn)(*args), vjp_of(fast)(*args), f"{what}: gradients", tol=TOL["float32"])
+
+
 def rewrite(fn: Any, args: tuple[Any, ...], rules: Any = None) -> tuple[Any, Any, Any]:
     """(optimized fn, its output, its report); a fallback to the original is an error."""
     fast = optimize(fn, rules=default_rules() if rules is None else rules)

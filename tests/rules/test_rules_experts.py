@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 from pypm_jax.rules import GemmRegion
-from pypm_testing.rules import TOL, kernel_nodes, rel_close, rewrite
+from pypm_testing.rules import TOL, kernel_nodes, rel_close, rewrite, vjps_close
 
 E, B, S, H, F = 4, 2, 8, 64, 128
 
@@ -73,14 +73,7 @@ def test_experts_are_region_kernels_with_equal_values_and_gradients(name):
     assert len([n for n in graph.nodes() if n.op.name == "dot_general"]) == left, str(report)
     want = jax.jit(fn)(*args)
     rel_close(want, got, name, tol=TOL["float32"])
-    cot = jax.random.normal(jax.random.PRNGKey(9), want.shape)
-
-    def loss(f):
-        return lambda *a: jnp.vdot(f(*a), cot)
-
-    g_want = jax.jit(jax.grad(loss(fn), argnums=(0, 1, 2, 3)))(*args)
-    g_got = jax.jit(jax.grad(loss(fast), argnums=(0, 1, 2, 3)))(*args)
-    rel_close(g_want, g_got, f"{name}: gradients", tol=TOL["float32"])
+    vjps_close(fn, fast, args, want, name, seed=9)
 
 
 def test_per_expert_activations_and_other_layouts_are_left_alone():

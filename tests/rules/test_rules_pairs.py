@@ -14,7 +14,7 @@ import pytest
 
 from pypm_jax import rules as R
 from pypm_jax.rules import GemmPairRegion
-from pypm_testing.rules import TOL, kernel_nodes, rel_close, rewrite
+from pypm_testing.rules import TOL, kernel_nodes, rel_close, rewrite, vjps_close
 
 B, S, H, F = 2, 8, 64, 128
 
@@ -62,14 +62,7 @@ def test_gated_pair_is_one_kernel_with_equal_values_and_gradients(fn):
     assert not [n for n in graph.nodes() if n.op.name == "dot_general"], str(report)
     want = jax.jit(fn)(*args)
     rel_close(want, got, fn.__name__, tol=TOL["float32"])
-    cot = jax.random.normal(jax.random.PRNGKey(7), want.shape)
-
-    def loss(f):
-        return lambda *a: jnp.vdot(f(*a), cot)
-
-    g_want = jax.jit(jax.grad(loss(fn), argnums=(0, 1, 2, 3)))(*args)
-    g_got = jax.jit(jax.grad(loss(fast), argnums=(0, 1, 2, 3)))(*args)
-    rel_close(g_want, g_got, f"{fn.__name__}: gradients", tol=TOL["float32"])
+    vjps_close(fn, fast, args, want, fn.__name__, seed=7)
 
 
 def test_pairs_it_cannot_fuse_are_left_as_two_kernels():

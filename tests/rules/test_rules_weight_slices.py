@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 
 from pypm_jax.rules._weight_slices import squeezed_permutation
-from pypm_testing.rules import TOL, rel_close, rewrite
+from pypm_testing.rules import TOL, rel_close, rewrite, vjps_close
 
 B, S, H, F = 2, 8, 64, 128
 
@@ -60,10 +60,6 @@ CASES = {
 }
 
 
-def _loss(fn, cot):
-    return lambda x, w: jnp.vdot(fn(x, w), cot)
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_fused_gate_up_is_two_gemm_kernels_with_equal_values_and_gradients(name):
     fn, w_shape = CASES[name]
@@ -80,10 +76,7 @@ def test_fused_gate_up_is_two_gemm_kernels_with_equal_values_and_gradients(name)
     assert [d.outputs[0].shape for d in dots] == [(B, S, F)], str(report)
     want = jax.jit(fn)(*args)
     rel_close(want, got, name, tol=TOL["float32"])
-    cot = jax.random.normal(jax.random.PRNGKey(7), want.shape)
-    g_want = jax.jit(jax.grad(_loss(fn, cot), argnums=(0, 1)))(*args)
-    g_got = jax.jit(jax.grad(_loss(fast, cot), argnums=(0, 1)))(*args)
-    rel_close(g_want, g_got, f"{name}: gradients", tol=TOL["float32"])
+    vjps_close(fn, fast, args, want, name, seed=7)
 
 
 def test_slices_of_rows_or_dynamic_slices_are_left_alone():
