@@ -50,7 +50,7 @@ from jax.experimental.custom_partitioning import (
     SdyShardingRule,
     custom_partitioning,
 )
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .._terms import Operator
@@ -218,8 +218,9 @@ def _sharding_rule(site: _Site) -> SdyShardingRule:
 
 def _spec_of(sharding: Any, mesh: Any, ndim: int) -> tuple[tuple[str, ...], ...]:
     """Mesh axes per dimension; a sharding no mesh axes express counts as unsplit (the
-    site then asks for its operands unsplit along the factors it cannot read)."""
-    axes = _compat.mesh_axes(sharding, mesh, ndim)
+    site then asks for its operands unsplit along the factors it cannot read), and so does
+    none at all (GSPMD infers a result before every operand has its sharding)."""
+    axes = None if sharding is None else _compat.mesh_axes(sharding, mesh, ndim)
     return axes if axes is not None else ((),) * ndim
 
 
@@ -227,7 +228,13 @@ def _assign(
     site: _Site, mesh: Any, arg_specs: Sequence[tuple[tuple[str, ...], ...]]
 ) -> dict[str, tuple[str, ...]]:
     """Mesh axes per factor: from the first operand that has it split (so nothing split is
-    ever gathered unless two operands disagree), when the factor's size divides evenly."""
+    ever gathered unless two operands disagree), when the factor's size divides evenly.
+
+    A compound dimension ``(g, r)`` may come split by more devices than ``g`` has indices
+    (8 query heads over 2 kv heads, on 4 devices): when each device's block of it lies
+    within one index of ``g`` and the axes' major part splits ``g`` exactly, ``g`` takes
+    those axes too, *shared* (see :class:`_Layout`).
+    """
     used: set[str] = set()
     axes: dict[str, tuple[str, ...]] = {}
     for dims, spec in zip(site.dims, arg_specs, strict=True):
@@ -235,40 +242,116 @@ def _assign(
             major = _major(dim)
             if major is None or major in axes or not entry or used & set(entry):
                 continue
-            n = math.prod(mesh.shape[a] for a in entry)
-            if site.sizes[major] % n == 0:
+            sizes = [mesh.shape[a] for a in entry]
+            n, size = math.prod(sizes), site.sizes[major]
+            shared = (
+                isinstance(dim, tuple)
+                and n % size == 0
+                and site.sizes[dim[1]] % (n // size) == 0
+                and _major_part(sizes, size) is not None
+            )
+            if size % n == 0 or shared:
                 axes[major] = entry
                 used |= set(entry)
     return axes
 
 
-def _named(mesh: Any, dims: tuple[Dim, ...], axes: dict[str, tuple[str, ...]]) -> NamedSharding:
+def _major_part(sizes: Sequence[int], n: int) -> tuple[int, int] | None:
+    """Where axes of ``sizes`` (major first, product a multiple of ``n``) split into a major
+    part of ``n`` devices and the rest: ``(i, k)``, axis ``i`` splitting into ``k`` major
+    by ``sizes[i] // k`` minor; None when no axis boundary or even split gives ``n``."""
+    acc = 1
+    for i, s in enumerate(sizes):
+        if n % (acc * s) == 0:
+            acc *= s
+            if acc == n:
+                return i + 1, 0  # a boundary: axes [:i + 1] are the major part
+            continue
+        k = n // acc
+        return (i, k) if n % acc == 0 and s % k == 0 else None
+    return None
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How one call splits across the mesh, read from its operands' shardings.
+
+    ``axes`` gives each split factor its mesh axes. A *shared* factor ``g`` (a compound
+    ``(g, r)`` split by more devices than ``g`` has indices) has its axes cut into major
+    sub-axes, ``alone[g]``, splitting ``g`` exactly, and minor ones, splitting ``r``:
+    ``mesh`` is the call's mesh with those sub-axes as axes of their own (same devices, in
+    the same order). A dimension of ``g`` alone (GQA's kv heads) splits by ``alone[g]``,
+    so each device holds the one index of ``g`` its block of the compound belongs to, and
+    the devices sharing it sum its gradient.
+    """
+
+    mesh: Any
+    axes: dict[str, tuple[str, ...]]
+    alone: dict[str, tuple[str, ...]]
+
+
+def _layout(site: _Site, mesh: Any, arg_specs: Sequence[tuple[tuple[str, ...], ...]]) -> _Layout:
+    axes = _assign(site, mesh, arg_specs)
+    alone: dict[str, tuple[str, ...]] = {}
+    for f, entry in list(axes.items()):
+        sizes = [mesh.shape[a] for a in entry]
+        if math.prod(sizes) == site.sizes[f]:
+            continue
+        cut = _major_part(sizes, site.sizes[f])
+        assert cut is not None  # _assign checked it
+        i, k = cut
+        if k:  # axis entry[i] splits into k major by the rest minor
+            a = entry[i]
+            names = list(mesh.axis_names)
+            at = names.index(a)
+            hi, lo = f"{a}.major", f"{a}.minor"
+            shape = list(mesh.devices.shape)
+            shape[at : at + 1] = [k, shape[at] // k]
+            names[at : at + 1] = [hi, lo]
+            mesh = Mesh(mesh.devices.reshape(shape), tuple(names))
+            entry = (*entry[:i], hi, lo, *entry[i + 1 :])
+            i += 1
+        axes[f] = entry
+        alone[f] = entry[:i]
+    return _Layout(mesh, axes, alone)
+
+
+def _named(layout: _Layout, dims: tuple[Dim, ...]) -> NamedSharding:
     entries = []
     for dim in dims:
-        a = axes.get(_major(dim), ()) if dim is not None else ()
+        f = _major(dim)
+        a = () if f is None else layout.axes.get(f, ())
+        if isinstance(dim, str) and f in layout.alone:
+            a = layout.alone[f]
         entries.append(None if not a else a[0] if len(a) == 1 else a)
-    return NamedSharding(mesh, P(*entries))
+    return NamedSharding(layout.mesh, P(*entries))
 
 
 def _psum(x: Any, axes: Sequence[str]) -> Any:
     return jax.lax.psum(x, tuple(axes)) if axes else x
 
 
-def _summed_axes(site: _Site, axes: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
-    return tuple(a for f in sorted(site.summed) for a in axes.get(f, ()))
+def _summed_axes(site: _Site, layout: _Layout) -> tuple[str, ...]:
+    return tuple(a for f in sorted(site.summed) for a in layout.axes.get(f, ()))
 
 
-def _missing_axes(
-    site: _Site, dims: tuple[Dim, ...], axes: dict[str, tuple[str, ...]]
-) -> tuple[str, ...]:
-    """Axes of split result factors absent from an operand: its gradient sums over them."""
+def _missing_axes(site: _Site, dims: tuple[Dim, ...], layout: _Layout) -> tuple[str, ...]:
+    """Axes an operand's gradient sums over: those of split result factors it lacks, and
+    the minor ones of a shared factor it has alone (its devices each hold a part)."""
     have = {_major(d) for d in dims}
-    return tuple(
+    lacking = [
         a
         for d in site.out
         if (f := _major(d)) is not None and f not in have
-        for a in axes.get(f, ())
-    )
+        for a in layout.axes.get(f, ())
+    ]
+    sharing = [
+        a
+        for d in dims
+        if isinstance(d, str) and d in layout.alone
+        for a in layout.axes[d][len(layout.alone[d]) :]
+    ]
+    return (*lacking, *(a for a in sharing if a not in lacking))
 
 
 def _is_float(x: Any) -> bool:
@@ -405,8 +488,8 @@ def _bound(
 def _forward(fn: Callable[..., Any], site: _Site, shapes: Any, out_shape: Any) -> Any:
     def lower(mesh: Any, arg_infos: Any, _result: Any) -> Any:
         specs = [_spec_of(a.sharding, mesh, len(s)) for a, s in zip(arg_infos, shapes, strict=True)]
-        axes = _assign(site, mesh, specs)
-        summed = _summed_axes(site, axes)
+        layout = _layout(site, mesh, specs)
+        summed = _summed_axes(site, layout)
 
         def local(*xs: Any) -> Any:
             if not summed:
@@ -414,12 +497,12 @@ def _forward(fn: Callable[..., Any], site: _Site, shapes: Any, out_shape: Any) -
             acc = _psum(site.spec.partial(*xs), summed)
             return site.spec.finish(acc, *xs)
 
-        arg_sh = tuple(_named(mesh, d, axes) for d in site.dims)
-        return mesh, local, _named(mesh, site.out, axes), arg_sh
+        arg_sh = tuple(_named(layout, d) for d in site.dims)
+        return layout.mesh, local, _named(layout, site.out), arg_sh
 
     def infer(mesh: Any, arg_infos: Any, _result: Any) -> Any:
         specs = [_spec_of(a.sharding, mesh, len(s)) for a, s in zip(arg_infos, shapes, strict=True)]
-        return _named(mesh, site.out, _assign(site, mesh, specs))
+        return _named(_layout(site, mesh, specs), site.out)
 
     cp = custom_partitioning(_positional(fn))
     cp.def_partition(
@@ -438,7 +521,7 @@ def _backward(
     n = len(shapes)
     bsite = _with_cotangent(site)
 
-    def grads(*xs_ct: Any, summed: tuple[str, ...] = (), axes: Any = None) -> tuple[Any, ...]:
+    def grads(*xs_ct: Any, summed: tuple[str, ...] = (), layout: Any = None) -> tuple[Any, ...]:
         xs, ct = list(xs_ct[:n]), xs_ct[n]
 
         def on_floats(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -464,9 +547,9 @@ def _backward(
             _, fvjp = jax.vjp(finish, acc, *fl)
             d_acc, *g_fin = fvjp(ct)
             gs = [a + b for a, b in zip(g_fin, pvjp(d_acc), strict=True)]
-        if axes is not None:
+        if layout is not None:
             gs = [
-                _psum(g, _missing_axes(site, site.dims[i], axes))
+                _psum(g, _missing_axes(site, site.dims[i], layout))
                 for g, i in zip(gs, floats, strict=True)
             ]
         return tuple(gs)
@@ -476,22 +559,22 @@ def _backward(
             _spec_of(a.sharding, mesh, len(s))
             for a, s in zip(arg_infos, (*shapes, out_shape), strict=True)
         ]
-        axes = _assign(bsite, mesh, specs)
+        layout = _layout(bsite, mesh, specs)
 
         def local(*xs_ct: Any) -> Any:
-            return grads(*xs_ct, summed=_summed_axes(site, axes), axes=axes)
+            return grads(*xs_ct, summed=_summed_axes(site, layout), layout=layout)
 
-        arg_sh = tuple(_named(mesh, d, axes) for d in bsite.dims)
-        out_sh = tuple(_named(mesh, site.dims[i], axes) for i in floats)
-        return mesh, local, out_sh, arg_sh
+        arg_sh = tuple(_named(layout, d) for d in bsite.dims)
+        out_sh = tuple(_named(layout, site.dims[i]) for i in floats)
+        return layout.mesh, local, out_sh, arg_sh
 
     def infer(mesh: Any, arg_infos: Any, _result: Any) -> Any:
         specs = [
             _spec_of(a.sharding, mesh, len(s))
             for a, s in zip(arg_infos, (*shapes, out_shape), strict=True)
         ]
-        axes = _assign(bsite, mesh, specs)
-        return tuple(_named(mesh, site.dims[i], axes) for i in floats)
+        layout = _layout(bsite, mesh, specs)
+        return tuple(_named(layout, site.dims[i]) for i in floats)
 
     cp = custom_partitioning(_positional(grads))
     cp.def_partition(
