@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from jax.experimental.custom_partitioning import CompoundFactor
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 import pypm_jax as pm
 from pypm_jax.jax import Partitioning, register_partitioning
@@ -71,12 +74,42 @@ def test_factors_take_the_axes_of_the_first_operand_split_along_them():
     site = pt._site(ATTN, ATTN_SHAPES, (2, 8, 8, 32))
     specs = [((), (), ("model",), ()), (("data",), (), ("model",), ()), ((), (), (), ())]
     assert pt._assign(site, MESH, specs) == {"g": ("model",), "b": ("data",)}
-    # 2 kv heads do not split over 4 devices: the heads stay whole
+    # 8 query heads over 2 kv heads split over 4 devices: the kv factor takes the axis,
+    # shared (two devices per kv head); over 3 query heads per kv head it cannot
     small = pt._site(ATTN, [(2, 8, 8, 32), (2, 8, 2, 32), (1, 8, 8, 8)], (2, 8, 8, 32))
-    assert pt._assign(small, MESH, specs) == {"b": ("data",)}
+    assert pt._assign(small, MESH, specs) == {"g": ("model",), "b": ("data",)}
+    odd = pt._site(ATTN, [(2, 8, 6, 32), (2, 8, 2, 32), (1, 8, 6, 8)], (2, 8, 6, 32))
+    assert pt._assign(odd, MESH, [((), (), ("model",), ()), *specs[1:]]) == {"b": ("data",)}
     # an axis already used by another factor is not used twice
     both = [(("data",), (), ("data",), ()), ((), (), (), ()), ((), (), (), ())]
     assert pt._assign(site, MESH, both) == {"b": ("data",)}
+
+
+def test_axes_split_into_a_major_part():
+    assert pt._major_part([4], 2) == (0, 2)  # model (4) -> model.major (2) x model.minor (2)
+    assert pt._major_part([2, 4], 2) == (1, 0)  # (data, model) -> data | model
+    assert pt._major_part([2, 4], 4) == (1, 2)  # data x model.major | model.minor
+    assert pt._major_part([3, 4], 2) is None  # no even cut gives 2 devices
+
+
+def test_a_shared_factor_cuts_its_axes_into_sub_axes():
+    """2 kv heads, 8 query heads on a model axis of 4: the kv heads split by the axis's major
+    half (each device holds the kv head of its query heads), the query heads by the whole
+    axis; the kv operands' gradients sum over the minor half."""
+    mesh = Mesh(np.arange(8).reshape(2, 4), ("data", "model"))  # positions stand for devices
+    site = pt._site(ATTN, [(2, 8, 8, 32), (2, 8, 2, 32), (1, 8, 8, 8)], (2, 8, 8, 32))
+    specs = [(("data",), (), ("model",), ()), ((), (), (), ()), ((), (), (), ())]
+    layout = pt._layout(site, mesh, specs)
+    assert dict(layout.mesh.shape) == {"data": 2, "model.major": 2, "model.minor": 2}
+    assert layout.mesh.devices.ravel().tolist() == list(range(8))  # the same order
+    assert layout.axes == {"b": ("data",), "g": ("model.major", "model.minor")}
+    assert layout.alone == {"g": ("model.major",)}
+    assert pt._named(layout, site.dims[1]).spec == P("data", None, "model.major", None)
+    assert pt._named(layout, site.dims[0]).spec == P(
+        "data", None, ("model.major", "model.minor"), None
+    )
+    assert pt._missing_axes(site, site.dims[1], layout) == ("model.minor",)
+    assert pt._missing_axes(site, site.dims[0], layout) == ()
 
 
 def test_register_partitioning_checks_its_arguments():
