@@ -371,7 +371,8 @@ def mesh_axes(sharding: Any, mesh: Any, ndim: int) -> tuple[tuple[str, ...], ...
     try:
         hlo = sharding._to_xla_hlo_sharding(ndim)
         (spec,) = _sharding_impls.parse_flatten_op_sharding(hlo, mesh)
-    except (ValueError, NotImplementedError):  # IndivisibleError: not the mesh's axes
+    except (ValueError, NotImplementedError, KeyError):  # not the mesh's axes (KeyError: a
+        # tile the axes' sizes do not compose, as a sub-axis cut of them)
         return None
     entries = tuple(spec) + (None,) * (ndim - len(spec))
     return tuple(() if e is None else tuple(e) if isinstance(e, tuple) else (e,) for e in entries)

@@ -13,8 +13,12 @@ Declared in terms of a :class:`Partitioning`:
 
 * each dimension of an operand or of the result is a factor name, a pair of names (a
   *compound* dimension, major first: GQA's query heads are ``("g", "r")``, the kv heads
-  ``"g"``; only the major factor is ever split), or None: a dimension the kernel needs whole
-  (a sequence the softmax reduces over, a head dimension);
+  ``"g"``), or None: a dimension the kernel needs whole (a sequence the softmax reduces
+  over, a head dimension). A compound splits by the axes of its major factor, or past it:
+  8 query heads over 2 kv heads on a model axis of 4 split the query heads 4 ways and the
+  kv heads by the axis's major half (a sub-axis, as Shardy cuts it after a reshape), so
+  each device holds the one kv head its query heads read -- the split ``jax.jit`` gives
+  the program the kernel replaced;
 * a factor of the operands absent from the result is a contraction. Split (the operands come
   sharded along it, as in a row-parallel matmul), the site runs as ``finish(psum(partial(
   local operands)), local operands)`` -- the accumulation, XLA's own all-reduce of it, then
@@ -22,10 +26,18 @@ Declared in terms of a :class:`Partitioning`:
   is never split;
 * a dimension of size 1 in an operand (a broadcast mask or bias) is never split.
 
+Operand shardings are read as mesh axes, or, where Shardy split an axis into sub-axes, as
+axes of the mesh's finest refinement (every axis cut into prime-sized sub-axes; the call
+then runs on that mesh, the same devices in the same order). A sharding neither expresses
+counts as unsplit: XLA gathers that operand for the kernel.
+
 Gradients: the kernel's own ``custom_vjp`` runs per shard inside a second partitioned call
 (``custom_partitioning`` has no derivative rules of its own), which recomputes the kernel's
 forward from the operands; gradients of operands that lack a split factor (a bias broadcast
-over the batch) are summed over it with ``psum``, as XLA does for the original program.
+over the batch), or that devices share (the kv heads above), are summed over those axes
+with ``psum``, as XLA does for the original program. Under GSPMD, which would gather an
+operand once per call, the forward call also returns its operands as it took them, and
+those are the backward call's.
 
 Under ``jax.vmap`` (``custom_partitioning`` has no batching rule) the call becomes the
 partitioned call of the vmapped function, the mapped axis one more factor. With one device
@@ -180,8 +192,9 @@ def _site(
     return _Site(dims, out, sizes, summed if splittable_sum else frozenset(), spec)
 
 
-def _sharding_rule(site: _Site) -> SdyShardingRule:
-    """The Shardy rule: kept dims by factor; every other dim its own need-replication factor."""
+def _sharding_rule(site: _Site, with_operands: bool = False) -> SdyShardingRule:
+    """The Shardy rule: kept dims by factor; every other dim its own need-replication factor.
+    ``with_operands``: the operands are results too (after the result)."""
     names: dict[str, str] = {}
     whole: list[str] = []
     sizes: dict[str, int] = {}
@@ -207,7 +220,7 @@ def _sharding_rule(site: _Site) -> SdyShardingRule:
         return ArrayMapping(*out)
 
     ins = tuple(mapping(d) for d in site.dims)
-    res = (mapping(site.out),)
+    res = (mapping(site.out), *(mapping(d) for d in site.dims if with_operands))
     plain = {d for m in (*ins, *res) for d in m if isinstance(d, str)}
     sizes = {k: v for k, v in sizes.items() if k not in plain}  # only compound-only factors
     return SdyShardingRule(ins, res, need_replication_factors=tuple(whole), **sizes)
@@ -216,12 +229,34 @@ def _sharding_rule(site: _Site) -> SdyShardingRule:
 # ------------------------------------------------------------------------------ partitioning
 
 
-def _spec_of(sharding: Any, mesh: Any, ndim: int) -> tuple[tuple[str, ...], ...]:
-    """Mesh axes per dimension; a sharding no mesh axes express counts as unsplit (the
-    site then asks for its operands unsplit along the factors it cannot read), and so does
-    none at all (GSPMD infers a result before every operand has its sharding)."""
-    axes = None if sharding is None else _compat.mesh_axes(sharding, mesh, ndim)
-    return axes if axes is not None else ((),) * ndim
+Spec = tuple[tuple[str, ...], ...]  # mesh axes per dimension
+
+
+def _decode(sharding: Any, mesh: Any, ndim: int) -> Spec | None:
+    """Mesh axes per dimension; unsplit for no sharding at all (GSPMD infers a result
+    before every operand has its sharding); None when no axes of ``mesh`` express it."""
+    if sharding is None:
+        return ((),) * ndim
+    return _compat.mesh_axes(sharding, mesh, ndim)
+
+
+def _finest(mesh: Any) -> Any:
+    """``mesh`` with every axis cut into prime-sized sub-axes, major first (``model`` of 4:
+    ``model.0`` x ``model.1``), the same devices in the same order: the mesh whose axes
+    express the sub-axis shardings Shardy chooses after a reshape (``model:(1)2``)."""
+    names: list[str] = []
+    shape: list[int] = []
+    for a, n in mesh.shape.items():
+        primes = []
+        p = 2
+        while n > 1:
+            while n % p == 0:
+                primes.append(p)
+                n //= p
+            p += 1
+        names += [a] if len(primes) <= 1 else [f"{a}.{i}" for i in range(len(primes))]
+        shape += primes or [1]
+    return Mesh(mesh.devices.reshape(shape), tuple(names))
 
 
 def _assign(
@@ -290,29 +325,28 @@ class _Layout:
     alone: dict[str, tuple[str, ...]]
 
 
-def _layout(site: _Site, mesh: Any, arg_specs: Sequence[tuple[tuple[str, ...], ...]]) -> _Layout:
-    axes = _assign(site, mesh, arg_specs)
+def _layout(site: _Site, mesh: Any, shardings: Sequence[Any], shapes: Sequence[Any]) -> _Layout:
+    """The call's layout from its operands' shardings, on ``mesh``, or on its finest
+    refinement (:func:`_finest`) when an operand comes split by sub-axes or a shared factor
+    cuts an axis; a sharding neither expresses counts as unsplit (XLA then gathers it)."""
+
+    def read(mesh: Any) -> tuple[list[Spec | None], dict[str, tuple[str, ...]]]:
+        specs = [_decode(sh, mesh, len(s)) for sh, s in zip(shardings, shapes, strict=True)]
+        unsplit = [((),) * len(s) if p is None else p for p, s in zip(specs, shapes, strict=True)]
+        return specs, _assign(site, mesh, unsplit)
+
+    specs, axes = read(mesh)
+    cuts = [_major_part([mesh.shape[a] for a in e], site.sizes[f]) for f, e in axes.items()]
+    if any(p is None for p in specs) or any(c is not None and c[1] for c in cuts):
+        mesh = _finest(mesh)
+        specs, axes = read(mesh)
     alone: dict[str, tuple[str, ...]] = {}
-    for f, entry in list(axes.items()):
+    for f, entry in axes.items():
         sizes = [mesh.shape[a] for a in entry]
-        if math.prod(sizes) == site.sizes[f]:
-            continue
-        cut = _major_part(sizes, site.sizes[f])
-        assert cut is not None  # _assign checked it
-        i, k = cut
-        if k:  # axis entry[i] splits into k major by the rest minor
-            a = entry[i]
-            names = list(mesh.axis_names)
-            at = names.index(a)
-            hi, lo = f"{a}.major", f"{a}.minor"
-            shape = list(mesh.devices.shape)
-            shape[at : at + 1] = [k, shape[at] // k]
-            names[at : at + 1] = [hi, lo]
-            mesh = Mesh(mesh.devices.reshape(shape), tuple(names))
-            entry = (*entry[:i], hi, lo, *entry[i + 1 :])
-            i += 1
-        axes[f] = entry
-        alone[f] = entry[:i]
+        if math.prod(sizes) > site.sizes[f]:  # shared: _assign checked the cut
+            cut = _major_part(sizes, site.sizes[f])
+            assert cut is not None and not cut[1]
+            alone[f] = entry[: cut[0]]
     return _Layout(mesh, axes, alone)
 
 
@@ -386,7 +420,10 @@ def partitioned(fn: Callable[..., Any], spec: Partitioning, args: Sequence[Any])
     if all(d is None for dims in site.dims for d in dims):
         return fn(*args)  # nothing can be split: the plain call, replicated by XLA
     floats = tuple(i for i, a in enumerate(args) if _is_float(a))
-    fwd = _batchable(_forward(fn, site, shapes, tuple(out.shape)), _vmapped_forward(fn, spec))
+    fwd = _batchable(_forward(fn, site, shapes), _vmapped_forward(fn, spec))
+    fwd_res = _batchable(
+        _forward(fn, site, shapes, with_operands=True), _vmapped_forward(fn, spec, True)
+    )
     bwd = _batchable(
         _backward(fn, site, shapes, tuple(out.shape), floats), _vmapped_backward(fn, spec, floats)
     )
@@ -396,7 +433,12 @@ def partitioned(fn: Callable[..., Any], spec: Partitioning, args: Sequence[Any])
         return fwd(*xs)
 
     def call_fwd(*xs: Any) -> tuple[Any, Any]:
-        return fwd(*xs), xs
+        if jax.config.jax_use_shardy_partitioner:
+            return fwd(*xs), xs  # Shardy's program gathers an operand once for both calls
+        # GSPMD's gathers it for each call, unless the forward hands on the operands as it
+        # took them: the backward call finds them split as it needs them
+        out, *res = fwd_res(*xs)
+        return out, tuple(res)
 
     def call_bwd(xs: Any, ct: Any) -> tuple[Any, ...]:
         grads = iter(bwd(*xs, ct))
@@ -435,10 +477,15 @@ def _all_mapped(axis_size: int, in_batched: Sequence[bool], xs: Sequence[Any]) -
     ]
 
 
-def _vmapped_forward(fn: Callable[..., Any], spec: Partitioning) -> Callable[..., Any]:
-    def rule(axis_size: int, in_batched: Sequence[bool], *xs: Any) -> tuple[Any, bool]:
+def _vmapped_forward(
+    fn: Callable[..., Any], spec: Partitioning, with_operands: bool = False
+) -> Callable[..., Any]:
+    def rule(axis_size: int, in_batched: Sequence[bool], *xs: Any) -> tuple[Any, Any]:
         xs = _all_mapped(axis_size, in_batched, xs)
-        return partitioned(jax.vmap(fn), _vmapped(spec), xs), True
+        out = partitioned(jax.vmap(fn), _vmapped(spec), xs)
+        if with_operands:
+            return (out, *xs), (True,) * (1 + len(xs))
+        return out, True
 
     return rule
 
@@ -485,33 +532,47 @@ def _bound(
     return g
 
 
-def _forward(fn: Callable[..., Any], site: _Site, shapes: Any, out_shape: Any) -> Any:
+def _forward(fn: Callable[..., Any], site: _Site, shapes: Any, with_operands: bool = False) -> Any:
+    """``fn`` per shard; ``with_operands``: also its operands, as split for it."""
+
     def lower(mesh: Any, arg_infos: Any, _result: Any) -> Any:
-        specs = [_spec_of(a.sharding, mesh, len(s)) for a, s in zip(arg_infos, shapes, strict=True)]
-        layout = _layout(site, mesh, specs)
+        layout = _layout(site, mesh, [a.sharding for a in arg_infos], shapes)
         summed = _summed_axes(site, layout)
 
         def local(*xs: Any) -> Any:
             if not summed:
-                return fn(*xs)
-            acc = _psum(site.spec.partial(*xs), summed)
-            return site.spec.finish(acc, *xs)
+                out = fn(*xs)
+            else:
+                out = site.spec.finish(_psum(site.spec.partial(*xs), summed), *xs)
+            return (out, *xs) if with_operands else out
 
         arg_sh = tuple(_named(layout, d) for d in site.dims)
-        return layout.mesh, local, _named(layout, site.out), arg_sh
+        out_sh = _named(layout, site.out)
+        return layout.mesh, local, (out_sh, *arg_sh) if with_operands else out_sh, arg_sh
 
     def infer(mesh: Any, arg_infos: Any, _result: Any) -> Any:
-        specs = [_spec_of(a.sharding, mesh, len(s)) for a, s in zip(arg_infos, shapes, strict=True)]
-        return _named(_layout(site, mesh, specs), site.out)
+        layout = _layout(site, mesh, [a.sharding for a in arg_infos], shapes)
+        out_sh = _named(layout, site.out)
+        if not with_operands:
+            return out_sh
+        return (out_sh, *(_named(layout, d) for d in site.dims))
 
-    cp = custom_partitioning(_positional(fn))
+    rule = _sharding_rule(site, with_operands)
+    cp = custom_partitioning(_positional(_with_operands(fn) if with_operands else fn))
     cp.def_partition(
-        decode_shardings=False,  # read by _spec_of, which survives sub-axes
+        decode_shardings=False,  # read by _layout, which survives sub-axes
         partition=lower,
         infer_sharding_from_operands=infer,
-        sharding_rule=_sharding_rule(site),
+        sharding_rule=rule,
     )
     return cp
+
+
+def _with_operands(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def g(*xs: Any) -> Any:
+        return (fn(*xs), *xs)
+
+    return g
 
 
 def _backward(
@@ -555,11 +616,7 @@ def _backward(
         return tuple(gs)
 
     def lower(mesh: Any, arg_infos: Any, _result: Any) -> Any:
-        specs = [
-            _spec_of(a.sharding, mesh, len(s))
-            for a, s in zip(arg_infos, (*shapes, out_shape), strict=True)
-        ]
-        layout = _layout(bsite, mesh, specs)
+        layout = _layout(bsite, mesh, [a.sharding for a in arg_infos], (*shapes, out_shape))
 
         def local(*xs_ct: Any) -> Any:
             return grads(*xs_ct, summed=_summed_axes(site, layout), layout=layout)
@@ -569,16 +626,12 @@ def _backward(
         return layout.mesh, local, out_sh, arg_sh
 
     def infer(mesh: Any, arg_infos: Any, _result: Any) -> Any:
-        specs = [
-            _spec_of(a.sharding, mesh, len(s))
-            for a, s in zip(arg_infos, (*shapes, out_shape), strict=True)
-        ]
-        layout = _layout(bsite, mesh, specs)
+        layout = _layout(bsite, mesh, [a.sharding for a in arg_infos], (*shapes, out_shape))
         return tuple(_named(layout, site.dims[i]) for i in floats)
 
     cp = custom_partitioning(_positional(grads))
     cp.def_partition(
-        decode_shardings=False,  # read by _spec_of, which survives sub-axes
+        decode_shardings=False,  # read by _layout, which survives sub-axes
         partition=lower,
         infer_sharding_from_operands=infer,
         sharding_rule=_bwd_rule(site, floats),

@@ -92,23 +92,25 @@ def test_axes_split_into_a_major_part():
     assert pt._major_part([3, 4], 2) is None  # no even cut gives 2 devices
 
 
-def test_a_shared_factor_cuts_its_axes_into_sub_axes():
-    """2 kv heads, 8 query heads on a model axis of 4: the kv heads split by the axis's major
-    half (each device holds the kv head of its query heads), the query heads by the whole
-    axis; the kv operands' gradients sum over the minor half."""
-    mesh = Mesh(np.arange(8).reshape(2, 4), ("data", "model"))  # positions stand for devices
+def test_the_finest_mesh_cuts_axes_into_prime_sub_axes():
+    mesh = pt._finest(Mesh(np.arange(24).reshape(2, 12), ("data", "model")))
+    assert dict(mesh.shape) == {"data": 2, "model.0": 2, "model.1": 2, "model.2": 3}
+    assert mesh.devices.ravel().tolist() == list(range(24))  # the same devices, in order
+
+
+def test_a_shared_factor_splits_its_dims_by_the_major_sub_axes():
+    """2 kv heads, 8 query heads on a model axis of 4 (``model.0`` x ``model.1``): the kv
+    heads split by ``model.0`` (each device holds the kv head of its query heads), the
+    query heads by both; the kv operands' gradients sum over ``model.1``."""
+    mesh = pt._finest(Mesh(np.arange(8).reshape(2, 4), ("data", "model")))
     site = pt._site(ATTN, [(2, 8, 8, 32), (2, 8, 2, 32), (1, 8, 8, 8)], (2, 8, 8, 32))
-    specs = [(("data",), (), ("model",), ()), ((), (), (), ()), ((), (), (), ())]
-    layout = pt._layout(site, mesh, specs)
-    assert dict(layout.mesh.shape) == {"data": 2, "model.major": 2, "model.minor": 2}
-    assert layout.mesh.devices.ravel().tolist() == list(range(8))  # the same order
-    assert layout.axes == {"b": ("data",), "g": ("model.major", "model.minor")}
-    assert layout.alone == {"g": ("model.major",)}
-    assert pt._named(layout, site.dims[1]).spec == P("data", None, "model.major", None)
-    assert pt._named(layout, site.dims[0]).spec == P(
-        "data", None, ("model.major", "model.minor"), None
-    )
-    assert pt._missing_axes(site, site.dims[1], layout) == ("model.minor",)
+    fine = ("model.0", "model.1")
+    specs = [(("data",), (), fine, ()), ((), (), (), ()), ((), (), (), ())]
+    assert pt._assign(site, mesh, specs) == {"b": ("data",), "g": fine}
+    layout = pt._Layout(mesh, {"b": ("data",), "g": fine}, {"g": ("model.0",)})
+    assert pt._named(layout, site.dims[1]).spec == P("data", None, "model.0", None)
+    assert pt._named(layout, site.dims[0]).spec == P("data", None, fine, None)
+    assert pt._missing_axes(site, site.dims[1], layout) == ("model.1",)
     assert pt._missing_axes(site, site.dims[0], layout) == ()
 
 

@@ -1,9 +1,10 @@
 """Optimized programs on 8 host CPU devices keep ``jax.jit``'s SPMD partitioning.
 
 The cases run in one subprocess (``sharded_cases.py``: the device count is fixed when JAX
-starts). For a linen attention block, a GQA Llama-style block, Hugging Face FlaxBert and
-attnax's decoder (living model code, when the ``zoo`` extra is installed), on
-data, tensor and data x tensor meshes, under Shardy (and one case under GSPMD): the rules
+starts). For a linen attention block, a GQA Llama-style block, Hugging Face FlaxBert,
+Hugging Face FlaxLlama (2 kv heads: fewer than the model axis) and attnax's decoder (living
+model code, when the ``zoo`` extra is installed), on data, tensor and data x tensor meshes,
+under Shardy (and two cases under GSPMD): the rules
 fire, outputs and gradients equal ``jax.jit``'s, output and gradient shardings are
 ``jax.jit``'s, and the compiled forward and gradient programs have no more all-gather /
 all-to-all / collective-permute instructions than ``jax.jit``'s. A ``shard_map`` body's
@@ -36,6 +37,10 @@ CASES = [
     "attnax/both/xla",
     *(f"{m}/{k}/xla" for m in MODELS for k in ("data", "tensor")),
     "mha/both/gspmd/xla",
+    # Hugging Face FlaxLlama: 8 query heads over 2 kv heads, fewer than the model axis (4)
+    "llama/tensor/xla",
+    "llama/both/xla",
+    "llama/both/gspmd/xla",
 ]
 SCRIPT = Path(__file__).with_name("sharded_cases.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +51,7 @@ def results() -> dict[str, dict]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     cases = [c for c in CASES if zoo.has("attnax") or not c.startswith("attnax")]
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *cases, "llama/tensor/xla", "shard_map", "shard_map/vma/xla", "vmap/xla",
+        [sys.executable, str(SCRIPT), *cases, "shard_map", "shard_map/vma/xla", "vmap/xla",
          "counter"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800,
     )  # fmt: skip
@@ -65,22 +70,12 @@ def test_sharded_program_partitions_like_jit(results: dict[str, dict], case: str
         pytest.skip("attnax is not installed (make zoo)")
     r = results[case]
     assert any(rule.startswith("attention") for rule in r["rules"]), r["rules"]
-    assert "gemm_epilogue" in r["rules"]
+    assert any(rule.startswith("gemm_epilogue") for rule in r["rules"]), r["rules"]
     assert r["out_rel"] < 1e-5 and r["grad_rel"] < 1e-5, r
     assert r["out_sharding"] and r["grad_sharding"], r
     for prog in ("", "_grad"):
         for kind, n in r["opt" + prog].items():
             assert n <= r["jit" + prog][kind], (prog or "forward", kind, r)
-
-
-def test_kv_heads_fewer_than_the_model_axis_stay_whole(results: dict[str, dict]) -> None:
-    """2 kv heads on a model axis of 4: Shardy splits the axis into sub-axes, which no mesh
-    axes express; the kernel then takes its heads whole (more all-gathers than jax.jit's,
-    docs/JAX.md) and the results are still jax.jit's."""
-    r = results["llama/tensor/xla"]
-    assert any(x.startswith("attention") for x in r["rules"])
-    assert r["out_rel"] < 1e-5 and r["grad_rel"] < 1e-5, r
-    assert r["out_sharding"] and r["grad_sharding"], r
 
 
 @pytest.mark.parametrize("case", ["shard_map", "shard_map/vma/xla"])
