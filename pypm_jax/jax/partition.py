@@ -53,7 +53,7 @@ from jax.experimental.custom_partitioning import (
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .._terms import Operator
+from ..core.terms import Operator
 from . import _compat
 
 Dim = str | tuple[str, ...] | None
