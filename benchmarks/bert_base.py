@@ -71,7 +71,7 @@ def _rule_definitions() -> tuple[float, float]:
     yet in this process), and to load them (with their patterns' compile summaries) from
     the package's prebuilt data into copies whose definitions are unbuilt."""
     import pypm_jax.rules as R
-    from pypm_jax._frontend import Rule
+    from pypm_jax.lang.frontend import Rule
     from pypm_jax.rules import _prebuilt
 
     rules = R.standard_rules()  # the default rules, not primed
@@ -117,7 +117,7 @@ def main() -> None:
     rules = default_rules()
     # compiling the rules' patterns happens once per process (cached by definition); its
     # cost is reported on its own, and the phases below run with the rules compiled
-    from pypm_jax._fast import Matcher, _compiled
+    from pypm_jax.engine.fast import Matcher, _compiled
 
     _compiled.clear()
     _, t_compile = timed(lambda: Matcher([r.definition.pattern for r in rules]))

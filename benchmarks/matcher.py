@@ -18,14 +18,14 @@ Measured in one run, on the same list of values, each the median of ``--repeat``
 matched several times per sample), with the garbage collector off during a sample (as
 ``timeit`` does):
 
-* ``fast``       — :class:`pypm_jax._fast.Matcher` (root-operator index + compiled code):
-  the first matching pattern of each value, with its :class:`~pypm_jax._match.Match`;
+* ``fast``       — :class:`pypm_jax.engine.fast.Matcher` (root-operator index + compiled code):
+  the first matching pattern of each value, with its :class:`~pypm_jax.core.match.Match`;
 * ``fast cold``  — the same, one pass per sample, with the CPU caches flushed before it
   (a graph of 10³ nodes otherwise sits in L2 across samples, 10⁶ never does);
 * ``not compact`` — ``fast`` on the same graph before :meth:`Graph.compact` laid its
   values' input tuples out in order (as built by ``add_node`` calls, whose temporaries
   scatter them; the lifters compact every graph they build);
-* ``reference``  — the paper's machine (:mod:`pypm_jax._machine`): every pattern tried at
+* ``reference``  — the paper's machine (:mod:`pypm_jax.semantics.machine`): every pattern tried at
   every value, in order, as a matcher without an index would;
 * ``ref+index``  — the reference machine behind the same root-operator index (to show how
   much of the gap is the index and how much the compiled code);
@@ -49,8 +49,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pypm_jax import _machine  # noqa: E402
-from pypm_jax._calculus import (  # noqa: E402
+from pypm_jax.core.calculus import (  # noqa: E402
     EAnd,
     EAttr,
     ECmp,
@@ -68,10 +67,11 @@ from pypm_jax._calculus import (  # noqa: E402
     PMu,
     PVar,
 )
-from pypm_jax._dtypes import as_dtype  # noqa: E402
-from pypm_jax._fast import Matcher  # noqa: E402
-from pypm_jax._graph import Graph, Value  # noqa: E402
-from pypm_jax._terms import Operator  # noqa: E402
+from pypm_jax.core.dtypes import as_dtype  # noqa: E402
+from pypm_jax.core.graph import Graph, Value  # noqa: E402
+from pypm_jax.core.terms import Operator  # noqa: E402
+from pypm_jax.engine.fast import Matcher  # noqa: E402
+from pypm_jax.semantics import machine as _machine  # noqa: E402
 
 F32, BF16 = as_dtype("f32"), as_dtype("bf16")
 

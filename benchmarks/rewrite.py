@@ -7,9 +7,9 @@ rule's guard passes on this model (the others are written for shapes or dtypes i
 have: bf16 attention, 2-D GEMMs, bf16 layer norm), so exactly 1,000 rewrites fire — each
 replacing a dot, a bias add and the spelled-out GELU by one fused node.
 
-* ``matching alone``: :meth:`pypm_jax._fast.Matcher.scan` of the graph with the four patterns
+* ``matching alone``: :meth:`pypm_jax.engine.fast.Matcher.scan` of the graph with the four patterns
   (the first match of each value);
-* ``rewriting``: :func:`pypm_jax._rewrite.rewrite` of a fresh copy of the graph (same sweep,
+* ``rewriting``: :func:`pypm_jax.engine.rewrite.rewrite` of a fresh copy of the graph (same sweep,
   plus the rule guards, the 1,000 rewrites, dead-code removal and the report). The patterns
   the driver compiles (each rule's pattern with its guard joined in, ``guarded_pattern``)
   are compiled before timing, as the scan's are.
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import matcher as bench  # noqa: E402
 
-from pypm_jax._calculus import (  # noqa: E402
+from pypm_jax.core.calculus import (  # noqa: E402
     EAttr,
     ECmp,
     EConst,
@@ -50,9 +50,9 @@ from pypm_jax._calculus import (  # noqa: E402
     RuleDef,
     RVar,
 )
-from pypm_jax._fast import Matcher  # noqa: E402
-from pypm_jax._rewrite import guarded_pattern, rewrite  # noqa: E402
-from pypm_jax._terms import Operator  # noqa: E402
+from pypm_jax.core.terms import Operator  # noqa: E402
+from pypm_jax.engine.fast import Matcher  # noqa: E402
+from pypm_jax.engine.rewrite import guarded_pattern, rewrite  # noqa: E402
 
 FUSED_ATTENTION = Operator("fused_attention", 3, namespace="bench")
 FUSED_GEMM_GELU = Operator("fused_gemm_gelu", 3, namespace="bench")

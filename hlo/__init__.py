@@ -12,7 +12,7 @@ See ``docs/HLO.md``.
 
 from __future__ import annotations
 
-from ._compat import execute
+from ._editor import execute
 from ._emit import Emitted, emit
 from ._find import SiteReport, find, normalize_rules
 from ._lift import HloError, lift, module_path, nested_graphs

@@ -35,7 +35,7 @@ import numpy as np
 import pypm_jax as pm
 from pypm_jax import FormatError, RewriteRecord
 
-from . import _compat
+from . import _editor, _snapshot
 from ._find import NORMALIZE_RULES, SiteReport, _children
 from ._lift import SMALL_CONST_ELEMENTS, Path, _entry, _is_const, _Lifter, call_scope
 from ._ops import TABLE
@@ -81,7 +81,7 @@ def emit(
 ) -> Emitted:
     """Rewrite ``module`` (anything :func:`hlo.lift` takes; never changed itself) with
     ``rules`` (default: the standard library) and return the new module's text."""
-    snapshot, editor = _compat.load_for_editing(module, small=SMALL_CONST_ELEMENTS)
+    snapshot, editor = _editor.load_for_editing(module, small=SMALL_CONST_ELEMENTS)
     fn = _entry(snapshot, function)
     lifter = _Lifter(snapshot, track=True)
     graph = lifter.function(fn)
@@ -152,7 +152,7 @@ class _Emitter:
     is in the block that holds the call, where the other values of the same graph are."""
 
     def __init__(
-        self, mod: _compat.Module, fn: _compat.Func, lifter: _Lifter, editor: _compat.Editor
+        self, mod: _snapshot.Module, fn: _snapshot.Func, lifter: _Lifter, editor: _editor.Editor
     ) -> None:
         self.mod = mod
         self.fn = fn
@@ -163,7 +163,7 @@ class _Emitter:
         self.inlined: dict[Path, tuple[dict[int, int], dict[Any, int]]] = {}
         self.kernels: dict[Any, str] = {}  # kernel signature -> its private function
         self.defined: dict[Any, frozenset[int]] = {}
-        self.owners: dict[_compat.Block, _compat.Op] = {}  # region body -> its op
+        self.owners: dict[_snapshot.Block, _snapshot.Op] = {}  # region body -> its op
         pending = [f.body for f in mod.funcs.values()]
         while pending:
             for op in pending.pop().ops:
@@ -275,7 +275,7 @@ class _Emitter:
             raise _Skip(f"{what} is no value of the module (lifting or normalization made it)")
         path, vid = found
         while vid not in self._defined(path):  # captured: defined in a block around
-            if not path or not isinstance(path[-1], _compat.Block):
+            if not path or not isinstance(path[-1], _snapshot.Block):
                 raise _Skip(f"{what} is captured from no block around its region")
             path = path[:-1]
         vid = self._real(path, vid)
@@ -283,7 +283,7 @@ class _Emitter:
 
     def _real(self, path: Path, vid: int) -> int:
         """Value ``vid`` of the block ``path`` leads to, as a value of the edited module."""
-        calls = [i for i, step in enumerate(path) if isinstance(step, _compat.Op)]
+        calls = [i for i, step in enumerate(path) if isinstance(step, _snapshot.Op)]
         if not calls:
             return vid
         values, _ = self._inline(path[: calls[-1] + 1])
@@ -294,7 +294,7 @@ class _Emitter:
         found = self.inlined.get(path)
         if found is None:
             call, outer = path[-1], path[:-1]
-            calls = [i for i, step in enumerate(outer) if isinstance(step, _compat.Op)]
+            calls = [i for i, step in enumerate(outer) if isinstance(step, _snapshot.Op)]
             if calls:
                 _, ops = self._inline(outer[: calls[-1] + 1])
                 ref = ops[call]
@@ -315,7 +315,7 @@ class _Emitter:
         if found is None:
             if step is None:
                 block = self.fn.body
-            elif isinstance(step, _compat.Op):
+            elif isinstance(step, _snapshot.Op):
                 block = self.mod.funcs[step.attrs["callee"]].body
             else:
                 block = step

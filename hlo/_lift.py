@@ -36,10 +36,7 @@ from __future__ import annotations
 
 __all__ = ["lift", "HloError", "SMALL_CONST_ELEMENTS", "module_path", "nested_graphs"]
 
-import importlib.util
-import linecache
 import math
-import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -48,9 +45,10 @@ from typing import Any
 import numpy as np
 
 from pypm_jax import PyPMError, SourceLoc, as_dtype
+from pypm_jax.core.source import is_library_file, source_loc
 from pypm_jax.jax import primitives as P
 
-from . import _compat
+from . import _reader, _snapshot
 from ._ops import REDUCERS, opaque_op, spec_for
 
 # Non-splat constant arrays up to this many elements become const nodes (as in the jaxpr
@@ -60,7 +58,7 @@ SMALL_CONST_ELEMENTS = 64
 
 # Where a block is, from the entry function's body: the ``func.call`` ops whose callee bodies
 # were inlined and the region blocks entered on the way (see ``_Lifter.defs``).
-Path = tuple["_compat.Op | _compat.Block", ...]
+Path = tuple["_snapshot.Op | _snapshot.Block", ...]
 
 
 class HloError(PyPMError):
@@ -69,21 +67,6 @@ class HloError(PyPMError):
 
 # ---------------------------------------------------------------------------- locations
 
-
-def _library_dirs() -> tuple[str, ...]:
-    """Frames in these packages are not the user's (JAX itself already drops its own)."""
-    dirs = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
-    for name in ("jax", "jaxlib", "flax", "pypm_jax", "optax", "chex"):
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is not None and spec.origin:
-            dirs.append(os.path.dirname(os.path.abspath(spec.origin)) + os.sep)
-    return tuple(dirs)
-
-
-_LIBRARY_DIRS = _library_dirs()
 
 # Scopes that are transforms of what they wrap (``jvp(MLP)`` is the scope MLP) and scopes JAX
 # adds itself at lowering (``jit(apply)``, ``jit(_where)``), dropped.
@@ -181,11 +164,11 @@ def lift(module: Any, *, function: str | None = None) -> Any:
     Raises :class:`~pypm_jax.FormatError` for input that is not an MLIR module and
     :class:`HloError` for a module without the function asked for.
     """
-    mod = _compat.load(module, small=SMALL_CONST_ELEMENTS)
+    mod = _reader.load(module, small=SMALL_CONST_ELEMENTS)
     return _Lifter(mod).function(_entry(mod, function))
 
 
-def _entry(mod: _compat.Module, function: str | None) -> _compat.Func:
+def _entry(mod: _snapshot.Module, function: str | None) -> _snapshot.Func:
     if function is not None:
         fn = mod.funcs.get(function)
         if fn is None:
@@ -226,7 +209,7 @@ def _identity(binop: str, dtype: str | None) -> Any:
 class _Lifter:
     """One lifting run over a snapshot module."""
 
-    def __init__(self, mod: _compat.Module, *, track: bool = False) -> None:
+    def __init__(self, mod: _snapshot.Module, *, track: bool = False) -> None:
         self.mod = mod
         self.track = track  # keep what an editor of the module needs (hlo.emit)
         # graph value -> (path, id) of the MLIR value it was first lifted from: the value
@@ -234,13 +217,12 @@ class _Lifter:
         # inlined calls (the call op) and region bodies (the region's block). A region's
         # captured value has the region's path (it is defined in a block around it).
         self.defs: dict[Any, tuple[Path, int]] = {}
-        self.sources: dict[tuple[str, int], SourceLoc] = {}
-        self.wheres: dict[tuple[_compat.Loc, _Site], tuple[SourceLoc | None, str]] = {}
-        self.producers: dict[int, _compat.Op] = {}
+        self.wheres: dict[tuple[_snapshot.Loc, _Site], tuple[SourceLoc | None, str]] = {}
+        self.producers: dict[int, _snapshot.Op] = {}
 
     # ---------------------------------------------------------------- graphs
 
-    def function(self, fn: _compat.Func) -> Any:
+    def function(self, fn: _snapshot.Func) -> Any:
         from pypm_jax import Graph
 
         g = Graph()
@@ -258,7 +240,9 @@ class _Lifter:
         g.dce()  # broadcasts read through and unused reduction inits
         return g
 
-    def _region(self, block: _compat.Block, site: _Site, stack: tuple[str, ...], path: Path) -> Any:
+    def _region(
+        self, block: _snapshot.Block, site: _Site, stack: tuple[str, ...], path: Path
+    ) -> Any:
         """A region's body as a graph of its own; values it captures become inputs."""
         from pypm_jax import Graph
 
@@ -286,11 +270,11 @@ class _Lifter:
         return g
 
     @staticmethod
-    def _value_types(block: _compat.Block) -> Callable[[int], _compat.TypeSpec]:
+    def _value_types(block: _snapshot.Block) -> Callable[[int], _snapshot.TypeSpec]:
         """Types of values a block reads but does not define (from their readers)."""
-        found: dict[int, _compat.TypeSpec] = {}
+        found: dict[int, _snapshot.TypeSpec] = {}
 
-        def walk(b: _compat.Block) -> None:
+        def walk(b: _snapshot.Block) -> None:
             for op in b.ops:
                 for vid, t in zip(op.operands, op.operand_types, strict=True):
                     found.setdefault(vid, t)
@@ -315,7 +299,7 @@ class _Lifter:
     def _block(
         self,
         g: Any,
-        block: _compat.Block,
+        block: _snapshot.Block,
         env: dict[int, Any],
         site: _Site,
         stack: tuple[str, ...],
@@ -342,13 +326,13 @@ class _Lifter:
 
     # ---------------------------------------------------------------- sources
 
-    def _where(self, loc: _compat.Loc, site: _Site) -> tuple[SourceLoc | None, str]:
+    def _where(self, loc: _snapshot.Loc, site: _Site) -> tuple[SourceLoc | None, str]:
         key = (loc, site)
         found = self.wheres.get(key)
         if found is None:
             source = None
             for file, line in loc.frames:
-                if not file.startswith(_LIBRARY_DIRS):
+                if not is_library_file(file):
                     source = self._source(file, line)
                     break
             name = next((n for n in loc.names if not n.endswith(":")), "")
@@ -361,18 +345,14 @@ class _Lifter:
         return found
 
     def _source(self, file: str, line: int) -> SourceLoc:
-        key = (file, line)
-        found = self.sources.get(key)
-        if found is None:
-            found = self.sources[key] = SourceLoc(file, line, linecache.getline(file, line).strip())
-        return found
+        return source_loc(file, line)
 
     # ---------------------------------------------------------------- ops
 
     def _op(
         self,
         g: Any,
-        op: _compat.Op,
+        op: _snapshot.Op,
         read: Callable[[int], Any],
         site: _Site,
         stack: tuple[str, ...],
@@ -382,7 +362,7 @@ class _Lifter:
         meta = {"module_path": where, "hlo_op": op.name}
         if op.name == "stablehlo.constant":
             value = op.attrs.get("value")
-            if isinstance(value, _compat.Dense) and len(op.results) == 1:
+            if isinstance(value, _snapshot.Dense) and len(op.results) == 1:
                 return [self._constant(g, value, op.types[0])]
         elif op.name == "func.call":
             outs = self._call(g, op, read, _Site(where, source), stack, path)
@@ -419,7 +399,7 @@ class _Lifter:
     def _opaque(
         self,
         g: Any,
-        op: _compat.Op,
+        op: _snapshot.Op,
         read: Callable[[int], Any],
         meta: dict[str, Any],
         source: SourceLoc | None,
@@ -447,7 +427,7 @@ class _Lifter:
     def _call(
         self,
         g: Any,
-        op: _compat.Op,
+        op: _snapshot.Op,
         read: Callable[[int], Any],
         site: _Site,
         stack: tuple[str, ...],
@@ -462,7 +442,7 @@ class _Lifter:
         env = {a: read(o) for a, o in zip(callee.body.args, op.operands, strict=True)}
         return self._block(g, callee.body, env, site, (*stack, callee.name), None, (*path, op))
 
-    def _constant(self, g: Any, dense: _compat.Dense, t: _compat.TypeSpec) -> Any:
+    def _constant(self, g: Any, dense: _snapshot.Dense, t: _snapshot.TypeSpec) -> Any:
         shape, dtype = t
         if dense.splat:
             return g.add_const(dense.value, shape=shape, dtype=dtype)
@@ -474,7 +454,7 @@ class _Lifter:
     def _reduce(
         self,
         g: Any,
-        op: _compat.Op,
+        op: _snapshot.Op,
         read: Callable[[int], Any],
         source: SourceLoc | None,
         meta: dict[str, Any],
@@ -508,7 +488,7 @@ class _Lifter:
             ).outputs[0]
         return [out]
 
-    def _unconvert(self, op: _compat.Op, ids: Any, ins: list[Any]) -> list[Any]:
+    def _unconvert(self, op: _snapshot.Op, ids: Any, ins: list[Any]) -> list[Any]:
         """The operands of a ``dot_general`` of mixed element types before lowering cast both
         to the result type (JAX does on CPU and GPU). Only casts made by that lowering (at
         the dot's own location) are read through: a cast the program wrote stays."""

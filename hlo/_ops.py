@@ -9,7 +9,7 @@ guards read the same values on both: ``dot_general``'s ``dimension_numbers`` is
 ``convert_element_type`` with a pm ``new_dtype``, and so on.
 
 An entry is an :class:`OpSpec`: the primitive's name, a function from the op (a snapshot
-:class:`~hlo._compat.Op`) to the node's attrs (or None: this instance has no JAX
+:class:`~hlo._snapshot.Op`) to the node's attrs (or None: this instance has no JAX
 equivalent, lift it as opaque), a function picking and ordering the operands (``select``'s
 ``(pred, on_true, on_false)`` is ``select_n(pred, on_false, on_true)``), and whether the op
 is one of JAX's broadcasting binary primitives (see :mod:`hlo._lift` for what that changes).
@@ -29,7 +29,7 @@ from typing import Any
 
 from pypm_jax import Operator, as_dtype
 
-from ._compat import Op
+from ._snapshot import Op
 
 NAMESPACE = "hlo.opaque"
 

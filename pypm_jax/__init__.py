@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ._calculus import RuleDef
-from ._dtypes import DTYPES, DType, as_dtype
-from ._errors import (
+from .core.calculus import RuleDef
+from .core.dtypes import DTYPES, DType, as_dtype
+from .core.errors import (
     FormatError,
     GuardFunctionWarning,
     MatchBudgetError,
@@ -21,13 +21,13 @@ from ._errors import (
     RuleError,
     SourceLoc,
 )
-from ._frontend import Op, PatternFunction, Rule, op, opclass, pattern, rule, var
-from ._frontend import as_pattern_def as _as_pattern_def
-from ._frontend import as_rule_def as _as_rule_def
-from ._guards import Refusal
-from ._match import Match
-from ._registry import guard_fn
-from ._terms import OpClass, Operator, Term, const, leaf
+from .core.match import Match
+from .core.terms import OpClass, Operator, Term, const, leaf
+from .lang.frontend import Op, PatternFunction, Rule, op, opclass, pattern, rule, var
+from .lang.frontend import as_pattern_def as _as_pattern_def
+from .lang.frontend import as_rule_def as _as_rule_def
+from .lang.registry import guard_fn
+from .semantics.guards import Refusal
 
 __all__ = [
     # language
@@ -95,7 +95,7 @@ def match(
     ``budget``: raise :class:`MatchBudgetError` past that many machine steps (default None:
     unbounded).
     """
-    from ._engine import match_first
+    from .engine.select import match_first
 
     return match_first(_as_pattern_def(pattern), term, engine=engine, budget=budget)
 
@@ -105,7 +105,7 @@ def match_all(
 ) -> Iterator[Match]:
     """Every distinct match of ``pattern`` at ``term``, lazily, in exploration order
     (``budget``: as for :func:`match`, for the whole enumeration)."""
-    from ._engine import match_all as _match_all
+    from .engine.select import match_all as _match_all
 
     return _match_all(_as_pattern_def(pattern), term, engine=engine, budget=budget)
 
@@ -120,21 +120,21 @@ def _core(item: Any) -> Any:
 
 def serialize(items: Iterable[Any]) -> bytes:
     """Portable, versioned bytes for operators, patterns and rules (no code inside)."""
-    from ._format import serialize as _serialize
+    from .format import serialize as _serialize
 
     return _serialize([_core(i) for i in items])
 
 
 def deserialize(blob: bytes, *, ops: Any = None) -> list[Any]:
     """Load what :func:`serialize` wrote; never executes code. Raises :class:`FormatError`."""
-    from ._format import deserialize as _deserialize
+    from .format import deserialize as _deserialize
 
     return _deserialize(blob, ops=ops)
 
 
 def rewrite(graph: Any, rules: Sequence[Any], **options: Any) -> Any:
     """Rewrite ``graph`` greedily and destructively to a fixpoint with ``rules`` (in order)."""
-    from ._rewrite import rewrite as _rewrite
+    from .engine.rewrite import rewrite as _rewrite
 
     return _rewrite(graph, [_as_rule_def(r) for r in rules], **options)
 
@@ -145,7 +145,7 @@ def explain(pattern: Any, target: Any, **options: Any) -> Any:
     ``pattern`` may also be a rule (``@pm.rule``): then the explanation says why the rule
     does (not) fire, naming the rule's ``assert`` that failed where its pattern matched.
     """
-    from ._explain import explain as _explain
+    from .engine.explain import explain as _explain
 
     if isinstance(pattern, Rule | RuleDef):
         return _explain(_as_rule_def(pattern), target, **options)
@@ -158,11 +158,11 @@ __all__ += list(_REWRITE_TYPES)
 
 def __getattr__(name: str) -> Any:
     if name == "Graph":
-        from ._graph import Graph
+        from .core.graph import Graph
 
         return Graph
     if name in _REWRITE_TYPES:
-        from . import _rewrite
+        from .engine import rewrite as _rewrite
 
         return getattr(_rewrite, name)
     raise AttributeError(f"module 'pypm_jax' has no attribute {name!r}")

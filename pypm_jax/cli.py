@@ -34,7 +34,7 @@ def parse_arg(text: str) -> Any:
     """``f32[2,8,64]`` as a ``jax.ShapeDtypeStruct`` (``f32`` or ``f32[]``: a scalar)."""
     import jax
 
-    from ._dtypes import as_dtype
+    from .core.dtypes import as_dtype
 
     m = _ARG.match(text)
     try:
@@ -77,8 +77,8 @@ def _rules(spec: str | None) -> list[Any] | None:
 def _from_file(path: str, rules: list[Any] | None) -> tuple[Any, Any]:
     """(report, missed) of a StableHLO/MLIR file."""
     import hlo
-    from pypm_jax._frontend import as_rule_def
     from pypm_jax.jax.missed import missed_sites
+    from pypm_jax.lang.frontend import as_rule_def
     from pypm_jax.rules import default_rules
 
     defs = [as_rule_def(r) for r in (default_rules() if rules is None else rules)]
@@ -135,8 +135,8 @@ def run(argv: Sequence[str] | None = None) -> str:
 
 
 def _report_table(report: Any) -> str:
-    from pypm_jax import _report
-    from pypm_jax._rewrite import printable
+    from pypm_jax.engine import report as _report
+    from pypm_jax.engine.rewrite import printable
 
     return _report.table(report.rows(), printable) if len(report) else "no rewrites"
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pypm_jax as pm
-from pypm_jax._calculus import show
+from pypm_jax.core.calculus import show
 
 # ----------------------------------------------------------------- part 1: the language
 

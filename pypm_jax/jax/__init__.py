@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._report import KernelInfo, register_describe
+from ..engine.report import KernelInfo, register_describe
 from . import primitives
 from . import primitives as prims
 from .impls import KERNEL_IMPLS, register_impl

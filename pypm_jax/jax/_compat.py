@@ -55,9 +55,6 @@ __all__ = [
     "mesh_axes",
 ]
 
-import importlib.util
-import linecache
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -69,7 +66,8 @@ from jax._src import sharding_impls as _sharding_impls
 from jax._src import source_info_util as _siu
 from jax._src.interpreters import partial_eval as _pe
 
-from .._errors import SourceLoc
+from ..core.errors import SourceLoc
+from ..core.source import is_library_file, source_loc
 
 ClosedJaxpr = _jex.ClosedJaxpr
 Jaxpr = _jex.Jaxpr
@@ -133,31 +131,9 @@ def source_context(source_info: Any) -> Any:
 
 # ------------------------------------------------------------------------------ sources
 
-# JAX's own notion of "user frame" excludes JAX and the stdlib; we also exclude Flax and
-# this project (pypm_jax, pallas_kernels), so a node's source is the line of the model
-# (or test) that produced it.
-_EXTRA_EXCLUDED: list[str] = []
-
-
-def _package_dir(module_name: str) -> str | None:
-    """Where an installed package lives, found without importing it (importing flax alone
-    would cost a user's first ``optimize`` call ~0.15 s)."""
-    try:
-        spec = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError):
-        return None
-    path = spec.origin if spec is not None else None
-    return os.path.dirname(path) + os.sep if path else None
-
-
-for _name in ("flax", "pypm_jax", "pallas_kernels", "jaxlib", "optax", "chex"):
-    _d = _package_dir(_name)
-    if _d is not None:
-        _EXTRA_EXCLUDED.append(_d)
-_EXCLUDED_PREFIXES = tuple(_EXTRA_EXCLUDED)
-# (file, line) -> its SourceLoc: the equations of one model line share it, and linecache
-# would return the same text anyway
-_LOCS: dict[tuple[str, int], SourceLoc] = {}
+# JAX's own notion of "user frame" excludes JAX and the standard library; the project's
+# (core.source) also excludes Flax and this project, so a node's source is the line of the
+# model (or test) that produced it.
 
 
 def _frames(traceback: Any) -> Iterator[Any]:
@@ -173,28 +149,17 @@ def user_frame(source_info: Any) -> SourceLoc | None:
         codes, lastis = tb.raw_frames()
     except Exception:  # a traceback without raw frames: JAX's frame iterator
         for frame in _frames(tb):
-            if not frame.file_name.startswith(_EXCLUDED_PREFIXES):
-                return _loc(frame.file_name, frame.start_line)
+            if not is_library_file(frame.file_name):
+                return source_loc(frame.file_name, frame.start_line)
         return None
     # JAX's user_frames, with the filenames tested before any frame's line is computed:
     # only the frame chosen needs one (a model's traceback has dozens of frames)
     for code, lasti in zip(codes, lastis, strict=True):
         fname = code.co_filename
-        if fname.startswith(_EXCLUDED_PREFIXES) or not _siu.is_user_filename(fname):
+        if is_library_file(fname) or not _siu.is_user_filename(fname):
             continue
-        return _loc(fname, _siu.raw_frame_to_frame(code, lasti).start_line)
+        return source_loc(fname, _siu.raw_frame_to_frame(code, lasti).start_line)
     return None
-
-
-def _loc(fname: str, line: int) -> SourceLoc:
-    key = (fname, line)
-    loc = _LOCS.get(key)
-    if loc is None:
-        text = linecache.getline(fname, line).strip()
-        if len(_LOCS) >= 4096:
-            _LOCS.clear()
-        loc = _LOCS[key] = SourceLoc(fname, line, text)
-    return loc
 
 
 def name_stack(source_info: Any) -> Any:

@@ -19,7 +19,7 @@ __all__ = ["KERNEL_IMPLS", "register_impl", "impl_for"]
 from collections.abc import Callable
 from typing import Any
 
-from .._terms import Operator
+from ..core.terms import Operator
 
 KERNEL_IMPLS: dict[Operator, Callable[..., Any]] = {}
 

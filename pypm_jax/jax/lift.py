@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from .._dtypes import DType, as_dtype
-from .._errors import SourceLoc
+from ..core.dtypes import DType, as_dtype
+from ..core.errors import SourceLoc
 from . import _compat
 from .primitives import lift_attrs, op_for, opaque_op, spec_for
 
@@ -137,7 +137,7 @@ class LiftedProgram:
 
 
 def _graph_cls() -> Any:
-    from .._graph import Graph  # written beside this bridge; imported when first needed
+    from ..core.graph import Graph  # written beside this bridge; imported when first needed
 
     return Graph
 

@@ -35,9 +35,9 @@ import jax
 import numpy as np
 from jax import lax
 
-from .._dtypes import DType, as_dtype
-from .._errors import PyPMError
-from .._terms import CONST, LEAF, Operator
+from ..core.dtypes import DType, as_dtype
+from ..core.errors import PyPMError
+from ..core.terms import CONST, LEAF, Operator
 from . import _compat
 from .impls import KERNEL_IMPLS
 from .lift import NESTED_PARAMS, EqnInfo, LiftedProgram, Region, eqn_info

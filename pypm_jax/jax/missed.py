@@ -25,13 +25,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._calculus import RuleDef
-from .._errors import SourceLoc
-from .._explain import Attempt, _attempt, _rule_attempt
-from .._fast import root_operators
-from .._graph import Graph, Node, Value
-from .._report import short_path
-from .._rewrite import printable
+from ..core.calculus import RuleDef
+from ..core.errors import SourceLoc
+from ..core.graph import Graph, Node, Value
+from ..engine.explain import Attempt, _attempt, _rule_attempt
+from ..engine.fast import root_operators
+from ..engine.report import short_path
+from ..engine.rewrite import printable
 from .lift import LiftedProgram
 
 # Elementwise ops a softmax or an activation is made of, between the sites' anchors.

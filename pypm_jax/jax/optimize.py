@@ -25,7 +25,6 @@ import importlib.util
 import inspect
 import logging
 import os
-import sys
 import time
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
@@ -34,12 +33,13 @@ from typing import Any
 
 import jax
 
-from .._calculus import PatternDef, RuleDef
-from .._errors import RuleError
-from .._frontend import PatternFunction, Rule, as_rule_def
-from .._graph import Value
-from .._rewrite import RewriteRecord, RewriteResult, printable, rewrite
-from .._terms import LEAF
+from ..core.calculus import PatternDef, RuleDef
+from ..core.errors import RuleError
+from ..core.graph import Value
+from ..core.source import user_stacklevel
+from ..core.terms import LEAF
+from ..engine.rewrite import RewriteRecord, RewriteResult, printable, rewrite
+from ..lang.frontend import PatternFunction, Rule, as_rule_def
 from . import _compat
 from .lift import LiftedProgram, eqn_info, lift
 from .lower import lower
@@ -102,10 +102,10 @@ def rewrite_nested(target: Any, rules: Sequence[Any], **options: Any) -> Rewrite
     """Rewrite a lifted program (or graph) and every scan/while/cond body inside it.
 
     The report lists the outer program's rewrites first, then each body's (depth first, in
-    node order); the canonicalizing ones are in its ``canonical``. ``options`` go to :func:`pypm_jax._rewrite.rewrite` (``max_iterations``,
+    node order); the canonicalizing ones are in its ``canonical``. ``options`` go to :func:`pypm_jax.engine.rewrite.rewrite` (``max_iterations``,
     ``engine``, ``shareable``: by default :func:`mask_plumbing`; ``check_types``: by default
     on, a rule replacing a value by one of another type raises
-    :class:`~pypm_jax._errors.RuleError`; ``weak_type``: by default the lifted avals').
+    :class:`~pypm_jax.core.errors.RuleError`; ``weak_type``: by default the lifted avals').
     """
     defs = [as_rule_def(r) for r in rules]
     options.setdefault("shareable", mask_plumbing)
@@ -225,7 +225,7 @@ JIT_OPTIONS = (
     "inline",
     "compiler_options",
 )
-# ``pypm_jax._rewrite.rewrite``'s options.
+# ``pypm_jax.engine.rewrite.rewrite``'s options.
 REWRITE_OPTIONS = tuple(
     name
     for name, p in inspect.signature(rewrite).parameters.items()
@@ -288,24 +288,6 @@ class _Entry:
 
     def original(self, *flat: Any) -> list[Any]:
         return _compat.jaxpr_as_fun(self.closed)(*flat)
-
-
-_LIBRARY_DIRS = tuple(
-    os.path.dirname(m.__file__) + os.sep for m in (jax,) if getattr(m, "__file__", None)
-) + (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)
-
-
-def _user_stacklevel() -> int:
-    """The ``stacklevel`` of the innermost caller outside JAX and pypm_jax (for warnings)."""
-    frame = sys._getframe(1)
-    level = 1
-    while frame is not None:
-        fname = frame.f_code.co_filename
-        if not fname.startswith(_LIBRARY_DIRS) and not fname.startswith("<"):
-            return level
-        frame = frame.f_back
-        level += 1
-    return 1
 
 
 def _name(fn: Any) -> str:
@@ -405,7 +387,7 @@ class Optimized:
         warnings.warn(
             printable(f"pm.optimize({_name(self.fn)}): {why}; rewriting without it"),
             RuleDisabledWarning,
-            stacklevel=_user_stacklevel(),
+            stacklevel=user_stacklevel(),
         )
 
     # -- signatures
@@ -523,7 +505,7 @@ class Optimized:
         warnings.warn(
             printable(f"pm.optimize({_name(self.fn)}): {why}; running the original program"),
             OptimizationFallbackWarning,
-            stacklevel=_user_stacklevel(),
+            stacklevel=user_stacklevel(),
         )
 
     # -- calling
@@ -605,7 +587,7 @@ class Optimized:
                 f"({_describe(exc)}); running the original program for this call"
             ),
             OptimizationFallbackWarning,
-            stacklevel=_user_stacklevel(),
+            stacklevel=user_stacklevel(),
         )
         return out
 

@@ -65,7 +65,7 @@ from jax.experimental.custom_partitioning import (
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .._terms import Operator
+from ..core.terms import Operator
 from . import _compat
 
 Dim = str | tuple[str, ...] | None

@@ -47,9 +47,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .._dtypes import as_dtype
-from .._registry import register_op
-from .._terms import Operator
+from ..core.dtypes import as_dtype
+from ..core.terms import Operator
+from ..lang.registry import register_op
 
 NAMESPACE = "jax"
 

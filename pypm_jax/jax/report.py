@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import PyPMError
-from .._rewrite import RewriteRecord, RewriteReport, printable
+from ..core.errors import PyPMError
+from ..engine.rewrite import RewriteRecord, RewriteReport, printable
 
 
 class OptimizationFallbackWarning(UserWarning):

@@ -27,9 +27,9 @@ __all__ = [
 import math
 from typing import Any, NamedTuple
 
-from .._registry import guard_fn
-from .._terms import CONST
+from ..core.terms import CONST
 from ..jax.primitives import is_table_op
+from ..lang.registry import guard_fn
 from ._plans import GemmPlan, gemm_plan
 from ._region import PRIMS, Region, Step, region_error, step
 

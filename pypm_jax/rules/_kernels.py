@@ -39,8 +39,8 @@ from typing import Any
 
 import pypm_jax as pm
 
-from .._dtypes import as_dtype
-from .._report import KernelInfo, register_describe
+from ..core.dtypes import as_dtype
+from ..engine.report import KernelInfo, register_describe
 from ..jax import Partitioning, register_impl, register_partitioning
 from ._gemm_regions import GemmRegionPlan
 from ._plans import AttentionPlan, GemmPlan

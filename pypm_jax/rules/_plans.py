@@ -69,8 +69,8 @@ __all__ = [
 
 from typing import Any, NamedTuple
 
-from .._guards import Refusal
-from .._registry import guard_fn
+from ..lang.registry import guard_fn
+from ..semantics.guards import Refusal
 from ._region import PRIMS, describe, region_error
 
 # --------------------------------------------------------------------------- helpers

@@ -20,10 +20,10 @@ __all__ = ["finish_region", "region_finishes", "region_index_expr"]
 
 from typing import Any
 
-from .._frontend import opclass
-from .._guards import Refusal
-from .._registry import guard_fn
-from .._terms import CONST
+from ..core.terms import CONST
+from ..lang.frontend import opclass
+from ..lang.registry import guard_fn
+from ..semantics.guards import Refusal
 from ._plans import (
     MASK_FILL_MAX,
     MAX_CAPTURES,

@@ -33,9 +33,9 @@ __all__ = [
 
 from typing import Any
 
-from .._graph import _readers
-from .._registry import guard_fn
+from ..core.graph import _readers
 from ..jax.primitives import is_table_op
+from ..lang.registry import guard_fn
 
 _Frame = tuple[int, tuple[int, ...], dict[int, int]]  # (weight side, dot shape, out axis -> w axis)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pypm_jax._calculus import (
+from pypm_jax.core.calculus import (
     PAlt,
     PApp,
     Param,
@@ -17,9 +17,9 @@ from pypm_jax._calculus import (
     PGuard,
     PVar,
 )
-from pypm_jax._declarative import candidate_terms, holds, holds_def
-from pypm_jax._errors import PatternDefinitionError
-from pypm_jax._terms import const, leaf
+from pypm_jax.core.errors import PatternDefinitionError
+from pypm_jax.core.terms import const, leaf
+from pypm_jax.semantics.declarative import candidate_terms, holds, holds_def
 from pypm_testing.paper import PTREE, UNARY_CHAIN, Div, Mul, Neg, Relu, Split, half, rank_is
 
 a = leaf("a", shape=(2, 3), dtype="f32")

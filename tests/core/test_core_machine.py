@@ -1,6 +1,6 @@
 """The small-step machine rule by rule: each test is one ST-* rule of the paper's appendix.
 
-These exercise ``pypm_jax._machine.step`` on hand-built states and compare the successor
+These exercise ``pypm_jax.semantics.machine.step`` on hand-built states and compare the successor
 state exactly (substitutions, stack and continuation), so they are reference-only; the
 engine-parametrized behaviour tests live in test_core_matching.py.
 """
@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from pypm_jax import _machine as M
-from pypm_jax._calculus import (
+from pypm_jax.core.calculus import (
     PAlt,
     PApp,
     PCall,
@@ -23,9 +22,10 @@ from pypm_jax._calculus import (
     PGuard,
     PVar,
 )
-from pypm_jax._errors import PatternDefinitionError
-from pypm_jax._subst import FreshNames, unfold
-from pypm_jax._terms import const, leaf
+from pypm_jax.core.errors import PatternDefinitionError
+from pypm_jax.core.terms import const, leaf
+from pypm_jax.semantics import machine as M
+from pypm_jax.semantics.subst import FreshNames, unfold
 from pypm_testing.paper import Div, Mul, Neg, Relu, Split, half, rank_is
 from pypm_testing.strategies import spine
 

@@ -1,7 +1,7 @@
 """Matching behaviour every engine must show, written directly in the core calculus.
 
 Each test runs once per engine (fixture ``engine`` in conftest.py) through the one switch,
-``pypm_jax._engine``, and checks the bindings by identity.
+``pypm_jax.engine.select``, and checks the bindings by identity.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pypm_jax._calculus import (
+from pypm_jax.core.calculus import (
     ECall,
     ECmp,
     EConst,
@@ -28,9 +28,9 @@ from pypm_jax._calculus import (
     PMu,
     PVar,
 )
-from pypm_jax._declarative import holds_def
-from pypm_jax._engine import match_all, match_first
-from pypm_jax._terms import OpClass, const, leaf
+from pypm_jax.core.terms import OpClass, const, leaf
+from pypm_jax.engine.select import match_all, match_first
+from pypm_jax.semantics.declarative import holds_def
 from pypm_testing.paper import (
     GELU,
     MMXYT,

@@ -27,10 +27,10 @@ from typing import Any
 
 from hypothesis import event, given, note
 
-from pypm_jax._calculus import PatternDef, show
-from pypm_jax._declarative import holds_def
-from pypm_jax._engine import match_all, match_first
-from pypm_jax._match import Match
+from pypm_jax.core.calculus import PatternDef, show
+from pypm_jax.core.match import Match
+from pypm_jax.engine.select import match_all, match_first
+from pypm_jax.semantics.declarative import holds_def
 from pypm_testing.strategies import pattern_and_term, subterms
 
 MAX_PARAMS = 3

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 
-from pypm_jax import _machine
-from pypm_jax._calculus import (
+from pypm_jax.core.calculus import (
     EAnd,
     EAttr,
     EBin,
@@ -31,7 +30,8 @@ from pypm_jax._calculus import (
     PMu,
     PVar,
 )
-from pypm_jax._terms import Operator
+from pypm_jax.core.terms import Operator
+from pypm_jax.semantics import machine as _machine
 from pypm_testing.strategies import (
     SQRT2_LITERAL,
     G,

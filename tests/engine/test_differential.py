@@ -13,10 +13,11 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pypm_jax import _fast, _machine
-from pypm_jax._fast import CompiledPattern, Matcher, compile_guard
-from pypm_jax._graph import Graph
-from pypm_jax._guards import guard_holds
+from pypm_jax.core.graph import Graph
+from pypm_jax.engine import fast as _fast
+from pypm_jax.engine.fast import CompiledPattern, Matcher, compile_guard
+from pypm_jax.semantics import machine as _machine
+from pypm_jax.semantics.guards import guard_holds
 from pypm_testing.engine import (
     F1,
     LEAVES,

@@ -8,7 +8,7 @@ import re
 import runpy
 
 import pypm_jax as pm
-from pypm_jax._calculus import (
+from pypm_jax.core.calculus import (
     EAttr,
     ECmp,
     EConst,
@@ -24,10 +24,10 @@ from pypm_jax._calculus import (
     PMu,
     PVar,
 )
-from pypm_jax._errors import SourceLoc
-from pypm_jax._explain import explain
-from pypm_jax._graph import Graph
-from pypm_jax._terms import Operator, const, leaf
+from pypm_jax.core.errors import SourceLoc
+from pypm_jax.core.graph import Graph
+from pypm_jax.core.terms import Operator, const, leaf
+from pypm_jax.engine.explain import explain
 from pypm_testing.engine import F1, F2, G2, H2, A, B
 
 X, Y = PVar("x"), PVar("y")

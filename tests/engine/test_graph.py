@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pypm_jax._errors import PyPMError, SourceLoc
-from pypm_jax._graph import Graph, Node, Value
-from pypm_jax._terms import CONST, LEAF, Operator, const, leaf
+from pypm_jax.core.errors import PyPMError, SourceLoc
+from pypm_jax.core.graph import Graph, Node, Value
+from pypm_jax.core.terms import CONST, LEAF, Operator, const, leaf
 from pypm_testing.engine import F1, F2, F32, G2, SPLIT, A, B
 
 RNG = Operator("rng", 1, pure=False)

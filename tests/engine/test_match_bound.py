@@ -14,10 +14,12 @@ import warnings
 import pytest
 
 import pypm_jax as pm
-from pypm_jax import _fast, _machine, _rewrite
-from pypm_jax._calculus import PApp, Param, PatternDef, PMu, PVar
-from pypm_jax._fast import MatchRun, compile_pattern
-from pypm_jax._rewrite import guarded_pattern
+from pypm_jax.core.calculus import PApp, Param, PatternDef, PMu, PVar
+from pypm_jax.engine import fast as _fast
+from pypm_jax.engine import rewrite as _rewrite
+from pypm_jax.engine.fast import MatchRun, compile_pattern
+from pypm_jax.engine.rewrite import guarded_pattern
+from pypm_jax.semantics import machine as _machine
 from pypm_testing.paper_patterns import P  # the paper's P(x, f, g): locals, constraints
 
 

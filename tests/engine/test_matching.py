@@ -6,8 +6,7 @@ import tracemalloc
 
 import pytest
 
-from pypm_jax import _fast
-from pypm_jax._calculus import (
+from pypm_jax.core.calculus import (
     EAttr,
     ECall,
     ECmp,
@@ -27,11 +26,12 @@ from pypm_jax._calculus import (
     PMu,
     PVar,
 )
-from pypm_jax._engine import match_all, match_first
-from pypm_jax._errors import PatternDefinitionError
-from pypm_jax._fast import CompiledPattern, Matcher, compile_pattern
-from pypm_jax._graph import Graph
-from pypm_jax._terms import Operator, const, leaf
+from pypm_jax.core.errors import PatternDefinitionError
+from pypm_jax.core.graph import Graph
+from pypm_jax.core.terms import Operator, const, leaf
+from pypm_jax.engine import fast as _fast
+from pypm_jax.engine.fast import CompiledPattern, Matcher, compile_pattern
+from pypm_jax.engine.select import match_all, match_first
 from pypm_testing.engine import CAT, F1, F2, F32, G2, H2, SPLIT, A, B, C
 
 X, Y, Z = PVar("x"), PVar("y"), PVar("z")
@@ -291,7 +291,9 @@ def test_backends():
 
 def test_generated_source_is_readable():
     cp = compile_pattern(pdef(PGuard(PApp(F1, (X,)), rank_is("x", 2)), "x"))
-    assert "def _first(t0, R=None):" in cp.source and ".shape is not None and bool(len(" in cp.source
+    assert (
+        "def _first(t0, R=None):" in cp.source and ".shape is not None and bool(len(" in cp.source
+    )
 
 
 # ---------------------------------------------------------------------------- the index
@@ -341,7 +343,7 @@ def test_unknown_leaf_types_are_fine():
 def test_recursive_sub_pattern_called_with_a_fresh_name():
     # W(x) = ∃c. g2(U(c), x) with U(u) = f1(U(u)) ‖ u: unfolding W draws a fresh name for c
     # at run time, and the generated code must hand the machine running U that name
-    from pypm_jax import _machine
+    from pypm_jax.semantics import machine as _machine
 
     chain = PMu("U", (Param("u"),), ("c",), PAlt(PApp(F1, (PCall("U", ("u",)),)), PVar("u")))
     outer = PMu("W", (Param("x"),), ("x",), PExists("c", PApp(G2, (chain, PVar("x"))), "term"))
@@ -371,7 +373,7 @@ def test_root_index_and_pre_check_see_constraints_on_the_root():
 def test_machine_unfolds_bodies_whose_existential_nodes_are_shared():
     # one ∃ node object at two places of a recursive body: its two copies draw different
     # fresh names in an unfolding, so the machine unfolds such a body the reference's way
-    from pypm_jax import _machine
+    from pypm_jax.semantics import machine as _machine
 
     e = PExists("e", PApp(F1, (PVar("e"),)), "term")
     body = PAlt(PApp(G2, (e, PCall("U", ("u",)))), PAlt(PApp(F2, (e,)), PVar("u")))

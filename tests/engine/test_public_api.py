@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pypm_jax as pm
-from pypm_jax._fast import compile_pattern
+from pypm_jax.engine.fast import compile_pattern
 
 
 @pm.op

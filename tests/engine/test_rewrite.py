@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pypm_jax._calculus import (
+from pypm_jax.core.calculus import (
     EAttr,
     ECall,
     ECmp,
@@ -27,10 +27,10 @@ from pypm_jax._calculus import (
     RuleDef,
     RVar,
 )
-from pypm_jax._errors import PyPMError, RewriteLimitError, SourceLoc
-from pypm_jax._graph import Graph
-from pypm_jax._rewrite import RewriteRecord, guarded_pattern, rewrite, rewrite_terms
-from pypm_jax._terms import Operator, const
+from pypm_jax.core.errors import PyPMError, RewriteLimitError, SourceLoc
+from pypm_jax.core.graph import Graph
+from pypm_jax.core.terms import Operator, const
+from pypm_jax.engine.rewrite import RewriteRecord, guarded_pattern, rewrite, rewrite_terms
 from pypm_testing.engine import (
     F1,
     F2,
@@ -323,11 +323,11 @@ def test_graphs_whose_ids_do_not_follow_the_order():
 
 _DETERMINISM_SCRIPT = """
 from pypm_testing.engine import F1, F2, G2, H2, A, B
-from pypm_jax._calculus import PApp, Param, PatternDef, PVar, RApp, RuleBranch, RuleDef, RVar
-from pypm_jax._calculus import EConst
-from pypm_jax._graph import Graph
-from pypm_jax._rewrite import rewrite
-from pypm_jax._explain import explain
+from pypm_jax.core.calculus import PApp, Param, PatternDef, PVar, RApp, RuleBranch, RuleDef, RVar
+from pypm_jax.core.calculus import EConst
+from pypm_jax.core.graph import Graph
+from pypm_jax.engine.rewrite import rewrite
+from pypm_jax.engine.explain import explain
 x, y = PVar("x"), PVar("y")
 p1 = PatternDef("F1x", (Param("x"),), PApp(F1, (x,)))
 p2 = PatternDef("G2F2", (Param("x"), Param("y")), PApp(G2, (PApp(F2, (x,)), y)))
@@ -431,7 +431,7 @@ def test_a_long_run_logs_its_progress(engine, monkeypatch, caplog):
     ``pypm_jax.rewrite``, INFO); here every 2 visits, the clock never waited for."""
     import logging
 
-    from pypm_jax import _rewrite
+    from pypm_jax.engine import rewrite as _rewrite
 
     monkeypatch.setattr(_rewrite, "PROGRESS_SECONDS", 0.0)
     monkeypatch.setattr(_rewrite, "_PROGRESS_STRIDE", 2)

@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 import pypm_jax as pm
-from pypm_jax._calculus import (
+from pypm_jax.core.calculus import (
     EConst,
     PApp,
     Param,
@@ -20,10 +20,10 @@ from pypm_jax._calculus import (
     RuleDef,
     RVar,
 )
-from pypm_jax._errors import GuardFunctionWarning, RuleError, SourceLoc
-from pypm_jax._graph import Graph
-from pypm_jax._rewrite import RewriteRecord, RewriteReport, rewrite
-from pypm_jax._terms import Operator, leaf
+from pypm_jax.core.errors import GuardFunctionWarning, RuleError, SourceLoc
+from pypm_jax.core.graph import Graph
+from pypm_jax.core.terms import Operator, leaf
+from pypm_jax.engine.rewrite import RewriteRecord, RewriteReport, rewrite
 
 
 def _same(*xs, **_):

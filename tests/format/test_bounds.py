@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pypm_jax as pm
-from pypm_jax import _calculus
-from pypm_jax._calculus import (
+from pypm_jax.core import calculus as _calculus
+from pypm_jax.core.calculus import (
     EAttr,
     EBin,
     ECall,
@@ -33,7 +33,8 @@ from pypm_jax._calculus import (
     PVar,
     binds_below,
 )
-from pypm_jax._format import (
+from pypm_jax.core.terms import OpClass, Operator
+from pypm_jax.format import (
     MAX_EXPONENT,
     MAX_EXPR_DEPTH,
     MAX_INT_BITS,
@@ -43,9 +44,8 @@ from pypm_jax._format import (
     deserialize,
     serialize,
 )
-from pypm_jax._guards import guard_holds
-from pypm_jax._registry import GUARD_FNS
-from pypm_jax._terms import OpClass, Operator
+from pypm_jax.lang.registry import GUARD_FNS
+from pypm_jax.semantics.guards import guard_holds
 
 F = Operator("F", 1, namespace="tests.bounds")
 G = Operator("G", 2, namespace="tests.bounds")
@@ -147,8 +147,9 @@ small_patterns = st.recursive(
         st.builds(PExists, NAMES, inner),
         st.builds(PConstr, inner, NAMES, inner),
         # a definition instantiated at a variable (``UnaryOp(t)``, body ``F(p)``)
-        st.builds(lambda prm, arg, body: PMu("Q", (Param(prm),), (arg,), body),
-                  NAMES, NAMES, inner),  # fmt: skip
+        st.builds(
+            lambda prm, arg, body: PMu("Q", (Param(prm),), (arg,), body), NAMES, NAMES, inner
+        ),  # fmt: skip
     ),
     max_leaves=12,
 )

@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 import pypm_jax as pm
-from pypm_jax._calculus import PatternDef, RuleDef
-from pypm_jax._format import _EXPR_KINDS, _PATTERN_KINDS, _RHS_KINDS, deserialize, serialize
-from pypm_jax._terms import Operator
+from pypm_jax.core.calculus import PatternDef, RuleDef
+from pypm_jax.core.terms import Operator
+from pypm_jax.format import _EXPR_KINDS, _PATTERN_KINDS, _RHS_KINDS, deserialize, serialize
+from pypm_jax.lang import registry
 from pypm_testing import budget
 from pypm_testing.format_samples import (
     EVERYTHING,
@@ -353,7 +354,7 @@ HOSTILE_NAMES = [
     "builtins.eval",
     "__import__('os').system('touch /tmp/pwned')",
     "importlib.import_module",
-    "pypm_jax._format.serialize",
+    "pypm_jax.format.serialize",
 ]
 
 
@@ -422,5 +423,5 @@ def test_hostile_operator_names_become_inert_operators():
     base["ops"][0].update(name="system", namespace="os")
     (op,) = deserialize(json.dumps(base).encode())
     assert type(op) is Operator and op.qualname == "os.system" and op.infer is None
-    assert "os.system" not in pm._registry.OPS
+    assert "os.system" not in registry.OPS
     _ = FRESH

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 import pypm_jax as pm
-from pypm_jax._calculus import PatternDef, RuleDef
-from pypm_jax._format import deserialize, serialize
-from pypm_jax._terms import Operator
+from pypm_jax.core.calculus import PatternDef, RuleDef
+from pypm_jax.core.terms import Operator
+from pypm_jax.format import deserialize, serialize
 
 INPUTS = int(os.environ.get("PYPM_FUZZ_INPUTS", 100_000))
 SEED = int(os.environ.get("PYPM_FUZZ_SEED", 20))

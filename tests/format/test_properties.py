@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
-from pypm_jax._engine import match_all, match_first
-from pypm_jax._format import deserialize, serialize
+from pypm_jax.engine.select import match_all, match_first
+from pypm_jax.format import deserialize, serialize
 from pypm_testing import budget
 from pypm_testing import format_gen as gen
 from pypm_testing.format_samples import FRESH, assert_same
@@ -37,7 +37,7 @@ def _kinds(items) -> set[tuple[str, str]]:
 
 def test_generator_reaches_every_construct():
     """A check of the generator itself: each entry kind is reachable."""
-    from pypm_jax._format import _EXPR_KINDS, _PATTERN_KINDS, _RHS_KINDS
+    from pypm_jax.format import _EXPR_KINDS, _PATTERN_KINDS, _RHS_KINDS
 
     wanted = [("patterns", k) for k in _PATTERN_KINDS] + [("exprs", k) for k in _EXPR_KINDS]
     wanted += [("rhs", k) for k in _RHS_KINDS]

@@ -7,11 +7,11 @@ import json
 import pytest
 
 import pypm_jax as pm
-from pypm_jax import _registry
-from pypm_jax._calculus import EAttr, ECall, ECmp, EConst, PApp, Param, PatternDef, PGuard, PVar
-from pypm_jax._format import VERSION, deserialize, serialize
-from pypm_jax._registry import GUARD_FNS
-from pypm_jax._terms import Operator
+from pypm_jax.core.calculus import EAttr, ECall, ECmp, EConst, PApp, Param, PatternDef, PGuard, PVar
+from pypm_jax.core.terms import Operator
+from pypm_jax.format import VERSION, deserialize, serialize
+from pypm_jax.lang import registry as _registry
+from pypm_jax.lang.registry import GUARD_FNS
 from pypm_testing.format_samples import FRESH, IS_SQUARE, ITEMS, NS, Conv, MatMul, Relu
 
 
@@ -148,7 +148,7 @@ def test_unknown_guard_function_is_refused_by_name():
 
 
 def test_unregistered_guard_function_cannot_be_serialized():
-    from pypm_jax._calculus import GuardFn
+    from pypm_jax.core.calculus import GuardFn
 
     pdef = PatternDef(
         "G",

@@ -7,8 +7,8 @@ import json
 import pytest
 
 import pypm_jax as pm
-from pypm_jax import _format, _registry
-from pypm_jax._calculus import (
+from pypm_jax import format as _format
+from pypm_jax.core.calculus import (
     EAttr,
     ECmp,
     EConst,
@@ -21,9 +21,10 @@ from pypm_jax._calculus import (
     PVar,
     RuleDef,
 )
-from pypm_jax._engine import match_all, match_first
-from pypm_jax._format import deserialize, serialize
-from pypm_jax._terms import Operator, leaf
+from pypm_jax.core.terms import Operator, leaf
+from pypm_jax.engine.select import match_all, match_first
+from pypm_jax.format import deserialize, serialize
+from pypm_jax.lang import registry as _registry
 from pypm_testing.format_samples import (
     EVERYTHING,
     FRESH,
@@ -306,7 +307,7 @@ def test_the_format_module_imports_nothing_from_jax():
     import sys
 
     code = (
-        "import sys, pypm_jax._format\n"
+        "import sys, pypm_jax.format\n"
         "bad = sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib')))\n"
         "assert not bad, bad\n"
     )

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pypm_jax as pm
-from pypm_jax._calculus import (
+from pypm_jax.core.calculus import (
     EAttr,
     ECmp,
     EConst,
@@ -30,8 +30,8 @@ from pypm_jax._calculus import (
     RuleDef,
     RVar,
 )
-from pypm_jax._format import MAX_BLOB_BYTES, MAX_ENTRIES, deserialize, serialize
-from pypm_jax._terms import Shape
+from pypm_jax.core.terms import Shape
+from pypm_jax.format import MAX_BLOB_BYTES, MAX_ENTRIES, deserialize, serialize
 from pypm_testing.format_samples import FRESH, ITEMS, NS, Concat, Conv, MatMul, Relu, Split
 
 OPS = [
@@ -431,7 +431,7 @@ def test_open_or_non_terminating_definitions_are_refused(pdef, match):
 
 def _tables_of(pdef):
     """The tables a writer would produce for ``pdef``, bypassing its self-check."""
-    from pypm_jax._format import _Writer
+    from pypm_jax.format import _Writer
 
     w = _Writer()
     i = w.index("defs", pdef)

@@ -5,18 +5,18 @@ import sys
 
 CORE = [
     "pypm_jax",
-    "pypm_jax._calculus",
-    "pypm_jax._terms",
-    "pypm_jax._frontend",
-    "pypm_jax._guards",
-    "pypm_jax._subst",
-    "pypm_jax._machine",
-    "pypm_jax._declarative",
-    "pypm_jax._fast",
-    "pypm_jax._graph",
-    "pypm_jax._rewrite",
-    "pypm_jax._explain",
-    "pypm_jax._format",
+    "pypm_jax.core.calculus",
+    "pypm_jax.core.terms",
+    "pypm_jax.lang.frontend",
+    "pypm_jax.semantics.guards",
+    "pypm_jax.semantics.subst",
+    "pypm_jax.semantics.machine",
+    "pypm_jax.semantics.declarative",
+    "pypm_jax.engine.fast",
+    "pypm_jax.core.graph",
+    "pypm_jax.engine.rewrite",
+    "pypm_jax.engine.explain",
+    "pypm_jax.format",
 ]
 
 

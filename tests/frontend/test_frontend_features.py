@@ -1,7 +1,7 @@
 """The DSL's constructs and what they compile to (printed in the paper's notation)."""
 
 import pypm_jax as pm
-from pypm_jax._calculus import PGuard, show
+from pypm_jax.core.calculus import PGuard, show
 from pypm_testing.paper_patterns import Add, MatMul, Relu, Tanh
 
 

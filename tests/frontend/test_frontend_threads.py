@@ -5,7 +5,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pypm_jax as pm
-from pypm_jax import _frontend
+from pypm_jax.lang import frontend as _frontend
 
 
 @pm.op

@@ -1,7 +1,7 @@
 """Every example of the paper's figures, run (tests/pypm_testing/paper_patterns.py)."""
 
 import pypm_jax as pm
-from pypm_jax._calculus import show
+from pypm_jax.core.calculus import show
 from pypm_testing import paper_patterns as pp
 
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 import pypm_jax as pm
-from pypm_jax._calculus import show, show_expr
+from pypm_jax.core.calculus import show, show_expr
 from pypm_jax.jax import KernelInfo, lift, prims, register_describe, register_impl
 from pypm_testing import paper_patterns as pp
 from pypm_testing.golden import ROOT, assert_golden

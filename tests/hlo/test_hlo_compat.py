@@ -1,7 +1,7 @@
-"""The MLIR Python bindings ``hlo`` relies on (``hlo._compat``) still work.
+"""The MLIR Python bindings ``hlo`` relies on (``hlo._reader``, ``hlo._editor``) still work.
 
-If one of these fails after a jaxlib upgrade, fix ``hlo/_compat.py`` (the only module that
-touches ``jaxlib.mlir``) rather than the lifter.
+If one of these fails after a jaxlib upgrade, fix ``hlo/_reader.py`` or ``hlo/_editor.py``
+(the only modules that touch ``jaxlib.mlir``) rather than the lifter.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import pypm_jax as pm
-from hlo import _compat
+from hlo import _editor, _reader
 
 HERE = os.path.abspath(__file__)
 
@@ -74,7 +74,7 @@ def test_context_parses_stablehlo_chlo_func_and_unknown_dialects():
       return %2 : tensor<3xf32>
     }
     """
-    mod = _compat.load(text)
+    mod = _reader.load(text)
     assert [op.name for op in mod.funcs["main"].body.ops] == [
         "chlo.erf",
         "mydialect.thing",
@@ -83,7 +83,7 @@ def test_context_parses_stablehlo_chlo_func_and_unknown_dialects():
 
 
 def test_snapshot_of_a_lowered_function():
-    mod = _compat.load(_lowered())
+    mod = _reader.load(_lowered())
     main = mod.funcs["main"]
     assert main.public and main.body.arg_types == (((2, 4), "f32"), ((4, 3), "f32"))
     assert main.body.arg_names == ("x", "w")
@@ -118,7 +118,7 @@ def test_dense_constants():
       return %a, %b, %c, %d, %e : tensor<3xbf16>, tensor<2x2xi1>, tensor<3xui8>, tensor<f32>, tensor<100xf32>
     }
     """
-    a, b, c, d, e = (op.attrs["value"] for op in _compat.load(text).funcs["main"].body.ops)
+    a, b, c, d, e = (op.attrs["value"] for op in _reader.load(text).funcs["main"].body.ops)
     assert not a.splat and a.dtype == "bf16" and list(a.array.astype(np.float32)) == [1, 2, 3]
     assert b.splat and b.value is True and b.shape == (2, 2) and b.dtype == "bool"
     assert c.dtype == "u8" and list(c.array) == [1, 2, 255]
@@ -132,7 +132,7 @@ def test_dense_constants():
      ("complex<f32>", "c64"), ("index", None)],
 )  # fmt: skip
 def test_element_types(element, name):
-    assert _compat.dtype_name(element) == name
+    assert _reader.dtype_name(element) == name
     if name is not None:
         assert pm.as_dtype(name).name == name
 
@@ -144,13 +144,13 @@ def test_portable_artifact_bytes():
     )
     blob = exported.mlir_module_serialized
     assert bytes(blob[:4]) == b"ML\xefR"
-    mod = _compat.load(bytes(blob))
+    mod = _reader.load(bytes(blob))
     assert "stablehlo.dot_general" in [op.name for op in mod.funcs["main"].body.ops]
 
 
 def test_parse_errors_are_format_errors():
     with pytest.raises(pm.FormatError, match="not a valid MLIR module"):
-        _compat.load("func.func @main( this is not MLIR")
+        _reader.load("func.func @main( this is not MLIR")
 
 
 def test_editor_imports_calls_erases_and_the_result_runs():
@@ -161,7 +161,7 @@ def test_editor_imports_calls_erases_and_the_result_runs():
       return %1 : tensor<3xf32>
     }
     """
-    mod, editor = _compat.load_for_editing(text)
+    mod, editor = _editor.load_for_editing(text)
     exp, tanh = mod.funcs["main"].body.ops
     kernel = jax.jit(lambda a: jnp.sin(a) + 1.0).lower(jnp.ones(3, jnp.float32)).as_text()
     name = editor.import_functions(kernel, "k")
@@ -170,12 +170,12 @@ def test_editor_imports_calls_erases_and_the_result_runs():
     editor.replace_uses(tanh.results[0], new)
     assert editor.erase_dead("main", lambda op: op.startswith("stablehlo.")) == 2  # tanh, exp
     out = editor.text()
-    assert [op.name for op in _compat.load(out).funcs["main"].body.ops] == [
+    assert [op.name for op in _reader.load(out).funcs["main"].body.ops] == [
         "stablehlo.exponential",
         "func.call",
     ]
     x = np.linspace(0.0, 1.0, 3, dtype=np.float32)
-    (got,) = _compat.execute(out, [x])
+    (got,) = _editor.execute(out, [x])
     np.testing.assert_allclose(got, np.sin(np.exp(x)) + 1.0, rtol=1e-6)
 
 
@@ -200,14 +200,14 @@ def test_editor_inlines_a_call_whose_callee_regions_capture_its_values():
       return %r : tensor<3xf32>
     }
     """
-    mod, editor = _compat.load_for_editing(text)
+    mod, editor = _editor.load_for_editing(text)
     first, second = mod.funcs["main"].body.ops
     callee = mod.funcs["f"].body
     values, ops = editor.inline(editor.op_id(first), callee)
     assert set(ops) >= set(callee.ops) and set(values) >= set(callee.args)
     assert editor.verify() is None
     out = editor.text()
-    assert [op.name for op in _compat.load(out).funcs["main"].body.ops] == [
+    assert [op.name for op in _reader.load(out).funcs["main"].body.ops] == [
         "stablehlo.exponential",
         "stablehlo.case",
         "func.call",
@@ -215,9 +215,9 @@ def test_editor_inlines_a_call_whose_callee_regions_capture_its_values():
     editor.inline(editor.op_id(second), callee)
     editor.erase_dead("main", lambda op: op.startswith("stablehlo."))
     out = editor.text()
-    assert "f" not in _compat.load(out).funcs  # no call of it is left
+    assert "f" not in _reader.load(out).funcs  # no call of it is left
     x = np.linspace(0.0, 1.0, 3, dtype=np.float32)
     for p in (0, 1):
-        (got,) = _compat.execute(out, [np.int32(p), x])
-        (want,) = _compat.execute(text, [np.int32(p), x])
+        (got,) = _editor.execute(out, [np.int32(p), x])
+        (want,) = _editor.execute(text, [np.int32(p), x])
         np.testing.assert_allclose(got, want, rtol=1e-6)

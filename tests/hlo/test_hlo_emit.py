@@ -30,7 +30,7 @@ def _interpret_kernels(monkeypatch):
 
 
 def _main(text):
-    return hlo._compat.load(text).funcs["main"].body.ops
+    return hlo._reader.load(text).funcs["main"].body.ops
 
 
 def _kernel_calls(text):
@@ -182,7 +182,7 @@ def _kernels_by_depth(text):
                 if region is not None:
                     walk(region, depth + 1, op.name)
 
-    walk(hlo._compat.load(text).funcs["main"].body, 0, "func.func")
+    walk(hlo._reader.load(text).funcs["main"].body, 0, "func.func")
     return sorted(out)
 
 
@@ -210,7 +210,7 @@ def test_sites_inside_a_scan_are_emitted_in_the_while_body(remat, kernel_impl):
         ("FlashAttention", 1, "stablehlo.while"),
         ("GemmEpilogue", 1, "stablehlo.while"),
     ]
-    body = [op.name for op in hlo._compat.load(result.text).funcs["main"].body.ops]
+    body = [op.name for op in hlo._reader.load(result.text).funcs["main"].body.ops]
     assert "stablehlo.exponential" not in body
     # the inlined layer's ops keep their module paths (named relative to the call's)
     paths = _module_paths(result.text)
@@ -304,7 +304,7 @@ def test_sites_inside_a_private_function_called_twice_are_emitted(kernel_impl):
         ("GemmRegion", 0, "func.func"),
     }
     # inlined at both calls, then erased
-    assert "_inner_dense_gelu" not in hlo._compat.load(result.text).funcs
+    assert "_inner_dense_gelu" not in hlo._reader.load(result.text).funcs
     _assert_runs_like(lowered, result.text, args)
 
 

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pypm_jax.core.source import is_library_file
 from pypm_jax.jax import _compat
 
 HERE = os.path.abspath(__file__)
@@ -79,11 +80,7 @@ def test_user_frame_reads_raw_frames_as_jax_user_frames_does():
         codes, lastis = tb.raw_frames()  # the private API user_frame relies on
         assert len(codes) == len(lastis) > 0
         want = next(
-            (
-                f
-                for f in _compat._frames(tb)
-                if not f.file_name.startswith(_compat._EXCLUDED_PREFIXES)
-            ),
+            (f for f in _compat._frames(tb) if not is_library_file(f.file_name)),
             None,
         )
         got = _compat.user_frame(eqn.source_info)

@@ -11,7 +11,7 @@ import pytest
 from jax import lax
 
 import pypm_jax as pm
-from pypm_jax._terms import CONST
+from pypm_jax.core.terms import CONST
 from pypm_jax.jax import lift, lower, optimize, prims, register_impl, rewrite_nested
 from pypm_testing import corpus
 from pypm_testing.corpus import has_transformers, hf_bert, linen_mha, linen_scan

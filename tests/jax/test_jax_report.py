@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 
 import pypm_jax as pm
-from pypm_jax._errors import SourceLoc
-from pypm_jax._report import Built, short_path
-from pypm_jax._rewrite import RewriteRecord, RewriteReport
+from pypm_jax.core.errors import SourceLoc
+from pypm_jax.engine.report import Built, short_path
+from pypm_jax.engine.rewrite import RewriteRecord, RewriteReport
 from pypm_jax.jax import KernelInfo, register_describe
 
 HERE = os.path.abspath(__file__)

@@ -15,7 +15,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from pypm_jax._calculus import (
+from pypm_jax.core.calculus import (
     EAnd,
     EAttr,
     EBin,
@@ -40,9 +40,9 @@ from pypm_jax._calculus import (
     PMu,
     PVar,
 )
-from pypm_jax._dtypes import as_dtype
-from pypm_jax._registry import GUARD_FNS
-from pypm_jax._terms import Operator, Term, const, leaf
+from pypm_jax.core.dtypes import as_dtype
+from pypm_jax.core.terms import Operator, Term, const, leaf
+from pypm_jax.lang.registry import GUARD_FNS
 
 F32, I8 = as_dtype("f32"), as_dtype("i8")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from pypm_jax._calculus import (
+from pypm_jax.core.calculus import (
     EAnd,
     EAttr,
     EBin,
@@ -44,11 +44,11 @@ from pypm_jax._calculus import (
     RuleDef,
     RVar,
 )
-from pypm_jax._dtypes import DTYPES
-from pypm_jax._errors import SourceLoc
-from pypm_jax._guards import MAX_EXPONENT, power_problem
-from pypm_jax._registry import GUARD_FNS
-from pypm_jax._terms import OpClass
+from pypm_jax.core.dtypes import DTYPES
+from pypm_jax.core.errors import SourceLoc
+from pypm_jax.core.terms import OpClass
+from pypm_jax.lang.registry import GUARD_FNS
+from pypm_jax.semantics.guards import MAX_EXPONENT, power_problem
 from pypm_testing.format_samples import FRESH, OPS
 
 ALL_OPS = (*OPS, FRESH)

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 import pypm_jax as pm
-from pypm_jax._calculus import (
+from pypm_jax.core.calculus import (
     EAnd,
     EAttr,
     EBin,
@@ -45,10 +45,10 @@ from pypm_jax._calculus import (
     RuleDef,
     RVar,
 )
-from pypm_jax._dtypes import DTYPES
-from pypm_jax._errors import SourceLoc
-from pypm_jax._registry import register_guard_fn, register_op
-from pypm_jax._terms import OpClass, Operator
+from pypm_jax.core.dtypes import DTYPES
+from pypm_jax.core.errors import SourceLoc
+from pypm_jax.core.terms import OpClass, Operator
+from pypm_jax.lang.registry import GUARD_FNS, register_guard_fn, register_op
 
 NS = "tests.format"
 MatMul = register_op(Operator("MatMul", 2, namespace=NS, op_class="matmul"))
@@ -125,7 +125,7 @@ GUARD = EAnd(
         ECmp("<=", EBin("*", EConst(2), EConst(3.0)), EBin("/", EConst(7), EConst(2))),
         ECmp(">", EBin("//", EConst(7), EConst(2)), EBin("%", EConst(7), EConst(4))),
         ECmp("not in", EBin("**", EConst(2), EConst(10)), ETuple(())),
-        ECall(pm._registry.GUARD_FNS["len"], (EAttr("y", "shape"),)),
+        ECall(GUARD_FNS["len"], (EAttr("y", "shape"),)),
     )
 )
 

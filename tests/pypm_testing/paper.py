@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pypm_jax._calculus import (
+from pypm_jax.core.calculus import (
     EAnd,
     EAttr,
     ECmp,
@@ -25,7 +25,7 @@ from pypm_jax._calculus import (
     PMu,
     PVar,
 )
-from pypm_jax._terms import Operator, Term
+from pypm_jax.core.terms import Operator, Term
 from pypm_testing.strategies import ptree, unary_chain
 
 

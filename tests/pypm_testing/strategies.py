@@ -85,7 +85,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from pypm_jax._calculus import (
+from pypm_jax.core.calculus import (
     Arg,
     EAnd,
     EAttr,
@@ -114,9 +114,9 @@ from pypm_jax._calculus import (
     PMu,
     PVar,
 )
-from pypm_jax._dtypes import as_dtype
-from pypm_jax._subst import rename_expr
-from pypm_jax._terms import CONST, OpClass, Operator, Term, const, leaf
+from pypm_jax.core.dtypes import as_dtype
+from pypm_jax.core.terms import CONST, OpClass, Operator, Term, const, leaf
+from pypm_jax.semantics.subst import rename_expr
 
 # ----------------------------------------------------------------------------- signature
 

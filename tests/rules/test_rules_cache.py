@@ -22,11 +22,11 @@ import pytest
 
 import pypm_jax as pm
 import pypm_jax.rules as R
-from pypm_jax import _fast
-from pypm_jax._frontend import Rule
-from pypm_jax._rewrite import guarded_pattern
+from pypm_jax.engine import fast as _fast
+from pypm_jax.engine.rewrite import guarded_pattern
 from pypm_jax.jax import lift, prims
 from pypm_jax.jax.optimize import rewrite_nested
+from pypm_jax.lang.frontend import Rule
 
 PACKAGE = os.path.dirname(os.path.abspath(pm.__file__))
 
@@ -309,7 +309,7 @@ def test_the_shipped_file_is_read_without_blocking_and_bounded(monkeypatch):
 
 def _public_key() -> str:
     """The key that cache used: a hash of public data only."""
-    from pypm_jax import _format
+    from pypm_jax import format as _format
 
     h = hashlib.sha256()
     h.update(f"{_format.FORMAT} {_format.VERSION}.{_format.MINOR}\n".encode())

@@ -487,7 +487,7 @@ def test_gemm_plan():
     ["rules.attention_plan", "rules.dpa_plan", "rules.gemm_plan", "rules.activation_of"],
 )
 def test_guard_functions_are_registered_by_name(name):
-    from pypm_jax._registry import GUARD_FNS
+    from pypm_jax.lang.registry import GUARD_FNS
 
     assert name in GUARD_FNS
 

@@ -16,8 +16,8 @@ import pytest
 
 import pypm_jax.rules.attention as attention
 import pypm_jax.rules.gemm as gemm
-from pypm_jax import _rewrite_ast
-from pypm_jax._frontend import PatternFunction, Rule
+from pypm_jax.lang import rewrite_ast as _rewrite_ast
+from pypm_jax.lang.frontend import PatternFunction, Rule
 
 
 def _library_functions() -> list:

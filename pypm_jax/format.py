@@ -44,8 +44,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from . import _registry
-from ._calculus import (
+from .core.calculus import (
     EAnd,
     EAttr,
     EBin,
@@ -81,10 +80,11 @@ from ._calculus import (
     RVar,
     binds_below,
 )
-from ._dtypes import DTYPES, DType
-from ._errors import FormatError, SourceLoc
-from ._guards import MAX_EXPONENT, power_problem
-from ._terms import OpClass, Operator
+from .core.dtypes import DTYPES, DType
+from .core.errors import FormatError, SourceLoc
+from .core.terms import OpClass, Operator
+from .lang import registry as _registry
+from .semantics.guards import MAX_EXPONENT, power_problem
 
 FORMAT = "pypm"
 VERSION = 1  # the major version: a reader refuses every other one

@@ -15,7 +15,7 @@ Decisions the figures leave open follow ``docs/SEMANTICS.md``: ``checkName(x)`` 
 ``const_equal``; operator variables check arity, output index and (when given) output count.
 
 The driver loop is iterative, so the depth of the term never reaches the Python stack; this
-is the reference engine behind ``pypm_jax._engine`` (``engine="reference"``).
+is the reference engine behind ``pypm_jax.engine.select`` (``engine="reference"``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
-from ._calculus import (
+from ..core.calculus import (
     Expr,
     PAlt,
     PApp,
@@ -63,11 +63,11 @@ from ._calculus import (
     PVar,
     show,
 )
-from ._errors import MatchBudgetError, PatternDefinitionError
-from ._guards import guard_holds
-from ._match import Match
-from ._subst import FreshNames, unfold
-from ._terms import Operator, const_equal
+from ..core.errors import MatchBudgetError, PatternDefinitionError
+from ..core.match import Match
+from ..core.terms import Operator, const_equal
+from .guards import guard_holds
+from .subst import FreshNames, unfold
 
 Subst: TypeAlias = Mapping[str, Any]
 """θ: term variables to terms. Never mutated once built."""

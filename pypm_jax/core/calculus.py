@@ -65,8 +65,8 @@ __all__ = [
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from ._errors import SourceLoc
-from ._terms import Operator
+from .errors import SourceLoc
+from .terms import Operator
 
 # ------------------------------------------------------------------ equality and hashing
 

@@ -27,7 +27,7 @@ import textwrap
 from types import CodeType, FunctionType
 from typing import Any
 
-from ._errors import PatternDefinitionError, SourceLoc
+from ..core.errors import PatternDefinitionError, SourceLoc
 
 RT = "__pm__"
 

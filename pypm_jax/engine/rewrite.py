@@ -1,4 +1,4 @@
-"""Greedy, destructive, deterministic rewriting of a :class:`~pypm_jax._graph.Graph`.
+"""Greedy, destructive, deterministic rewriting of a :class:`~pypm_jax.core.graph.Graph`.
 
 The driver visits nodes in topological order (inputs first). At a node it tries the rules
 in list order — only those whose pattern can be rooted at the node's operator, found with
@@ -23,9 +23,9 @@ A match that runs past ``match_budget`` machine steps at a node (default
 that rule is skipped at that node for the rest of the run, and rewriting goes on.
 
 A rule set that never settles (``A → B`` and ``B → A``) stops after ``max_iterations``
-rewrites with a :class:`~pypm_jax._errors.RewriteLimitError` naming the rules of the cycle.
+rewrites with a :class:`~pypm_jax.core.errors.RewriteLimitError` naming the rules of the cycle.
 
-A result that cannot be built is a :class:`~pypm_jax._errors.RuleError` naming the rule and
+A result that cannot be built is a :class:`~pypm_jax.core.errors.RuleError` naming the rule and
 its source line; with ``check_types`` (the JAX layer's setting) so is a replacement whose
 shape, dtype or weak type (where the caller can tell) differs from the value it replaces,
 where both are known. A run that raises leaves the graph exactly as it was.
@@ -53,8 +53,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import _report
-from ._calculus import (
+from ..core.calculus import (
     ECall,
     EConst,
     PAlt,
@@ -77,9 +76,7 @@ from ._calculus import (
     RVar,
     show_expr,
 )
-from ._engine import ENGINES, default_engine
-from ._engine import match_all as _engine_match_all
-from ._errors import (
+from ..core.errors import (
     GuardFunctionWarning,
     MatchBudgetError,
     PyPMError,
@@ -87,7 +84,14 @@ from ._errors import (
     RuleError,
     SourceLoc,
 )
-from ._fast import (
+from ..core.graph import _NO_ATTRS, Graph, Node, Value, _show_type
+from ..core.match import Match
+from ..core.terms import CONST, LEAF, Term
+from ..lang.registry import collect_guard_failures
+from ..semantics.guards import Undefined, eval_expr, guard_holds
+from ..semantics.subst import FreshNames, unfold
+from . import report as _report
+from .fast import (
     CompiledPattern,
     Matcher,
     MatchRun,
@@ -96,13 +100,9 @@ from ._fast import (
     compile_guard,
     has_recursion,
 )
-from ._graph import _NO_ATTRS, Graph, Node, Value, _show_type
-from ._guards import Undefined, eval_expr, guard_holds
-from ._match import Match
-from ._registry import collect_guard_failures
-from ._report import Built
-from ._subst import FreshNames, unfold
-from ._terms import CONST, LEAF, Term
+from .report import Built
+from .select import ENGINES, default_engine
+from .select import match_all as _engine_match_all
 
 log = logging.getLogger("pypm_jax.rewrite")
 
@@ -166,7 +166,7 @@ class RewriteReport(list[RewriteRecord]):
 
     ``str()`` is a table at most 100 columns wide: rule, kernel, its shape/dtype and flags,
     the number of nodes replaced, the module path and the source line (see
-    :mod:`pypm_jax._report`), followed, for two rewrites or more, by :meth:`summary`.
+    :mod:`pypm_jax.engine.report`), followed, for two rewrites or more, by :meth:`summary`.
     ``to_dict()`` is the same as plain data (``json.dumps`` takes it).
     """
 
@@ -910,9 +910,9 @@ def rewrite(
     :data:`MATCH_BUDGET`; None: unbounded): past it the rule is skipped at that node with a
     ``RuntimeWarning`` (the fast engine; the reference machine has no budget).
     ``check_types`` makes a replacement of another shape or dtype than the value it replaces
-    (both known) a :class:`~pypm_jax._errors.RuleError`; ``weak_type(value)`` tells a value's
-    weak type (None: unknown) for that check. When rewriting raises (:class:`~pypm_jax._errors.RuleError`,
-    :class:`~pypm_jax._errors.RewriteLimitError`, ...) the graph is left as it was.
+    (both known) a :class:`~pypm_jax.core.errors.RuleError`; ``weak_type(value)`` tells a value's
+    weak type (None: unknown) for that check. When rewriting raises (:class:`~pypm_jax.core.errors.RuleError`,
+    :class:`~pypm_jax.core.errors.RewriteLimitError`, ...) the graph is left as it was.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"rewrite() takes a Graph, got {type(graph).__name__}")

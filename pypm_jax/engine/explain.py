@@ -1,6 +1,6 @@
 """Why a pattern does not match: the deepest partial match and what stopped it, as data.
 
-:func:`explain` runs the paper's machine (the same transitions as :mod:`pypm_jax._machine`)
+:func:`explain` runs the paper's machine (the same transitions as :mod:`pypm_jax.semantics.machine`)
 with a tracer: every action that succeeds extends the current *path* (which sub-pattern met
 which term, which variable got which value, which guard held), backtracking shortens it,
 and every failure is compared with the deepest one seen so far. When the search ends
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._calculus import (
+from ..core.calculus import (
     EAnd,
     EAttr,
     EBin,
@@ -54,15 +54,15 @@ from ._calculus import (
     show,
     show_expr,
 )
-from ._engine import match_all
-from ._errors import PatternDefinitionError, SourceLoc
-from ._fast import compile_pattern, root_operators
-from ._graph import Graph, Value
-from ._guards import Refusal, Undefined, eval_expr, guard_holds
-from ._match import Match
-from ._rewrite import _Driver
-from ._subst import FreshNames, unfold
-from ._terms import CONST, LEAF, Operator, const_equal
+from ..core.errors import PatternDefinitionError, SourceLoc
+from ..core.graph import Graph, Value
+from ..core.match import Match
+from ..core.terms import CONST, LEAF, Operator, const_equal
+from ..semantics.guards import Refusal, Undefined, eval_expr, guard_holds
+from ..semantics.subst import FreshNames, unfold
+from .fast import compile_pattern, root_operators
+from .rewrite import _Driver
+from .select import match_all
 
 _WIDTH = 72
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ._calculus import (
+from ..core.calculus import (
     EAnd,
     EAttr,
     EBin,
@@ -47,7 +47,7 @@ from ._calculus import (
     EUnary,
     Expr,
 )
-from ._terms import UNDEFINED, Operator, term_attr
+from ..core.terms import UNDEFINED, Operator, term_attr
 
 
 class Undefined(Exception):

@@ -58,7 +58,7 @@ class RewriteLimitError(PyPMError):
 class RuleError(PyPMError):
     """A rule failed while rewriting: building its result raised, the result's type differs
     from the value it replaces, or a guard function raised. ``rule`` is the failing
-    :class:`~pypm_jax._calculus.RuleDef`; the message names it and its source line."""
+    :class:`~pypm_jax.core.calculus.RuleDef`; the message names it and its source line."""
 
     def __init__(self, message: str, rule: object = None):
         self.rule = rule

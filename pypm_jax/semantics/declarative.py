@@ -13,7 +13,7 @@ against part of a term; a witness that no variable pattern ever meets could be a
 which no finite search can enumerate. P-Alt-1/2 become "either alternate holds".
 
 Bound variable names are assumed distinct from each other and from the free variables (the
-frontend and :func:`pypm_jax._subst.unfold` guarantee it); an inner ``∃x`` shadows.
+frontend and :func:`pypm_jax.semantics.subst.unfold` guarantee it); an inner ``∃x`` shadows.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = ["holds", "holds_def", "candidate_terms", "candidate_ops"]
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ._calculus import (
+from ..core.calculus import (
     PAlt,
     PApp,
     Pattern,
@@ -38,10 +38,10 @@ from ._calculus import (
     PVar,
     show,
 )
-from ._errors import PatternDefinitionError
-from ._guards import guard_holds
-from ._subst import FreshNames, unfold
-from ._terms import Operator, const_equal
+from ..core.errors import PatternDefinitionError
+from ..core.terms import Operator, const_equal
+from .guards import guard_holds
+from .subst import FreshNames, unfold
 
 
 def candidate_terms(roots: Iterable[Any]) -> list[Any]:

@@ -37,8 +37,8 @@ from collections.abc import Callable, Sequence
 from types import CodeType, FunctionType
 from typing import Any
 
-from . import _symbolic, _terms
-from ._calculus import (
+from ..core import terms as _terms
+from ..core.calculus import (
     Arg,
     EAnd,
     EAttr,
@@ -72,11 +72,12 @@ from ._calculus import (
     binds_below,
     show,
 )
-from ._errors import PatternDefinitionError, SourceLoc
-from ._registry import GUARD_FNS, register_op
-from ._rewrite_ast import transform_function
-from ._symbolic import Sym, SymExpr, SymOp, SymPattern, definition_error, to_expr
-from ._terms import CONST, OpClass, Operator, Term
+from ..core.errors import PatternDefinitionError, SourceLoc
+from ..core.terms import CONST, OpClass, Operator, Term
+from . import symbolic as _symbolic
+from .registry import GUARD_FNS, register_op
+from .rewrite_ast import transform_function
+from .symbolic import Sym, SymExpr, SymOp, SymPattern, definition_error, to_expr
 
 # ------------------------------------------------------------------------------ operators
 
@@ -677,7 +678,7 @@ def _bound_names(p: Pattern) -> set[str]:
 
 def _check_recursion(name: str, p: Pattern, loc: SourceLoc | None) -> None:
     """Every recursive reference must sit under an operator application, or in a match
-    constraint on a variable bound under one (:func:`~pypm_jax._calculus.binds_below`)."""
+    constraint on a variable bound under one (:func:`~pypm_jax.core.calculus.binds_below`)."""
 
     def walk(q: Pattern, guarded: bool) -> None:
         match q:

@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from ._calculus import (
+from ..core.calculus import (
     Arg,
     EAnd,
     EAttr,
@@ -42,8 +42,8 @@ from ._calculus import (
     PMu,
     PVar,
 )
-from ._guards import Undefined, op_attr
-from ._terms import Operator
+from ..core.terms import Operator
+from .guards import Undefined, op_attr
 
 
 class FreshNames:

@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from ._dtypes import DType, as_dtype
-from ._errors import PyPMError, SourceLoc
-from ._terms import CONST, LEAF, Operator, Shape, Term, freeze, make_term
+from .dtypes import DType, as_dtype
+from .errors import PyPMError, SourceLoc
+from .terms import CONST, LEAF, Operator, Shape, Term, freeze, make_term
 
 TypeSpec = tuple[Shape | None, DType | None]
 

@@ -19,10 +19,10 @@ import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._terms import Operator
+from ..core.terms import Operator
 
 if TYPE_CHECKING:
-    from ._rewrite import RewriteRecord
+    from .rewrite import RewriteRecord
 
 WIDTH = 100  # the widest a printed row may be
 

@@ -7,7 +7,7 @@ __all__ = ["Match"]
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ._calculus import PatternDef
+from .calculus import PatternDef
 
 
 class Match(Mapping[str, Any]):

@@ -2,7 +2,7 @@
 
 Terms are hash-consed: applying the same pure operator to the same inputs with the same
 attributes gives the identical object, so term equality is object identity (``is``), exactly
-the paper's syntactic equality. Graph values (``pypm_jax._graph``) offer the same read-only
+the paper's syntactic equality. Graph values (``pypm_jax.core.graph``) offer the same read-only
 interface (``op``, ``inputs``, ``index``, ``attrs``, ``shape``, ``dtype``), so every matcher
 works on both.
 """
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from ._dtypes import DType, as_dtype
-from ._errors import PyPMError
+from .dtypes import DType, as_dtype
+from .errors import PyPMError
 
 
 class OpClass:

@@ -1,7 +1,7 @@
 """The one switch between matchers: the paper's reference machine and the fast engine.
 
-``engine="reference"`` runs ``pypm_jax._machine`` (the small-step machine of the paper's
-appendix); ``engine="fast"`` runs ``pypm_jax._fast`` (compiled patterns). Both return the
+``engine="reference"`` runs ``pypm_jax.semantics.machine`` (the small-step machine of the paper's
+appendix); ``engine="fast"`` runs ``pypm_jax.engine.fast`` (compiled patterns). Both return the
 same first solution and the same ``match_all`` order. The default is the fast engine; the
 environment variable ``PYPM_ENGINE=reference`` switches the default for a whole process.
 """
@@ -15,8 +15,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._calculus import PatternDef
-from ._match import Match
+from ..core.calculus import PatternDef
+from ..core.match import Match
 
 ENGINES = ("reference", "fast")
 
@@ -31,9 +31,9 @@ def default_engine() -> str:
 def _module(engine: str | None) -> Any:
     engine = engine or default_engine()
     if engine == "reference":
-        return importlib.import_module("pypm_jax._machine")
+        return importlib.import_module("pypm_jax.semantics.machine")
     if engine == "fast":
-        return importlib.import_module("pypm_jax._fast")
+        return importlib.import_module("pypm_jax.engine.fast")
     raise ValueError(f"unknown engine {engine!r}: expected one of {ENGINES}")
 
 

@@ -14,7 +14,7 @@ import difflib
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from ._calculus import (
+from ..core.calculus import (
     EAttr,
     EBin,
     ECall,
@@ -26,11 +26,11 @@ from ._calculus import (
     EUnary,
     Expr,
 )
-from ._dtypes import DType
-from ._errors import PatternDefinitionError
-from ._guards import power_problem
-from ._registry import GUARD_FNS
-from ._terms import DECLARED_ATTRS, OpClass, Operator, Term
+from ..core.dtypes import DType
+from ..core.errors import PatternDefinitionError
+from ..core.terms import DECLARED_ATTRS, OpClass, Operator, Term
+from ..semantics.guards import power_problem
+from .registry import GUARD_FNS
 
 # Set by the tracer: returns the SourceLoc of the user's line being executed.
 current_loc: Callable[[], Any] = lambda: None  # noqa: E731
@@ -172,7 +172,7 @@ class SymExpr(Sym):
         return SymExpr(ECall(GUARD_FNS["len"], (self.expr,)))
 
     def __repr__(self) -> str:
-        from ._calculus import show_expr
+        from ..core.calculus import show_expr
 
         return f"<symbolic {show_expr(self.expr)}>"
 

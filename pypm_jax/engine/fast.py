@@ -1,6 +1,6 @@
 """The fast matching engine: each pattern compiled once, patterns indexed by root operator.
 
-It returns exactly what the reference machine (:mod:`pypm_jax._machine`) returns: the same
+It returns exactly what the reference machine (:mod:`pypm_jax.semantics.machine`) returns: the same
 first solution, the same ``match_all`` order, the same θ and φ (fresh names included). It
 gets there by running that machine ahead of time instead of at match time:
 
@@ -11,11 +11,11 @@ gets there by running that machine ahead of time instead of at match time:
   exactly "pop the backtrack stack". Along each generated path it is statically known which
   variables are bound, so a binding is a Python local, a nonlinear check is ``is``, and
   backtracking undoes nothing. Calls to other patterns (non-recursive ``PMu``) are unfolded
-  at compile time with :func:`pypm_jax._subst.unfold`; the fresh-name counter the machine
+  at compile time with :func:`pypm_jax.semantics.subst.unfold`; the fresh-name counter the machine
   keeps at run time becomes a local integer, so fresh names match the reference exactly.
   Guards are inlined where "undefined" and "false" coincide (a conjunction of rank, dtype
   and constant comparisons at the top of a guard); anything else becomes a small generated
-  function with the evaluation rules of :mod:`pypm_jax._guards`.
+  function with the evaluation rules of :mod:`pypm_jax.semantics.guards`.
   A recursive sub-pattern inside a generated pattern becomes a ``for`` loop over the
   solutions of the iterative machine run from it (``_sub``): a failure after it resumes the
   machine, which is the reference machine's backtracking into the recursion. Both share one
@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from ._calculus import (
+from ..core.calculus import (
     EAnd,
     EAttr,
     EBin,
@@ -87,13 +87,13 @@ from ._calculus import (
     children,
     show,
 )
-from ._dtypes import DType
-from ._errors import PatternDefinitionError
-from ._guards import Refusal, guard_holds, op_attr
-from ._guards import binary as guard_binary
-from ._match import Match
-from ._subst import FreshNames, unfold
-from ._terms import CONST, UNDEFINED, Operator, const_equal, term_attr
+from ..core.dtypes import DType
+from ..core.errors import PatternDefinitionError
+from ..core.match import Match
+from ..core.terms import CONST, UNDEFINED, Operator, const_equal, term_attr
+from ..semantics.guards import Refusal, guard_holds, op_attr
+from ..semantics.guards import binary as guard_binary
+from ..semantics.subst import FreshNames, unfold
 
 RawSolution = tuple[dict[str, Any], dict[str, Operator], tuple[Any, ...]]
 """(θ, φ, the terms the pattern's applications and literals matched)."""
@@ -151,7 +151,7 @@ class MatchRun:
 
     def check(self) -> None:
         if self.budget is not None and self.steps >= self.budget:
-            from ._errors import MatchBudgetError
+            from ..core.errors import MatchBudgetError
 
             raise MatchBudgetError(
                 f"the match ran past its budget of {self.budget} machine steps", self.budget
@@ -247,7 +247,7 @@ _BOUNDED_OPS = frozenset({"**", "*", "+", "%"})
 class _Fresh(str):
     """A fresh name whose number is known only at run time: ``base#(b<k> + offset)``.
 
-    It is a ``str`` so that :func:`pypm_jax._subst.unfold` and ``rename_expr`` treat it as
+    It is a ``str`` so that :func:`pypm_jax.semantics.subst.unfold` and ``rename_expr`` treat it as
     an ordinary variable name; its text is unique per unfolding site and never clashes with
     a user's name (user names never contain ``#`` on this path).
     """
@@ -1517,7 +1517,7 @@ def _shape(
 
     A definition is entered as the machine enters it (:func:`_enter`: its body read through
     an environment, not copied), with one fresh-name counter ``cell`` for the whole walk, so
-    the names are those of unfolding it with :func:`pypm_jax._subst.unfold` and only the
+    the names are those of unfolding it with :func:`pypm_jax.semantics.subst.unfold` and only the
     levels looked at are visited."""
     budget[0] -= 1
     if budget[0] < 0:

@@ -24,10 +24,10 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._calculus import GuardFn
-from ._errors import GuardFunctionWarning
-from ._guards import MAX_RESULT_BITS
-from ._terms import CONST, LEAF, Operator
+from ..core.calculus import GuardFn
+from ..core.errors import GuardFunctionWarning
+from ..core.terms import CONST, LEAF, Operator
+from ..semantics.guards import MAX_RESULT_BITS
 
 OPS: dict[str, Operator] = {}
 GUARD_FNS: dict[str, GuardFn] = {}
