@@ -3,8 +3,8 @@
 XLA cannot look inside a kernel call (a Pallas call on GPU, its interpreter's loops on CPU),
 so on a mesh it would gather every operand onto every device. A replacement operator
 therefore declares, beside its implementation (:func:`~pypm_jax.jax.impls.register_impl`),
-how its operands' dimensions map onto shared *factors* -- batch, heads, rows, columns -- with
-:func:`register_partitioning`. Lowering then wraps the kernel call in JAX's
+how its operands' dimensions map onto shared *factors* -- batch, heads, a query sequence,
+rows, columns -- with :func:`register_partitioning`. Lowering then wraps the kernel call in JAX's
 ``jax.experimental.custom_partitioning``: the factors become its Shardy sharding rule (and
 drive the GSPMD callbacks), and at partitioning time the kernel runs once per device on the
 shards of whatever the operands are sharded by, with no collective of its own.
