@@ -3,8 +3,8 @@
 XLA cannot look inside a kernel call (a Pallas call on GPU, its interpreter's loops on CPU),
 so on a mesh it would gather every operand onto every device. A replacement operator
 therefore declares, beside its implementation (:func:`~pypm_jax.jax.impls.register_impl`),
-how its operands' dimensions map onto shared *factors* -- batch, heads, rows, columns -- with
-:func:`register_partitioning`. Lowering then wraps the kernel call in JAX's
+how its operands' dimensions map onto shared *factors* -- batch, heads, a query sequence,
+rows, columns -- with :func:`register_partitioning`. Lowering then wraps the kernel call in JAX's
 ``jax.experimental.custom_partitioning``: the factors become its Shardy sharding rule (and
 drive the GSPMD callbacks), and at partitioning time the kernel runs once per device on the
 shards of whatever the operands are sharded by, with no collective of its own.
@@ -24,7 +24,11 @@ Declared in terms of a :class:`Partitioning`:
   local operands)), local operands)`` -- the accumulation, XLA's own all-reduce of it, then
   the epilogue -- when the declaration gives ``partial``/``finish``; without them the factor
   is never split;
-* a dimension of size 1 in an operand (a broadcast mask or bias) is never split.
+* a dimension of size 1 in an operand (a broadcast mask or bias) is never split;
+* ``offset`` names a factor whose positions the kernel reads (attention's query sequence,
+  under a causal mask, a band or a position-reading modifier): split, each device's call
+  gets its block's first index as the keyword ``offset`` (an int32 scalar, the linear index
+  of the device along the factor's axes, ``lax.axis_index``, times the block's length).
 
 Operand shardings are read as mesh axes, or, where Shardy split an axis into sub-axes, as
 axes of the mesh's finest refinement (every axis cut into prime-sized sub-axes; the call
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 __all__ = ["Partitioning", "register_partitioning", "partitioning_for", "partitioned"]
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -79,13 +84,25 @@ class Partitioning:
     result dimension (see the module docstring for what an entry means). ``partial(*args)``
     and ``finish(acc, *args)`` split the operator at its contraction (``partial`` on the
     local operands gives the local accumulator, of the result's shape; ``finish`` the result
-    from the summed accumulator); both None when a contraction is never split.
+    from the summed accumulator); both None when a contraction is never split. ``offset``:
+    a factor of the result that the implementation takes the first index of, as its
+    keyword ``offset``, where that factor is split (not with ``partial``/``finish``).
     """
 
     inputs: tuple[tuple[Dim, ...], ...]
     output: tuple[Dim, ...]
     partial: Callable[..., Any] | None = None
     finish: Callable[..., Any] | None = None
+    offset: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.offset is not None and (
+            self.offset not in self.output or self.partial is not None or self.finish is not None
+        ):
+            raise ValueError(
+                f"offset {self.offset!r} must be a factor of the result {self.output} "
+                "of a declaration without partial/finish"
+            )
 
 
 PARTITIONINGS: dict[Operator, Callable[..., Partitioning | None]] = {}
@@ -388,6 +405,16 @@ def _missing_axes(site: _Site, dims: tuple[Dim, ...], layout: _Layout) -> tuple[
     return (*lacking, *(a for a in sharing if a not in lacking))
 
 
+def _offset_kw(site: _Site, layout: _Layout) -> dict[str, Any]:
+    """``{"offset": first index}`` of this device's block of the offset factor, when split."""
+    f = site.spec.offset
+    axes = layout.axes.get(f, ()) if f is not None else ()
+    if not axes:
+        return {}
+    block = site.sizes[f] // math.prod(layout.mesh.shape[a] for a in axes)
+    return {"offset": jax.lax.axis_index(tuple(axes)) * block}
+
+
 def _is_float(x: Any) -> bool:
     return jax.numpy.issubdtype(jax.numpy.result_type(x), jax.numpy.inexact)
 
@@ -411,6 +438,7 @@ def partitioned(fn: Callable[..., Any], spec: Partitioning, args: Sequence[Any])
             spec.output,
             None if spec.partial is None else _bound(spec.partial, fixed, free, n),
             None if spec.finish is None else _bound(spec.finish, fixed, free, n, 1),
+            spec.offset,
         )
         args = [args[i] for i in free]
     args = [jax.numpy.asarray(a) for a in args]
@@ -466,7 +494,17 @@ def _vmapped(spec: Partitioning) -> Partitioning:
         (v, *spec.output),
         None if spec.partial is None else jax.vmap(spec.partial),
         None if spec.finish is None else jax.vmap(spec.finish),
+        spec.offset,
     )
+
+
+def _vmap(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``jax.vmap(fn)`` over the positional operands; keywords (``offset``) unmapped."""
+
+    def g(*xs: Any, **kw: Any) -> Any:
+        return jax.vmap(functools.partial(fn, **kw))(*xs)
+
+    return g
 
 
 def _all_mapped(axis_size: int, in_batched: Sequence[bool], xs: Sequence[Any]) -> list[Any]:
@@ -482,7 +520,7 @@ def _vmapped_forward(
 ) -> Callable[..., Any]:
     def rule(axis_size: int, in_batched: Sequence[bool], *xs: Any) -> tuple[Any, Any]:
         xs = _all_mapped(axis_size, in_batched, xs)
-        out = partitioned(jax.vmap(fn), _vmapped(spec), xs)
+        out = partitioned(_vmap(fn), _vmapped(spec), xs)
         if with_operands:
             return (out, *xs), (True,) * (1 + len(xs))
         return out, True
@@ -500,7 +538,7 @@ def _vmapped_backward(
             full = list(xs)
             for i, x in zip(floats, fl, strict=True):
                 full[i] = x
-            return partitioned(jax.vmap(fn), _vmapped(spec), full)
+            return partitioned(_vmap(fn), _vmapped(spec), full)
 
         _, vjp = jax.vjp(on_floats, *(xs[i] for i in floats))
         grads = tuple(vjp(ct))
@@ -524,10 +562,10 @@ def _bound(
 ) -> Callable[..., Any]:
     """``f`` taking only the free operands (after ``lead`` leading arguments)."""
 
-    def g(*xs: Any) -> Any:
+    def g(*xs: Any, **kw: Any) -> Any:
         full = dict(fixed)
         full.update(zip(free, xs[lead:], strict=True))
-        return f(*xs[:lead], *(full[i] for i in range(n)))
+        return f(*xs[:lead], *(full[i] for i in range(n)), **kw)
 
     return g
 
@@ -541,7 +579,7 @@ def _forward(fn: Callable[..., Any], site: _Site, shapes: Any, with_operands: bo
 
         def local(*xs: Any) -> Any:
             if not summed:
-                out = fn(*xs)
+                out = fn(*xs, **_offset_kw(site, layout))
             else:
                 out = site.spec.finish(_psum(site.spec.partial(*xs), summed), *xs)
             return (out, *xs) if with_operands else out
@@ -596,7 +634,8 @@ def _backward(
 
         fl = [xs[i] for i in floats]
         if not summed:
-            _, vjp = jax.vjp(on_floats(fn), *fl)
+            kw = {} if layout is None else _offset_kw(site, layout)
+            _, vjp = jax.vjp(on_floats(functools.partial(fn, **kw)), *fl)
             gs = list(vjp(ct))
         else:
             acc, pvjp = jax.vjp(on_floats(site.spec.partial), *fl)
