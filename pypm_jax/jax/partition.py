@@ -2,14 +2,17 @@
 
 XLA cannot look inside a kernel call (a Pallas call on GPU, its interpreter's loops on CPU),
 so on a mesh it would gather every operand onto every device. A replacement operator
-therefore declares, beside its implementation (:func:`~pypm_jax.jax.impls.register_impl`),
+therefore declares, beside its implementation (:func:`~pypm_jax.vocab.impls.register_impl`),
 how its operands' dimensions map onto shared *factors* -- batch, heads, a query sequence,
-rows, columns -- with :func:`register_partitioning`. Lowering then wraps the kernel call in JAX's
-``jax.experimental.custom_partitioning``: the factors become its Shardy sharding rule (and
-drive the GSPMD callbacks), and at partitioning time the kernel runs once per device on the
-shards of whatever the operands are sharded by, with no collective of its own.
+rows, columns -- with
+:func:`~pypm_jax.vocab.partitioning.register_partitioning` (the declaration belongs to the
+JAX-free vocabulary, :mod:`pypm_jax.vocab`; this module is what lowering does with it).
+Lowering then wraps the kernel call in JAX's ``jax.experimental.custom_partitioning``: the
+factors become its Shardy sharding rule (and drive the GSPMD callbacks), and at partitioning
+time the kernel runs once per device on the shards of whatever the operands are sharded by,
+with no collective of its own.
 
-Declared in terms of a :class:`Partitioning`:
+Declared in terms of a :class:`~pypm_jax.vocab.partitioning.Partitioning`:
 
 * each dimension of an operand or of the result is a factor name, a pair of names (a
   *compound* dimension, major first: GQA's query heads are ``("g", "r")``, the kv heads
@@ -50,7 +53,7 @@ nothing is wrapped: the kernel is called as registered.
 
 from __future__ import annotations
 
-__all__ = ["Partitioning", "register_partitioning", "partitioning_for", "partitioned"]
+__all__ = ["partitioned"]
 
 import functools
 import math
@@ -70,67 +73,8 @@ from jax.experimental.custom_partitioning import (
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..core.terms import Operator
+from ..vocab.partitioning import Dim, Partitioning
 from . import _compat
-
-Dim = str | tuple[str, ...] | None
-
-
-@dataclass(frozen=True)
-class Partitioning:
-    """How an operator's operand and result dimensions map onto shared factors.
-
-    ``inputs`` has one tuple per operand (one entry per dimension), ``output`` one entry per
-    result dimension (see the module docstring for what an entry means). ``partial(*args)``
-    and ``finish(acc, *args)`` split the operator at its contraction (``partial`` on the
-    local operands gives the local accumulator, of the result's shape; ``finish`` the result
-    from the summed accumulator); both None when a contraction is never split. ``offset``:
-    a factor of the result that the implementation takes the first index of, as its
-    keyword ``offset``, where that factor is split (not with ``partial``/``finish``).
-    """
-
-    inputs: tuple[tuple[Dim, ...], ...]
-    output: tuple[Dim, ...]
-    partial: Callable[..., Any] | None = None
-    finish: Callable[..., Any] | None = None
-    offset: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.offset is not None and (
-            self.offset not in self.output or self.partial is not None or self.finish is not None
-        ):
-            raise ValueError(
-                f"offset {self.offset!r} must be a factor of the result {self.output} "
-                "of a declaration without partial/finish"
-            )
-
-
-PARTITIONINGS: dict[Operator, Callable[..., Partitioning | None]] = {}
-
-
-def register_partitioning(op: Operator, fn: Callable[..., Any] | None = None) -> Any:
-    """Register ``fn(*input_shapes, **attrs) -> Partitioning | None`` for ``op``.
-
-    Called with the operands' shapes and the node's attrs when the rewritten program is
-    lowered; None keeps that call whole (XLA then replicates its operands). Usable as a
-    decorator, like :func:`~pypm_jax.jax.impls.register_impl`.
-    """
-    if not isinstance(op, Operator):
-        raise TypeError(f"register_partitioning needs a pm operator, got {op!r}")
-
-    def deco(f: Callable[..., Any]) -> Callable[..., Any]:
-        if not callable(f):
-            raise TypeError(f"the partitioning of {op.name} must be callable, got {f!r}")
-        PARTITIONINGS[op] = f
-        return f
-
-    return deco(fn) if fn is not None else deco
-
-
-def partitioning_for(op: Operator) -> Callable[..., Partitioning | None] | None:
-    """The registered partitioning declaration of ``op``, or None."""
-    return PARTITIONINGS.get(op)
-
 
 # ------------------------------------------------------------------------------ factors
 

@@ -28,8 +28,8 @@ import math
 from typing import Any, NamedTuple
 
 from ..core.terms import CONST
-from ..jax.primitives import is_table_op
 from ..lang.registry import guard_fn
+from ..vocab.primitives import is_table_op
 from ._plans import GemmPlan, gemm_plan
 from ._region import PRIMS, Region, Step, region_error, step
 

@@ -2,7 +2,7 @@
 
 A rule replaces a matched subgraph by ONE node of these operators. Its attribute ``plan``
 (:mod:`pypm_jax.rules._plans`) says how the node's inputs map onto the kernel; the
-implementation registered here (``pypm_jax.jax.register_impl``) transposes the inputs into
+implementation registered here (``pypm_jax.vocab.register_impl``) transposes the inputs into
 the kernel's layout, calls ``pallas_kernels``, and transposes/casts the result so the
 replaced value keeps exactly its shape and dtype. Absent optional inputs (no bias, no mask)
 are a literal ``0`` the plan tells the implementation to ignore.
@@ -37,11 +37,11 @@ from collections.abc import Mapping
 from math import prod
 from typing import Any
 
-import pypm_jax as pm
-
 from ..core.dtypes import as_dtype
+from ..core.errors import PyPMError
 from ..engine.report import KernelInfo, register_describe
-from ..jax import Partitioning, register_impl, register_partitioning
+from ..lang import frontend as pm
+from ..vocab import Partitioning, register_impl, register_partitioning
 from ._gemm_regions import GemmRegionPlan
 from ._plans import AttentionPlan, GemmPlan
 from ._region import describe, region_fn
@@ -264,9 +264,9 @@ def describe_gemm(attrs: Mapping[str, Any], _type: str) -> KernelInfo:
 
 
 # ------------------------------------------------------------------------------ partitioning
-# How each kernel's operands split across devices (``pypm_jax.jax.partition``): attention
-# over batch, (kv) heads and the query sequence, GEMM epilogues over rows and columns and,
-# summed, over K.
+# How each kernel's operands split across devices (``pypm_jax.vocab.partitioning``):
+# attention over batch, (kv) heads and the query sequence, GEMM epilogues over rows and
+# columns and, summed, over K.
 
 _KERNEL_AXES = {"B": "b", "S": "s", "H": ("g", "r"), "D": None}
 
@@ -400,7 +400,7 @@ def attention_region_impl(
     from pallas_kernels import flash_attention
 
     if plan.spine:  # the first rule's guard proves the rules finish it (rules/_region_walk.py)
-        raise pm.PyPMError("AttentionRegion: the region does not reach the scores yet")
+        raise PyPMError("AttentionRegion: the region does not reach the scores yet")
     att = plan.attention
     q, k = (a, b) if att.q_operand == 0 else (b, a)
     q = jnp.transpose(q, att.perm_q).astype(att.dtype)

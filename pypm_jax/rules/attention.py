@@ -29,9 +29,8 @@ Rules demand single use of interior values: when the softmax probabilities are a
 
 from __future__ import annotations
 
-import pypm_jax as pm
-
-from ..jax import prims as P
+from ..lang import frontend as pm
+from ..vocab import prims as P
 from . import _plans
 from ._kernels import FlashAttention
 from ._plans import (

@@ -29,9 +29,8 @@ lower to ``pallas_kernels.gemm_fused_experts``. The opt-in rule ``gemm_epilogue_
 
 from __future__ import annotations
 
-import pypm_jax as pm
-
-from ..jax import prims as P
+from ..lang import frontend as pm
+from ..vocab import prims as P
 from ._gemm_regions import (
     computed_from_literals,
     experts_gemm,

@@ -1,4 +1,5 @@
-"""The partitioning declarations of replacement operators (``pypm_jax.jax.partition``).
+"""The partitioning declarations of replacement operators (``pypm_jax.vocab.partitioning``)
+and what lowering makes of them (``pypm_jax.jax.partition``).
 
 What the factors of a declaration become -- the dimensions kept splittable, the Shardy rule,
 the mesh axes each factor takes from the operands' shardings -- checked without devices; the
@@ -18,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 import pypm_jax as pm
 from pypm_jax.jax import Partitioning, register_partitioning
 from pypm_jax.jax import partition as pt
+from pypm_jax.vocab import partitioning
 
 # GQA attention in BSHD: 8 query heads over 4 kv heads; a bias broadcast over the batch
 ATTN = Partitioning(
@@ -124,8 +126,8 @@ def test_register_partitioning_checks_its_arguments():
     with pytest.raises(TypeError, match="must be callable"):
         register_partitioning(Kernel, 3)
     decl = register_partitioning(Kernel)(lambda shape: Partitioning(((None,),), (None,)))
-    assert pt.partitioning_for(Kernel) is decl
-    pt.PARTITIONINGS.pop(Kernel)
+    assert partitioning.partitioning_for(Kernel) is decl
+    partitioning.PARTITIONINGS.pop(Kernel)
 
 
 # attention in BSHD with the query sequence ``s`` split, its first index the kernel's offset
