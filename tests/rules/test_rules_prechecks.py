@@ -21,11 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pypm_jax as pm
-from pypm_jax._fast import MatchRun, compile_pattern
-from pypm_jax._frontend import as_rule_def
-from pypm_jax._rewrite import guarded_pattern
-from pypm_jax._terms import term_attr
+from pypm_jax.core.terms import term_attr
+from pypm_jax.engine.fast import MatchRun, compile_pattern
+from pypm_jax.engine.rewrite import guarded_pattern
 from pypm_jax.jax.lift import lift
+from pypm_jax.lang.frontend import as_rule_def
 from pypm_jax.rules import _gemm_regions
 from pypm_jax.rules._gemm_regions import beyond_linear, reads_gemm, region_plan
 from pypm_jax.rules._plans import attention_output, attention_plan
