@@ -83,8 +83,9 @@ class Partitioning:
     ``inputs`` has one tuple per operand (one entry per dimension), ``output`` one entry per
     result dimension (see the module docstring for what an entry means). ``partial(*args)``
     and ``finish(acc, *args)`` split the operator at its contraction (``partial`` on the
-    local operands gives the local accumulator, of the result's shape; ``finish`` the result
-    from the summed accumulator); both None when a contraction is never split. ``offset``:
+    local operands gives the local accumulator, of the result's shape, or a tuple of them
+    (a gated pair's two GEMMs); ``finish`` the result from the summed accumulator); both
+    None when a contraction is never split. ``offset``:
     a factor of the result that the implementation takes the first index of, as its
     keyword ``offset``, where that factor is split (not with ``partial``/``finish``).
     """
@@ -112,7 +113,9 @@ def register_partitioning(op: Operator, fn: Callable[..., Any] | None = None) ->
     """Register ``fn(*input_shapes, **attrs) -> Partitioning | None`` for ``op``.
 
     Called with the operands' shapes and the node's attrs when the rewritten program is
-    lowered; None keeps that call whole (XLA then replicates its operands). Usable as a
+    lowered (an operand that is a pack, a tuple, as its elements' shapes in its place: the
+    declaration has one entry per element); None keeps that call whole (XLA then
+    replicates its operands). Usable as a
     decorator, like :func:`~pypm_jax.jax.impls.register_impl`.
     """
     if not isinstance(op, Operator):
