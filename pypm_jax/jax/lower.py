@@ -27,7 +27,6 @@ from __future__ import annotations
 __all__ = ["LoweringError", "lower"]
 
 import contextvars
-import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -345,14 +344,24 @@ def _call_impl(node: Any, impl: Callable[..., Any], args: list[Any]) -> list[Any
 
 def _kernel_call(node: Any, impl: Callable[..., Any], args: list[Any]) -> Any:
     """The implementation's call; on several devices, partitioned by the op's declaration
-    (:mod:`pypm_jax.jax.partition`) so XLA splits it like the program it replaced."""
+    (:mod:`pypm_jax.jax.partition`) so XLA splits it like the program it replaced. An
+    operand that is a pack (a tuple: ``RegionOperands``) is its elements to the declaration
+    and to the partitioned call, each an operand of its own."""
     declare = partitioning_for(node.op)
     if declare is None or node.op.n_out != 1 or jax.device_count() == 1 or _PER_DEVICE.get():
         return impl(*args, **node.attrs)
-    spec = declare(*(np.shape(_typed(a)) for a in args), **node.attrs)
+    flat = [_typed(x) for a in args for x in (a if isinstance(a, tuple) else (a,))]
+    spec = declare(*(np.shape(x) for x in flat), **node.attrs)
     if spec is None:
         return impl(*args, **node.attrs)
-    return partitioned(functools.partial(impl, **node.attrs), spec, [_typed(a) for a in args])
+    packs = [len(a) if isinstance(a, tuple) else None for a in args]
+
+    def call(*xs: Any, **kw: Any) -> Any:  # the flat operands, packs rebuilt
+        it = iter(xs)
+        full = [next(it) if n is None else tuple(next(it) for _ in range(n)) for n in packs]
+        return impl(*full, **node.attrs, **kw)
+
+    return partitioned(call, spec, flat)
 
 
 def _typed(x: Any) -> Any:

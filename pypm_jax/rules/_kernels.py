@@ -305,6 +305,17 @@ def flash_attention_partitioning(*shapes: Any, plan: AttentionPlan) -> Partition
     )
 
 
+@register_partitioning(FlashAttentionSinks)
+def flash_attention_sinks_partitioning(*shapes: Any, plan: AttentionPlan) -> Partitioning | None:
+    """As :func:`flash_attention_partitioning`; the sinks, one logit per query head, split
+    with the query heads."""
+    base = flash_attention_partitioning(*shapes[:6], plan=plan)
+    if base is None:
+        return None
+    sinks = (("g", "r"),) if len(shapes[6]) == 1 else (None,) * len(shapes[6])
+    return Partitioning(inputs=(*base.inputs, sinks), output=base.output, offset=base.offset)
+
+
 @register_partitioning(GemmEpilogue)
 def gemm_epilogue_partitioning(x: Any, w: Any, bias: Any, *, plan: GemmPlan) -> Partitioning | None:
     """Rows ``m*`` and columns ``n`` split; a split ``k`` sums the f32 accumulators of the
@@ -539,6 +550,106 @@ def gemm_pair_region_impl(
         impl=gemm_impl(plan.xla_fuses),
         kernel_epilogue=region_fn(region, "kernel"),
         out_dtype=plan.out_dtype,
+    )
+
+
+def _region_epilogue(
+    region: Any, plan: GemmRegionPlan, acc: Any, ops: tuple[Any, ...], kinds: tuple[str, ...]
+) -> Any:
+    """The region over an f32 accumulator of the result's shape, as the kernels' reference
+    applies it (float operands in f32, the result cast to the plan's dtype)."""
+    import jax.numpy as jnp
+
+    rank = len(plan.out_shape)
+    tiles = [_operand_tile(v, k, rank) for v, k in zip(ops, kinds, strict=True)]
+    tiles = [t.astype(jnp.float32) if jnp.issubdtype(t.dtype, jnp.floating) else t for t in tiles]
+    return jnp.asarray(region_fn(region)(acc, *tiles)).astype(plan.out_dtype)
+
+
+def _operand_dims(shape: Any, out: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A captured operand's dims: each the result dimension it lies along (operands align
+    with the result from the right, as they broadcast against it); size 1: whole."""
+    if len(shape) > len(out):
+        return (None,) * len(shape)
+    lead = len(out) - len(shape)
+    return tuple(None if n == 1 else out[lead + i] for i, n in enumerate(shape))
+
+
+def _gemm_dot(x: Any, w: Any, transpose: bool, experts: int) -> Any:
+    """``x @ w`` accumulated in f32 (experts: ``[E, *lead, N]`` from a shared x)."""
+    import jax.numpy as jnp
+
+    if experts:
+        w = jnp.swapaxes(w, 1, 2) if transpose else w
+        return jnp.einsum("...k,ekn->e...n", x, w, preferred_element_type=jnp.float32)
+    return jnp.dot(x, jnp.transpose(w) if transpose else w, preferred_element_type=jnp.float32)
+
+
+@register_partitioning(GemmRegion)
+def gemm_region_partitioning(
+    x: Any, w: Any, *operands: Any, region: Any, plan: GemmRegionPlan
+) -> Partitioning | None:
+    """Rows ``m*`` (x's leading dims) and columns ``n`` split, and the experts ``e`` of MoE
+    experts run densely; each captured operand by the result dims it lies along (a column
+    by ``n``, a row by the rows, a full tile by both, a scalar whole). A split ``k`` sums
+    the devices' f32 accumulators (``partial``) before the region (``finish``), which is
+    not linear in the accumulator in general."""
+    rows = tuple(f"m{i}" for i in range(len(x) - 1))
+    out = ("e", *rows, "n") if plan.experts else (*rows, "n")
+    w_dims = ("n", "k") if plan.transpose_w else ("k", "n")
+    kinds = plan.operands
+
+    def ops_of(rest: tuple[Any, ...]) -> tuple[Any, ...]:
+        return rest if kinds else ()  # no pack: the literal 0
+
+    def partial(x: Any, w: Any, *rest: Any) -> Any:
+        return _gemm_dot(x, w, plan.transpose_w, plan.experts)
+
+    def finish(acc: Any, x: Any, w: Any, *rest: Any) -> Any:
+        return _region_epilogue(region, plan, acc, ops_of(rest), kinds)
+
+    return Partitioning(
+        inputs=(
+            (*rows, "k"),
+            ("e", *w_dims) if plan.experts else w_dims,
+            *(_operand_dims(s, out) for s in operands),
+        ),
+        output=out,
+        partial=partial,
+        finish=finish,
+    )
+
+
+@register_partitioning(GemmPairRegion)
+def gemm_pair_region_partitioning(
+    x: Any, w: Any, w2: Any, *operands: Any, region: Any, plan: GemmRegionPlan
+) -> Partitioning | None:
+    """As :func:`gemm_region_partitioning`, both weights' columns split alike; a split
+    ``k`` sums both accumulators (``x @ w2`` reaches the region rounded to x's dtype, as
+    the kernel gives it)."""
+    rows = tuple(f"m{i}" for i in range(len(x) - 1))
+    out = (*rows, "n")
+    kinds = tuple(k for k in plan.operands if k != "pair")
+
+    def partial(x: Any, w: Any, w2: Any, *rest: Any) -> Any:
+        return _gemm_dot(x, w, plan.transpose_w, 0), _gemm_dot(x, w2, plan.transpose_w2, 0)
+
+    def finish(accs: Any, x: Any, w: Any, w2: Any, *rest: Any) -> Any:
+        acc, acc2 = accs
+        ops = list(rest if kinds else ())
+        ops.insert(plan.pair_at, acc2.astype(x.dtype))
+        return _region_epilogue(region, plan, acc, tuple(ops), plan.operands)
+
+    return Partitioning(
+        inputs=(
+            (*rows, "k"),
+            ("n", "k") if plan.transpose_w else ("k", "n"),
+            ("n", "k") if plan.transpose_w2 else ("k", "n"),
+            *(_operand_dims(s, out) for s in operands),
+        ),
+        output=out,
+        partial=partial,
+        finish=finish,
     )
 
 

@@ -28,7 +28,8 @@ class Partitioning:
     result dimension: a factor name, a pair of names (a compound dimension, major first), or
     None (a dimension the kernel needs whole; :mod:`pypm_jax.jax.partition` has the details).
     ``partial(*args)`` and ``finish(acc, *args)`` split the operator at its contraction
-    (``partial`` on the local operands gives the local accumulator, of the result's shape;
+    (``partial`` on the local operands gives the local accumulator, of the result's shape, or
+    a tuple of them (a gated pair's two GEMMs);
     ``finish`` the result from the summed accumulator); both None when a contraction is never
     split. ``offset``: a factor of the result that the implementation takes the first index
     of, as its keyword ``offset``, where that factor is split (not with ``partial``/``finish``).

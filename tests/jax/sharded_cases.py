@@ -7,8 +7,10 @@ an MLP), ``gqa`` (a Llama-style block with grouped kv heads, causal, gated SiLU 
 ``mha_causal`` (the linen block under a causal mask), ``window`` (Gemma 2's local layer:
 soft-capped logits in a causal sliding window, an attention region), ``bert`` (Hugging Face FlaxBertModel,
 one layer), ``llama`` (Hugging Face FlaxLlama, 2 kv heads), ``attnax`` (attnax's decoder,
-from the living corpus; needs the ``zoo`` extra); meshes ``data`` (batch on ``data``),
-``tensor`` (heads and MLP columns on ``model``), ``both``, ``seq`` (the inputs' sequence on
+from the living corpus; needs the ``zoo`` extra), ``region`` (an MLP of GEMM-epilogue
+regions), ``pair`` (SwiGLU, the gated pair kernel), ``experts`` (MoE experts run densely),
+``sinks`` (GPT-OSS attention sinks); meshes ``data`` (batch on ``data``), ``tensor`` (heads,
+MLP columns and experts on ``model``), ``both``, ``seq`` (the inputs' sequence on
 ``model``, parameters replicated); on a 2 x 4 mesh; ``shard_map``
 (``shard_map/vma``: with ``check_vma=True``). Options after
 them: ``/gspmd`` partitions with GSPMD instead of Shardy (JAX's default); ``/xla`` runs the
@@ -55,8 +57,11 @@ COLUMN = {
     "key_proj",
     "value_proj",
     "dense1",
+    "gate_proj",
+    "up_proj",
 }
-ROW = {"out", "o_proj", "fc2", "down", "output", "output_proj", "dense2"}
+EXPERTS = {"experts_up", "experts_bias", "experts_down"}
+ROW = {"out", "o_proj", "fc2", "down", "output", "output_proj", "dense2", "down_proj"}
 
 
 def collectives(compiled_text: str, kinds: tuple[str, ...] = COLLECTIVES) -> dict[str, int]:
@@ -138,6 +143,70 @@ class WindowBlock(nn.Module):
         return x + MLP(256, gated=True)(x)
 
 
+class RegionMLP(nn.Module):
+    """An MLP whose epilogues are GEMM-epilogue regions: a row operand (each token's RMS
+    scale) on the column-parallel half, a full tile (the input, a gate) after the
+    row-parallel half, whose contraction is split across the model axis."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        rs = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+        h = jnp.tanh(nn.Dense(256, use_bias=False, name="fc1")(x) * rs)
+        return jax.nn.sigmoid(nn.Dense(x.shape[-1], use_bias=False, name="fc2")(h)) * x
+
+
+class PairMLP(nn.Module):
+    """SwiGLU without biases: with ``gemm_rules(pairs=True)`` one kernel for both GEMMs."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        gate = jax.nn.silu(nn.Dense(256, use_bias=False, name="gate")(x))
+        h = gate * nn.Dense(256, use_bias=False, name="up")(x)
+        return nn.Dense(x.shape[-1], use_bias=False, name="down")(h)
+
+
+class Experts(nn.Module):
+    """MoE experts run densely (keras-hub's Mixtral spelling): every token through every
+    expert, a per-expert bias and GELU fused (``gemm_fused_experts``); the expert axis is
+    split on the model axis."""
+
+    experts: int = 4
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        d = x.shape[-1]
+        init = nn.initializers.lecun_normal()
+        w_up = self.param("experts_up", init, (self.experts, d, 256))
+        b_up = self.param("experts_bias", nn.initializers.normal(0.1), (self.experts, 256))
+        w_down = self.param("experts_down", init, (self.experts, 256, d))
+        h = jnp.einsum("th,ehm->etm", x.reshape(-1, d), w_up) + b_up[:, None, :]
+        return jnp.einsum("etm,emh->th", jax.nn.gelu(h), w_down).reshape(x.shape)
+
+
+class SinksBlock(nn.Module):
+    """GPT-OSS attention: a per-head sink logit beside the causal logits (``sinks``)."""
+
+    heads: int = 4
+    head_dim: int = 32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        b, s, _ = x.shape
+        q, k, v = (
+            nn.Dense(self.heads * self.head_dim, use_bias=False, name=n)(x).reshape(
+                b, s, self.heads, self.head_dim
+            )
+            for n in ("q_proj", "k_proj", "v_proj")
+        )
+        sinks = self.param("sinks", nn.initializers.normal(1.0), (self.heads,))
+        causal = jnp.where(jnp.tril(jnp.ones((s, s), bool)), 0.0, jnp.finfo(x.dtype).min)
+        w = jnp.einsum("bqhd,bkhd->bhqk", q, k) * self.head_dim**-0.5 + causal
+        col = jnp.broadcast_to(sinks.reshape(1, -1, 1, 1), (b, self.heads, s, 1))
+        p = jax.nn.softmax(jnp.concatenate([w, col], axis=-1), axis=-1)[..., :-1]
+        o = jnp.einsum("bhqk,bkhd->bqhd", p, v)
+        return x + nn.Dense(x.shape[-1], use_bias=False, name="o_proj")(o.reshape(b, s, -1))
+
+
 def linen_model(module: nn.Module, seq: int = 8) -> tuple[Any, Any, Any]:
     x = jax.random.normal(jax.random.key(0), (2, seq, 128))
     params = module.init(jax.random.key(1), x)
@@ -185,16 +254,29 @@ def attnax_model() -> tuple[Any, Any, Any]:
 
 
 LINEN = {"mha": MHABlock(), "gqa": GQABlock(), "mha_causal": MHABlock(causal=True),
-         "window": WindowBlock()}  # fmt: skip
+         "window": WindowBlock(), "region": RegionMLP(), "pair": PairMLP(),
+         "experts": Experts(), "sinks": SinksBlock()}  # fmt: skip
 MODELS = {**{k: functools.partial(linen_model, m) for k, m in LINEN.items()},
           "bert": bert_model, "llama": hf_llama_model, "attnax": attnax_model}  # fmt: skip
 
 
+def _pair_rules() -> list[Any]:
+    from pypm_jax import rules as R
+
+    return R.canonical_rules() + R.attention_rules() + R.gemm_rules(pairs=True)
+
+
+RULES = {"pair": _pair_rules}  # models optimized with other rules than the default ones
+
+
 def param_spec(path: Any, leaf: Any, tensor: bool) -> P:
-    """Megatron-style: q/k/v and first MLP layers split by columns, the others by rows."""
+    """Megatron-style: q/k/v and first MLP layers split by columns, the others by rows;
+    experts' weights by the expert axis, attention sinks by heads."""
     names = {str(getattr(p, "key", "")) for p in path}
     if not tensor or leaf.ndim == 0:
         return P()
+    if names & EXPERTS or "sinks" in names:
+        return P("model", *(None,) * (leaf.ndim - 1))
     kernel = "kernel" in names
     if names & COLUMN:
         if kernel:
@@ -240,7 +322,7 @@ def run_case(case: str) -> dict[str, Any]:
     def loss(f: Any) -> Any:
         return jax.grad(lambda p, *xs: jnp.sum(jnp.sin(f(p, *xs))))
 
-    opt = pm.optimize(fn)
+    opt = pm.optimize(fn, rules=RULES[model]() if model in RULES else None)
     programs = {
         "jit": jax.jit(fn), "opt": jax.jit(opt),
         "jit_grad": jax.jit(loss(fn)), "opt_grad": jax.jit(loss(opt)),

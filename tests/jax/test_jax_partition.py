@@ -173,3 +173,201 @@ def test_an_offset_names_a_result_factor_of_a_declaration_without_partial():
         Partitioning((("m", "k"),), ("m",), offset="k")
     with pytest.raises(ValueError, match="without partial/finish"):
         Partitioning((("m", "k"),), ("m",), partial=abs, finish=abs, offset="m")
+
+
+# ------------------------------------------------------ the standard rules' kernel operators
+
+
+def _inserted_ops() -> set:
+    """Every operator a result term of a standard rule (default and opt-in) builds."""
+    import dataclasses
+
+    from pypm_jax import rules as R
+    from pypm_jax.core.terms import Operator
+
+    rules = R.standard_rules() + list(R.PAIR_RULES) + list(R.GEMM_LINEAR_RULES)
+    found: set = set()
+
+    def walk(x: object) -> None:
+        if isinstance(x, Operator):
+            found.add(x)
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            for f in dataclasses.fields(x):
+                walk(getattr(x, f.name))
+        elif isinstance(x, tuple | list):
+            for y in x:
+                walk(y)
+
+    for rule in rules:
+        for branch in rule.definition.branches:
+            walk(branch.result)
+    return found
+
+
+def test_every_kernel_operator_the_rules_insert_declares_its_partitioning():
+    """A kernel operator without a declaration runs replicated on a mesh (XLA gathers its
+    operands): each one a standard rule builds has one, except the operand packs, which
+    lowering flattens into the kernel call that reads them."""
+    from pypm_jax.jax.impls import impl_for
+    from pypm_jax.jax.primitives import is_table_op
+
+    kernels = {op for op in _inserted_ops() if not is_table_op(op)}
+    names = {op.name for op in kernels}
+    assert {"FlashAttention", "FlashAttentionSinks", "AttentionRegion", "GemmEpilogue",
+            "GemmRegion", "GemmPairRegion"} <= names  # fmt: skip
+    for op in kernels:
+        assert impl_for(op) is not None, op.name
+        if op.op_class is not None and op.op_class.name == "pack":
+            continue
+        assert pt.partitioning_for(op) is not None, f"{op.name} has no partitioning declaration"
+
+
+# ------------------------------------------------------------- GEMM-epilogue regions
+
+from pypm_jax.rules import _kernels as K  # noqa: E402
+from pypm_jax.rules._gemm_regions import GemmRegionPlan  # noqa: E402
+from pypm_jax.rules._region import step  # noqa: E402
+
+# tanh(acc * row + col) * full + scalar over a [2, 8, 24] result of x [2, 8, 16] @ w
+REGION = (
+    step("mul", (("acc",), ("in", 0))),
+    step("add", (("step", 0), ("in", 1))),
+    step("tanh", (("step", 1),)),
+    step("mul", (("step", 2), ("in", 2))),
+    step("add", (("step", 3), ("in", 3))),
+)
+KINDS = ("row", "col", "full", "scalar")
+
+
+def _region_plan(**kw: object) -> GemmRegionPlan:
+    base = dict(transpose_w=False, k=16, n=24, dtype="float32", out_shape=(2, 8, 24),
+                out_dtype="float32", operands=KINDS, xla_fuses=False)  # fmt: skip
+    return GemmRegionPlan(**{**base, **kw})
+
+
+def _region_args(seed: int = 0, experts: int = 0) -> tuple:
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape: int) -> np.ndarray:
+        return rng.normal(size=shape).astype(np.float32)
+
+    lead = (experts,) if experts else ()
+    ops = (
+        normal(*lead, 2, 8, 1),  # a row
+        normal(24),  # a column (rank 1: aligned from the right)
+        normal(*lead, 2, 8, 24),  # a full tile
+        normal(1, 1, 1),  # a scalar
+    )
+    return normal(2, 8, 16), normal(*lead, 16, 24) / 4, ops
+
+
+def test_a_region_splits_rows_columns_and_each_operand_along_its_dims():
+    plan = _region_plan()
+    x, w, ops = _region_args()
+    spec = K.gemm_region_partitioning(
+        x.shape, w.shape, *(o.shape for o in ops), region=REGION, plan=plan
+    )
+    assert spec.output == ("m0", "m1", "n")
+    assert spec.inputs == (
+        ("m0", "m1", "k"),
+        ("k", "n"),
+        ("m0", "m1", None),  # a row: by the rows, whole along the columns
+        ("n",),  # a column: by the columns
+        ("m0", "m1", "n"),  # a full tile: by both
+        (None, None, None),  # a scalar: whole
+    )
+    site = pt._site(spec, [x.shape, w.shape, *(o.shape for o in ops)], (2, 8, 24))
+    assert site.summed == frozenset({"k"})  # a split contraction sums before the region
+    stored_nk = K.gemm_region_partitioning(
+        x.shape, (24, 16), (), region=REGION, plan=_region_plan(transpose_w=True, operands=())
+    )
+    assert stored_nk.inputs == (("m0", "m1", "k"), ("n", "k"), ())  # no pack: the literal 0
+
+
+def _split_k(spec: Partitioning, x, w, *rest):  # noqa: ANN001, ANN202
+    """``finish`` of the accumulators of the contraction's two halves, summed (what two
+    devices holding half of K each compute, with XLA's all-reduce between)."""
+    import jax
+
+    halves = [
+        spec.partial(x[..., :8], w[..., :8, :] if w.ndim == 3 else w[:8], *rest),
+        spec.partial(x[..., 8:], w[..., 8:, :] if w.ndim == 3 else w[8:], *rest),
+    ]
+    acc = jax.tree.map(lambda a, b: a + b, *halves)
+    return spec.finish(acc, x, w, *rest)
+
+
+def test_a_region_with_a_split_contraction_equals_the_kernel_call():
+    plan = _region_plan()
+    x, w, ops = _region_args()
+    spec = K.gemm_region_partitioning(
+        x.shape, w.shape, *(o.shape for o in ops), region=REGION, plan=plan
+    )
+    want = K.gemm_region_impl(x, w, ops, region=REGION, plan=plan)
+    np.testing.assert_allclose(_split_k(spec, x, w, *ops), want, rtol=1e-5, atol=1e-6)
+
+
+def test_experts_split_the_expert_axis_and_columns():
+    e = 3
+    kinds = ("ecol", "full")
+    region = (step("add", (("acc",), ("in", 0))), step("mul", (("step", 0), ("in", 1))))
+    plan = _region_plan(out_shape=(e, 2, 8, 24), operands=kinds, experts=e)
+    x, w, (_, _, full, _) = _region_args(experts=e)
+    ecol = np.random.default_rng(0).normal(size=(e, 1, 1, 24)).astype(np.float32)
+    ops = (ecol, full)
+    spec = K.gemm_region_partitioning(
+        x.shape, w.shape, *(o.shape for o in ops), region=region, plan=plan
+    )
+    assert spec.output == ("e", "m0", "m1", "n")
+    assert spec.inputs == (
+        ("m0", "m1", "k"),  # every expert reads all of x
+        ("e", "k", "n"),
+        ("e", None, None, "n"),  # a bias per expert
+        ("e", "m0", "m1", "n"),
+    )
+    want = K.gemm_region_impl(x, w, ops, region=region, plan=plan)
+    np.testing.assert_allclose(_split_k(spec, x, w, *ops), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_gated_pair_splits_both_weights_columns_alike():
+    import jax
+
+    region = (  # silu(acc) * pair + col
+        step("logistic", (("acc",),)),
+        step("mul", (("acc",), ("step", 0))),
+        step("mul", (("step", 1), ("in", 1))),
+        step("add", (("step", 2), ("in", 0))),
+    )
+    plan = _region_plan(operands=("col", "pair"), pair_at=1, transpose_w2=True)
+    x, w, (_, col, _, _) = _region_args()
+    w2t = _region_args(seed=9)[1].T  # stored [N, K]
+    spec = K.gemm_pair_region_partitioning(
+        x.shape, w.shape, w2t.shape, col.shape, region=region, plan=plan
+    )
+    assert spec.inputs == (("m0", "m1", "k"), ("k", "n"), ("n", "k"), ("n",))
+    assert spec.output == ("m0", "m1", "n")
+    want = K.gemm_pair_region_impl(x, w, w2t, (col,), region=region, plan=plan)
+    halves = [
+        spec.partial(x[..., :8], w[:8], w2t[:, :8], col),
+        spec.partial(x[..., 8:], w[8:], w2t[:, 8:], col),
+    ]
+    acc = jax.tree.map(lambda a, b: a + b, *halves)
+    np.testing.assert_allclose(spec.finish(acc, x, w, w2t, col), want, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_sinks_split_with_the_query_heads():
+    from pypm_jax.rules._plans import AttentionPlan
+
+    ident = (0, 1, 2, 3)
+    plan = AttentionPlan(layout="BHSD", q_operand=0, perm_q=ident, perm_k=ident,
+                         perm_v=ident, perm_scores=ident, perm_out=ident, scale_input=0,
+                         bias=1, mask=False, kernel_shapes=(), dtype="float32",
+                         out_shape=(2, 4, 8, 32), out_dtype="float32", sinks=True)  # fmt: skip
+    qkv = (2, 4, 8, 32)
+    spec = K.flash_attention_sinks_partitioning(
+        qkv, qkv, qkv, (1, 1, 8, 8), (), (), (4,), plan=plan
+    )
+    assert spec.inputs[-1] == (("g", "r"),)  # one logit per query head
+    assert spec.inputs[0] == ("b", ("g", "r"), "s", None) and spec.offset == "s"
+    site = pt._site(spec, [qkv, qkv, qkv, (1, 1, 8, 8), (), (), (4,)], qkv)
+    assert site.dims[-1] == (("g", "r"),)

@@ -5,8 +5,10 @@ starts). For a linen attention block, a GQA Llama-style block, Hugging Face Flax
 Hugging Face FlaxLlama (2 kv heads: fewer than the model axis) and attnax's decoder (living
 model code, when the ``zoo`` extra is installed), on data, tensor and data x tensor meshes,
 and for the linen block with and without a causal mask, the GQA block and a Gemma-2-style
-sliding-window block with the sequence split across devices, under Shardy (and some cases
-under GSPMD): the rules fire, outputs and gradients equal ``jax.jit``'s, output and
+sliding-window block with the sequence split across devices, and for one kernel each --
+GEMM-epilogue regions (rows, columns and a split contraction), the gated pair kernel, MoE
+experts run densely, attention sinks -- under Shardy (and some cases under GSPMD): the
+rules fire, outputs and gradients equal ``jax.jit``'s, output and
 gradient shardings are ``jax.jit``'s, and the compiled forward and gradient programs have
 no more all-gather / all-to-all / collective-permute instructions than ``jax.jit``'s. A
 ``shard_map`` body's attention and GEMM epilogue are rewritten and run per device;
@@ -38,8 +40,10 @@ CASES = [
     "attnax/both/xla",
     *(f"{m}/{k}/xla" for m in MODELS for k in ("data", "tensor")),
     "mha/both/gspmd/xla",
-    # Hugging Face FlaxLlama: 8 query heads over 2 kv heads, fewer than the model axis (4)
-    "llama/tensor/xla",
+    # Hugging Face FlaxLlama: 8 query heads over 2 kv heads, fewer than the model axis (4);
+    # its MLP's up projection is a GEMM-epilogue region kernel (in the interpreter here,
+    # where a kernel XLA cannot split shows as gathers)
+    "llama/tensor",
     "llama/both/xla",
     "llama/both/gspmd/xla",
     # the sequence split 4 ways (parameters replicated): the kernels split the queries, each
@@ -51,6 +55,20 @@ CASES = [
     "gqa/seq/gspmd/xla",
     "window/seq",
 ]
+# One kernel each, with the rule that must build it: GEMM-epilogue regions (a row operand
+# on the column-parallel GEMM, a full tile after the row-parallel one, whose split
+# contraction sums before the region), the gated pair kernel (opt-in rule), MoE experts
+# run densely (the expert axis on ``model``) and attention sinks (heads on ``model``)
+KERNEL_CASES = {
+    "region/tensor": "gemm_epilogue_region",
+    "region/both": "gemm_epilogue_region",
+    "region/both/gspmd/xla": "gemm_epilogue_region",
+    "pair/both": "gemm_epilogue_pair",
+    "pair/both/gspmd/xla": "gemm_epilogue_pair",
+    "experts/both": "gemm_epilogue_region",
+    "sinks/both": "attention_scaled_bias_sinks",
+    "sinks/seq/gspmd/xla": "attention_scaled_bias_sinks",
+}
 SCRIPT = Path(__file__).with_name("sharded_cases.py")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,7 +78,7 @@ def results() -> dict[str, dict]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     cases = [c for c in CASES if zoo.has("attnax") or not c.startswith("attnax")]
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *cases, "shard_map", "shard_map/vma/xla", "vmap/xla",
+        [sys.executable, str(SCRIPT), *cases, *KERNEL_CASES, "shard_map", "shard_map/vma/xla", "vmap/xla",
          "counter"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800,
     )  # fmt: skip
@@ -80,6 +98,18 @@ def test_sharded_program_partitions_like_jit(results: dict[str, dict], case: str
     r = results[case]
     assert any(rule.startswith("attention") for rule in r["rules"]), r["rules"]
     assert any(rule.startswith("gemm_epilogue") for rule in r["rules"]), r["rules"]
+    _like_jit(r)
+
+
+@pytest.mark.parametrize("case", KERNEL_CASES)
+def test_each_kernel_partitions_like_jit(results: dict[str, dict], case: str) -> None:
+    r = results[case]
+    assert KERNEL_CASES[case] in r["rules"], r["rules"]
+    _like_jit(r)
+
+
+def _like_jit(r: dict) -> None:
+    """Values and gradients equal, shardings equal, no more data-moving collectives."""
     assert r["out_rel"] < 1e-5 and r["grad_rel"] < 1e-5, r
     assert r["out_sharding"] and r["grad_sharding"], r
     for prog in ("", "_grad"):
