@@ -208,8 +208,8 @@ def test_every_kernel_operator_the_rules_insert_declares_its_partitioning():
     """A kernel operator without a declaration runs replicated on a mesh (XLA gathers its
     operands): each one a standard rule builds has one, except the operand packs, which
     lowering flattens into the kernel call that reads them."""
-    from pypm_jax.jax.impls import impl_for
-    from pypm_jax.jax.primitives import is_table_op
+    from pypm_jax.vocab.impls import impl_for
+    from pypm_jax.vocab.primitives import is_table_op
 
     kernels = {op for op in _inserted_ops() if not is_table_op(op)}
     names = {op.name for op in kernels}
@@ -219,7 +219,7 @@ def test_every_kernel_operator_the_rules_insert_declares_its_partitioning():
         assert impl_for(op) is not None, op.name
         if op.op_class is not None and op.op_class.name == "pack":
             continue
-        assert pt.partitioning_for(op) is not None, f"{op.name} has no partitioning declaration"
+        assert partitioning.partitioning_for(op) is not None, f"{op.name} has no partitioning declaration"
 
 
 # ------------------------------------------------------------- GEMM-epilogue regions
