@@ -91,15 +91,8 @@ from ..lang.registry import collect_guard_failures
 from ..semantics.guards import Undefined, eval_expr, guard_holds
 from ..semantics.subst import FreshNames, unfold
 from . import report as _report
-from .fast import (
-    CompiledPattern,
-    Matcher,
-    MatchRun,
-    _ByIdentity,
-    _expr_names,
-    compile_guard,
-    has_recursion,
-)
+from .analysis import _ByIdentity, _expr_names, has_recursion
+from .fast import CompiledPattern, Matcher, MatchRun, compile_guard
 from .report import Built
 from .select import ENGINES, default_engine
 from .select import match_all as _engine_match_all
