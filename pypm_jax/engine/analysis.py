@@ -16,17 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.calculus import (
-    EAnd,
     EAttr,
-    EBin,
-    ECall,
-    ECmp,
-    EIndex,
-    ENot,
     EOpAttr,
-    EOr,
-    ETuple,
-    EUnary,
     Expr,
     PAlt,
     PApp,
@@ -41,6 +32,7 @@ from ..core.calculus import (
     PMu,
     PVar,
     children,
+    expr_children,
 )
 from ..core.terms import CONST, Operator
 from ..semantics.subst import FreshNames, unfold
@@ -89,29 +81,16 @@ def _plain_names(p: Pattern, out: set[str]) -> None:
         match q:
             case PVar(name):
                 out.add(name)
-            case PApp(_, args, _):
-                stack.extend(args)
-            case PFunVar(var, args, _, _):
+            case PFunVar(var) | PExists(var) | PConstr(_, var):
                 out.add(var)
-                stack.extend(args)
-            case PAlt(left, right):
-                stack += [left, right]
-            case PGuard(pat, _):
-                stack.append(pat)
-            case PExists(var, body, _):
-                out.add(var)
-                stack.append(body)
-            case PConstr(pat, var, constraint):
-                out.add(var)
-                stack += [pat, constraint]
-            case PMu(_, params, args, body):
+            case PGuard(_, guard):
+                _expr_names(guard, out)
+            case PMu(_, params, args):
                 out.update(x.name for x in params)
                 out.update(a for a in args if isinstance(a, str))
-                stack.append(body)
             case PCall(_, args):
                 out.update(a for a in args if isinstance(a, str))
-        if isinstance(q, PGuard):
-            _expr_names(q.guard, out)
+        stack.extend(children(q))
 
 
 def _expr_names(e: Expr, out: set[str]) -> None:
@@ -119,17 +98,9 @@ def _expr_names(e: Expr, out: set[str]) -> None:
     stack = [e]
     while stack:
         x = stack.pop()
-        match x:
-            case EAttr(var, _) | EOpAttr(var, _):
-                out.add(var)
-            case EIndex(base, index):
-                stack += [base, index]
-            case EBin(_, left, right) | ECmp(_, left, right):
-                stack += [left, right]
-            case EUnary(_, operand) | ENot(operand):
-                stack.append(operand)
-            case EAnd(items) | EOr(items) | ETuple(items) | ECall(_, items):
-                stack.extend(items)
+        if isinstance(x, EAttr | EOpAttr):
+            out.add(x.var)
+        stack.extend(expr_children(x))
 
 
 def _has_call(p: Pattern) -> bool:
@@ -216,24 +187,15 @@ def _local_facts(params: tuple, body: Pattern) -> tuple[bool, frozenset[str], bo
         cls = type(p)
         if cls is PVar:
             closed = closed and p.name in names
-        elif cls is PApp:
-            stack.extend((a, names) for a in p.args)
-        elif cls is PFunVar:
+        elif cls is PFunVar or cls is PConstr:
             closed = closed and p.var in names
-            stack.extend((a, names) for a in p.args)
-        elif cls is PAlt:
-            stack += [(p.left, names), (p.right, names)]
         elif cls is PGuard:
             used: set[str] = set()
             _expr_names(p.guard, used)
             closed = closed and used <= names
-            stack.append((p.pat, names))
         elif cls is PExists:
             has_exists = True
-            stack.append((p.body, names | {p.var}))
-        elif cls is PConstr:
-            closed = closed and p.var in names
-            stack += [(p.pat, names), (p.constraint, names)]
+            names = names | {p.var}
         elif cls is PMu:
             closed = closed and all(not isinstance(a, str) or a in names for a in p.args)
             hit = _FACTS.get(id(p.body))
@@ -249,8 +211,9 @@ def _local_facts(params: tuple, body: Pattern) -> tuple[bool, frozenset[str], bo
             has_call = True
             free.add(p.name)
             closed = closed and all(not isinstance(a, str) or a in names for a in p.args)
-        elif cls is not PConst:
-            closed = False
+        elif cls is not PApp and cls is not PAlt and cls is not PConst:
+            closed = False  # (not a pattern)
+        stack.extend((c, names) for c in children(p, into_mu=False))
     return closed, frozenset(free), has_exists, has_call
 
 

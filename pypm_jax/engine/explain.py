@@ -27,15 +27,8 @@ from typing import Any
 from ..core.calculus import (
     EAnd,
     EAttr,
-    EBin,
     ECall,
-    ECmp,
-    EIndex,
-    ENot,
     EOpAttr,
-    EOr,
-    ETuple,
-    EUnary,
     Expr,
     PAlt,
     PApp,
@@ -51,6 +44,7 @@ from ..core.calculus import (
     PVar,
     RuleBranch,
     RuleDef,
+    expr_children,
     show,
     show_expr,
 )
@@ -243,20 +237,9 @@ def _guard_reads(g: Expr) -> list[Expr]:
     stack = [g]
     while stack:
         e = stack.pop()
-        if isinstance(e, ECall) and e is not g and e not in out:
+        if (isinstance(e, ECall) and e is not g or isinstance(e, EAttr | EOpAttr)) and e not in out:
             out.append(e)
-        match e:
-            case EAttr() | EOpAttr():
-                if e not in out:
-                    out.append(e)
-            case EIndex(base, index):
-                stack += [index, base]
-            case EBin(_, left, right) | ECmp(_, left, right):
-                stack += [right, left]
-            case EUnary(_, operand) | ENot(operand):
-                stack.append(operand)
-            case EAnd(items) | EOr(items) | ETuple(items) | ECall(_, items):
-                stack.extend(reversed(items))
+        stack.extend(reversed(expr_children(e)))
     return out
 
 
