@@ -10,10 +10,14 @@ once (``docs/SEMANTICS.md``, "Tabling").
 
 from __future__ import annotations
 
-__all__ = ["MatchRun", "RawSolution"]
+__all__ = ["MatchRun", "Observer", "RawSolution"]
 
+import ast
+import functools
+import linecache
+import types
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from ..core.calculus import (
     PAlt,
@@ -35,6 +39,35 @@ from ..core.terms import Operator, const_equal
 from ..semantics.subst import unfold
 from .analysis import _ByIdentity, _tabling
 from .guard_code import _env_guard
+
+
+class Observer(Protocol):
+    """What an observed run of the machine reports, transition by transition (the tracer of
+    :func:`pypm_jax.engine.explain.explain` is one).
+
+    ``step`` after an action succeeds, ``fail`` when one fails (the machine backtracks
+    next), with the action's operands ``a``, ``b`` and the bindings after it:
+
+    * ``"bind"``, ``"same"`` (a variable met a term: bound now, or bound to it already),
+      ``"match"`` (an application, literal or operator variable matched): ``a`` the
+      pattern, ``b`` the term; a failed match of any of them is ``fail("match", ...)``;
+    * ``"guard"``: ``a`` the :class:`PGuard` whose guard held (or not), ``b`` None;
+    * ``"check"``: ``a`` an existential's name, ``b`` its kind ("term" or "op");
+    * ``"constraint"``: ``a`` the constrained variable, ``b`` the pattern its term must
+      match next.
+
+    ``choice`` when an alternate pushes a backtrack point, ``backtrack`` when the machine
+    resumes at the latest one.
+    """
+
+    def step(self, kind: str, a: Any, b: Any, theta: dict, phi: dict) -> None: ...
+
+    def fail(self, kind: str, a: Any, b: Any, theta: dict, phi: dict) -> None: ...
+
+    def choice(self) -> None: ...
+
+    def backtrack(self) -> None: ...
+
 
 RawSolution = tuple[dict[str, Any], dict[str, Operator], tuple[Any, ...]]
 """(θ, φ, the terms the pattern's applications and literals matched)."""
@@ -303,13 +336,14 @@ def _outputs(params: tuple, args: tuple, env: Mapping, theta: dict, phi: dict) -
     return tuple(out)
 
 
-def _trail_machine(
+def _machine(
     body: Pattern,
     t0: Any,
     theta: dict[str, Any] | None = None,
     phi: dict[str, Operator] | None = None,
     cell: list[int] | None = None,
     run: MatchRun | None = None,
+    observer: Observer | None = None,
 ) -> Iterator[RawSolution]:
     """The paper's machine with a trail: yields ``(θ, φ, matched terms)`` per solution.
 
@@ -330,6 +364,12 @@ def _trail_machine(
     a producer (the same loop, run on its own bindings, trail and stack), and replayed at
     every call with that key. The producers waiting on each other are a list, not the
     Python stack.
+
+    Written once, run two ways: ``_trail_machine`` (:func:`_instantiate`), where the
+    ``if _OBSERVED:`` blocks are compiled away, and :func:`_observed`'s, which reports
+    each transition to ``observer`` (an :class:`Observer`) and runs the reference's
+    transitions exactly: definitions unfolded with :func:`pypm_jax.semantics.subst.unfold`
+    (so the patterns it reports are the reference's) and no tabling.
     """
     if cell is None:
         cell = [1]
@@ -373,8 +413,14 @@ def _trail_machine(
                     if bound is None:
                         theta[name] = t
                         trail.append((theta, name))
+                        if _OBSERVED:
+                            observer.step("bind", a, t, theta, phi)
                     elif bound is not t:
                         ok = False
+                        if _OBSERVED:
+                            observer.fail("match", a, t, theta, phi)
+                    elif _OBSERVED:
+                        observer.step("same", a, t, theta, phi)
                 elif cls is PApp:
                     ins = t.inputs
                     args = a.args
@@ -382,18 +428,28 @@ def _trail_machine(
                         struct.append(t)
                         for i in range(len(args) - 1, -1, -1):
                             k = ((_MATCH, args[i], ins[i], ctx), k)
+                        if _OBSERVED:
+                            observer.step("match", a, t, theta, phi)
                     else:
                         ok = False
+                        if _OBSERVED:
+                            observer.fail("match", a, t, theta, phi)
                 elif cls is PConst:
                     if const_equal(a.value, t):
                         struct.append(t)
+                        if _OBSERVED:
+                            observer.step("match", a, t, theta, phi)
                     else:
                         ok = False
+                        if _OBSERVED:
+                            observer.fail("match", a, t, theta, phi)
                 elif cls is PAlt:
                     stack.append((len(trail), len(struct), ((_MATCH, a.right, t, ctx), k)))
                     k = ((_MATCH, a.left, t, ctx), k)
+                    if _OBSERVED:
+                        observer.choice()
                 elif cls is PGuard:
-                    k = ((_MATCH, a.pat, t, ctx), ((_GUARD, a.guard, None, ctx), k))
+                    k = ((_MATCH, a.pat, t, ctx), ((_GUARD, a.guard, a, ctx), k))
                 elif cls is PExists:
                     env, info, base, scope = ctx
                     if info is None:  # at the top, or in a body unfolded already
@@ -431,6 +487,12 @@ def _trail_machine(
                         struct.append(t)
                         for i in range(len(args) - 1, -1, -1):
                             k = ((_MATCH, args[i], ins[i], ctx), k)
+                        if _OBSERVED:
+                            observer.step("match", a, t, theta, phi)
+                    elif _OBSERVED:
+                        observer.fail("match", a, t, theta, phi)
+                elif _OBSERVED and cls is PMu:  # ST-Match-Mu exactly as the reference
+                    k = ((_MATCH, unfold(a, _CellFresh(cell)), t, ctx), k)
                 elif cls is PMu or cls is PCall:
                     if cls is PMu:
                         params, dbody = a.params, a.body
@@ -466,14 +528,28 @@ def _trail_machine(
                     raise TypeError(f"not a pattern: {a!r}")
             elif tag == _GUARD:
                 ok = _env_guard(a)(theta, phi, ctx[0])
+                if _OBSERVED:
+                    if ok:
+                        observer.step("guard", b, None, theta, phi)
+                    else:
+                        observer.fail("guard", b, None, theta, phi)
             elif tag == _CHECK:
                 ok = a in (phi if b == "op" else theta)
+                if _OBSERVED:
+                    if ok:
+                        observer.step("check", a, b, theta, phi)
+                    else:
+                        observer.fail("check", a, b, theta, phi)
             elif tag == _CONSTR:
                 bound = theta.get(a)
                 if bound is None:
                     ok = False
+                    if _OBSERVED:
+                        observer.fail("constraint", a, b, theta, phi)
                 else:
                     k = ((_MATCH, b, bound, ctx), k)
+                    if _OBSERVED:
+                        observer.step("constraint", a, b, theta, phi)
             elif tag == _REPLAY:  # answer b of a tabled call, or pull it from its producer
                 entry, callers = a
                 answers = entry[0]
@@ -526,6 +602,8 @@ def _trail_machine(
                     d, name = trail.pop()
                     del d[name]
                 del struct[n_struct:]
+                if _OBSERVED:
+                    observer.backtrack()
                 break
             if not frames:
                 run.steps = steps
@@ -533,3 +611,44 @@ def _trail_machine(
             entry = frames[-1][6][0]  # the producer is exhausted: its consumer fails
             entry[1], entry[2], entry[3] = True, False, None
             theta, phi, trail, struct, stack, k, _, _ = frames.pop()
+
+
+def _instantiate(fn: Callable) -> Callable:
+    """``fn`` compiled again from its source with ``_OBSERVED`` the constant False.
+
+    Python drops an ``if False:`` block when it compiles, so this machine carries no trace
+    of the observer, not even a test per step. Without the source (a build that ships
+    bytecode only) it is ``fn`` itself, which tests the module's ``_OBSERVED`` (False).
+    """
+    code = fn.__code__
+    lines = linecache.getlines(code.co_filename)
+    last = max((line for _, _, line in code.co_lines() if line is not None), default=0)
+    source = "".join(lines[code.co_firstlineno - 1 : last])
+    if not source.startswith("def "):
+        return fn
+    tree = ast.parse(source)
+
+    class Constant(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            if node.id == "_OBSERVED":
+                return ast.copy_location(ast.Constant(False), node)
+            return node
+
+    tree = ast.fix_missing_locations(Constant().visit(tree))
+    ast.increment_lineno(tree, code.co_firstlineno - 1)
+    made: dict[str, Any] = {}
+    exec(compile(tree, code.co_filename, "exec"), fn.__globals__, made)
+    return made[fn.__name__]
+
+
+_OBSERVED = False  # true only in the globals of _observed()'s machine
+
+_trail_machine = _instantiate(_machine)
+
+
+@functools.cache
+def _observed() -> Callable[..., Iterator[RawSolution]]:
+    """The machine that reports to its ``observer``: ``_machine`` run with ``_OBSERVED``
+    true (made on first use: only explanations need it)."""
+    scope = {**_machine.__globals__, "_OBSERVED": True}
+    return types.FunctionType(_machine.__code__, scope, "_observed_machine", _machine.__defaults__)
