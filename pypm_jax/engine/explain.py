@@ -48,7 +48,7 @@ from ..core.graph import Graph, Value
 from ..core.match import Match
 from ..core.terms import CONST, LEAF, Operator
 from ..semantics.guards import Refusal, Undefined, eval_expr, guard_holds
-from .fast import MatchRun, compile_pattern, root_operators
+from .fast import MatchRun, root_operators
 from .machine import _observed
 from .rewrite import _Driver
 from .select import match_all
@@ -516,7 +516,7 @@ def _rule_attempt(rule: RuleDef, a: Attempt, graph: Graph | None) -> Attempt:
     driver = None
     if rule.single_use and graph is not None:
         driver = _Driver(graph, (rule,), "reference", 0)
-        sols: Any = driver.reference_solutions(pdef, compile_pattern(pdef), t)
+        sols: Any = driver.reference_solutions(pdef, t)
     else:
         sols = ((m.theta, m.phi, ()) for m in match_all(pdef, t, engine="reference"))
     first: Attempt | None = None

@@ -7,16 +7,16 @@ __all__ = ["Matcher"]
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..core.calculus import (
-    PatternDef,
-)
+from ..core.calculus import PatternDef
 from ..core.match import Match
 from ..core.terms import Operator
+from .analysis import root_operators
 from .compiled import CompiledPattern, compile_pattern, match_all
 
 # ------------------------------------------------------------------------------ the index
 
-Candidate = tuple[int, PatternDef, CompiledPattern]
+Candidate = tuple[int, PatternDef, CompiledPattern | None]
+"""(index, definition, compiled pattern: None in an index built with ``compiled=False``)."""
 
 
 class Matcher:
@@ -26,20 +26,33 @@ class Matcher:
     operator is ``op``: those rooted at ``op`` and those whose root can be anything (a
     variable, an operator variable, or an alternate with such a branch). Finding that list
     is one dict lookup, so values no pattern can match cost almost nothing.
+
+    ``compiled=False`` builds the index alone (from :func:`root_operators`), for a caller
+    that matches with the reference machine; its candidates carry no compiled pattern, and
+    its ``match_first`` and ``scan`` are not for use.
     """
 
     __slots__ = ("patterns", "compiled", "_table", "_wild")
 
-    def __init__(self, patterns: Sequence[PatternDef]):
+    def __init__(self, patterns: Sequence[PatternDef], *, compiled: bool = True):
         self.patterns = tuple(patterns)
-        self.compiled = tuple(compile_pattern(p) for p in self.patterns)
+        n = len(self.patterns)
+        self.compiled: tuple[CompiledPattern | None, ...] = (
+            tuple(compile_pattern(p) for p in self.patterns) if compiled else (None,) * n
+        )
+        roots = [
+            root_operators(p) if c is None else c.root_ops
+            for p, c in zip(self.patterns, self.compiled, strict=True)
+        ]
         entries = [
             (i, p, c) for i, (p, c) in enumerate(zip(self.patterns, self.compiled, strict=True))
         ]
-        self._wild: tuple[Candidate, ...] = tuple(e for e in entries if e[2].root_ops is None)
+        self._wild: tuple[Candidate, ...] = tuple(
+            e for e, r in zip(entries, roots, strict=True) if r is None
+        )
         table: dict[Operator, list[Candidate]] = {}
-        for e in entries:
-            for op in e[2].root_ops or ():
+        for e, r in zip(entries, roots, strict=True):
+            for op in r or ():
                 table.setdefault(op, []).append(e)
         self._table: dict[Operator, tuple[Candidate, ...]] = {
             op: tuple(sorted(es + list(self._wild), key=lambda e: e[0])) for op, es in table.items()
