@@ -25,7 +25,8 @@ gets there by running that machine ahead of time instead of at match time:
   so backtracking costs the bindings it undoes, and an explicit continuation and stack, so
   a 100 000-deep chain never touches the Python stack. It never copies a μ-body: entering
   a definition makes an environment (parameters -> arguments, each ∃ -> its fresh name),
-  so an unfolding costs what the match visits, not the body's size.
+  so an unfolding costs what the match visits, not the body's size. It takes an optional
+  observer (``pm.explain``'s tracer), compiled away where there is none.
 * **A structural pre-check** in front of the machine: the operators and arities a match
   must have at its root and the four levels below (``x <= q`` constraints included),
   computed once per pattern; a term that fails it has no match, so the machine is not
