@@ -36,7 +36,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import pypm_jax as pm  # noqa: E402
-from pypm_jax.jax import default_rules, lift, lower, rewrite_nested  # noqa: E402
+from pypm_jax.jax import lift, lower, rewrite_nested  # noqa: E402
+from pypm_jax.rules import default_rules  # noqa: E402
 
 
 def build(layers: int, batch: int, seq: int):

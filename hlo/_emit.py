@@ -188,7 +188,7 @@ class _Emitter:
     def _site(
         self, chain: list[RewriteRecord], before: dict[int, Any], alive: dict[int, Any]
     ) -> None:
-        from pypm_jax.jax.impls import impl_for
+        from pypm_jax.vocab.impls import impl_for
 
         # the value the site replaces: the last rewrite's root where it grew the kernel over
         # more of the program, the first's where later ones refined the kernel in place
@@ -242,7 +242,7 @@ class _Emitter:
     def _kernel(self, kernel: Any, inputs: list[tuple[Any, ...]], args: list[Any]) -> str:
         """The private function of the kernel's implementation for these inputs (lowered
         and added to the module once per distinct kernel, plan, literals and input types)."""
-        from pypm_jax.jax.impls import impl_for
+        from pypm_jax.vocab.impls import impl_for
 
         key = (
             kernel.op,
@@ -346,7 +346,7 @@ def _const_value(v: Any) -> Any:
     value = v.attrs["value"]
     if v.dtype is None:
         return value  # a rule's untyped literal (0, 1): a Python scalar
-    from pypm_jax.jax.lower import numpy_dtype
+    from pypm_jax.jax.types import numpy_dtype
 
     arr = np.asarray(value, dtype=numpy_dtype(v.dtype))
     if v.shape is not None and arr.shape != tuple(v.shape):
@@ -364,8 +364,8 @@ def _lower_kernel(kernel: Any, inputs: list[tuple[Any, ...]], args: list[Any]) -
     """StableHLO text of the kernel's implementation on its non-literal inputs."""
     import jax
 
-    from pypm_jax.jax.impls import impl_for
-    from pypm_jax.jax.lower import numpy_dtype
+    from pypm_jax.jax.types import numpy_dtype
+    from pypm_jax.vocab.impls import impl_for
 
     impl = impl_for(kernel.op)
     attrs = dict(kernel.attrs)

@@ -1,7 +1,7 @@
 """The per-op table: how each StableHLO / CHLO op becomes a JAX primitive's pm operator.
 
 One entry per op (a per-op table). Each maps an MLIR op name onto the operator the jaxpr
-lifter uses for the corresponding JAX primitive (:mod:`pypm_jax.jax.primitives`), with the
+lifter uses for the corresponding JAX primitive (:mod:`pypm_jax.vocab.primitives`), with the
 attributes under JAX's param names and in JAX's form, so the standard rules' patterns and
 guards read the same values on both: ``dot_general``'s ``dimension_numbers`` is
 ``((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))``, a ``reduce`` whose body is one

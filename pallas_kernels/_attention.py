@@ -39,6 +39,12 @@ In f32, per (batch ``b``, q head ``h``, query ``qi``, key ``ki``):
   ``<= MASK_VALUE / 2``). The kernels skip the kv blocks wholly outside it; the result is
   the same as without the promise. ``mask_is_causal=True`` is ``band=(None, 0)``, and
   ``causal`` narrows any band to ``hi <= 0``.
+* ``q_offset`` (an int, or an int32 scalar traced per device) is the position of the first
+  query: query row ``i`` has position ``q_offset + i`` wherever positions are read
+  (``causal``, ``band``, the ``qi`` of ``score_mod``/``mask_mod``), while ``bias``, ``mask``
+  and captures stay indexed by row. A call on rows ``[o, o + n)`` of the queries (with those
+  rows of the score-layout operands) and ``q_offset=o`` gives those rows of the whole call:
+  what a device holding one block of a sequence split across devices runs.
 * Gradients reach q, k, v, bias, the float captures (through ``score_mod``) and sinks;
   masks, ``mask_mod`` and integer captures get none.
 * Grouped / multi-query attention: ``Hq % Hkv == 0``; q head ``h`` reads kv head
@@ -356,6 +362,7 @@ def attention_reference(
     band: tuple[int | None, int | None] | None = None,
     sinks: jax.Array | None = None,
     masked_rows: str = "uniform",
+    q_offset: Any = 0,
 ) -> jax.Array:
     """Plain-JAX attention (einsum + f32 softmax): the definition of the module's semantics.
 
@@ -384,6 +391,7 @@ def attention_reference(
         sinks,
         masked_rows,
     )
+    q_offset = _check_q_offset(q_offset)
     b, sq, hq, d = _split(q.shape, layout)
     _, skv, hkv, _ = _split(k.shape, layout)
     g = hq // hkv
@@ -397,7 +405,7 @@ def attention_reference(
     f32 = jnp.float32
     eq = "bqhd,bkhd->bhqk" if layout == "BSHD" else "bhqd,bhkd->bhqk"
     logits = jnp.einsum(eq, q, k, preferred_element_type=f32) * f32(scale)
-    idx = _score_indices(b, hq, sq, skv)
+    idx = _score_indices(b, hq, sq, skv, q_offset)
     caps = tuple(_capture_value(c) for c in mods.captures)
     if mods.score_mod is not None:
         logits = _apply_score_mod(mods.score_mod, logits, idx, caps)
@@ -410,8 +418,7 @@ def attention_reference(
         kept = _apply_mask_mod(mods.mask_mod, logits.shape, idx, caps)
         keep = kept if keep is None else jnp.logical_and(keep, kept)
     if causal:
-        tri = jnp.arange(sq)[:, None] >= jnp.arange(skv)[None, :]
-        keep = tri if keep is None else jnp.logical_and(keep, tri)
+        keep = _and(keep, idx[2] >= idx[3])
     if keep is not None:
         logits = jnp.where(keep, logits, MASK_VALUE)
     weights = _softmax_with_sinks(logits, mods.sinks)
@@ -424,12 +431,32 @@ def attention_reference(
     return out.astype(q.dtype)
 
 
-def _score_indices(b: int, hq: int, sq: int, skv: int) -> tuple[jax.Array, ...]:
-    """(batch, head, query, key) positions as int32 arrays broadcastable to the scores."""
-    return tuple(
+def _score_indices(
+    b: int, hq: int, sq: int, skv: int, q_offset: Any = None
+) -> tuple[jax.Array, ...]:
+    """(batch, head, query, key) positions as int32 arrays broadcastable to the scores;
+    query positions start at ``q_offset`` (None: 0)."""
+    idx = [
         jnp.arange(n, dtype=jnp.int32).reshape(tuple(n if i == ax else 1 for i in range(4)))
         for ax, n in enumerate((b, hq, sq, skv))
-    )
+    ]
+    if q_offset is not None:
+        idx[2] = idx[2] + jnp.reshape(q_offset, ()).astype(jnp.int32)
+    return tuple(idx)
+
+
+def _check_q_offset(q_offset: Any) -> jax.Array | None:
+    """``q_offset`` as an int32 scalar, None for a literal 0 (nothing to add)."""
+    if q_offset is None:
+        return None
+    if isinstance(q_offset, (int, np.integer)) and not isinstance(q_offset, (bool, np.bool_)):
+        return None if int(q_offset) == 0 else jnp.int32(q_offset)
+    x = jnp.asarray(q_offset) if not isinstance(q_offset, bool) else None
+    if x is None or x.shape != () or not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(
+            f"flash_attention: q_offset must be an int or an integer scalar, got {q_offset!r}"
+        )
+    return x.astype(jnp.int32)
 
 
 def _capture_value(x: jax.Array) -> jax.Array:
@@ -469,7 +496,7 @@ def _softmax_with_sinks(logits: jax.Array, sinks: jax.Array | None) -> jax.Array
 _reference_jit = jax.jit(
     attention_reference,
     static_argnames=("scale", "causal", "layout", "score_mod", "mask_mod", "masked_rows"),
-)
+)  # q_offset: an int32 array or None, traced
 
 
 # --------------------------------------------------------------------------- #
@@ -569,6 +596,7 @@ class _Cfg:
     cap_full: tuple[Full, ...]
     cap_kinds: tuple[str, ...]  # per capture: "float", "int" or "bool" (stored as int8)
     has_sinks: bool
+    has_offset: bool  # the first query's position is an operand (else 0)
     zero_rows: bool  # masked_rows="zero"
     blocks: AttentionBlocks
     interpret: bool
@@ -648,6 +676,7 @@ class _Refs(NamedTuple):
     mask: Any
     caps: tuple[Any, ...]
     sinks: Any
+    offset: Any
 
 
 def _take_refs(it: Any, cfg: _Cfg) -> _Refs:
@@ -655,7 +684,14 @@ def _take_refs(it: Any, cfg: _Cfg) -> _Refs:
     mask = next(it) if cfg.has_mask else None
     caps = tuple(next(it) for _ in cfg.cap_kinds)
     sinks = next(it) if cfg.has_sinks else None
-    return _Refs(bias, mask, caps, sinks)
+    offset = next(it) if cfg.has_offset else None
+    return _Refs(bias, mask, caps, sinks, offset)
+
+
+def _q_offset(refs: _Refs) -> Any:
+    """The first query's position: 0, or the int32 scalar of the offset operand's 1 x 1 tile
+    (a reduction to a scalar, as loop bounds take it)."""
+    return 0 if refs.offset is None else jnp.sum(refs.offset[...])
 
 
 def _cap_tile(x: jax.Array, kind: str) -> jax.Array:
@@ -801,22 +837,26 @@ def _kv_ranges(cfg: _Cfg, q_start: Any, bq: int, bk: int, nk: int) -> tuple[Any,
     hi = nk if bhi is None else _clip(_floor_div(q_start + bq - 1 + bhi, bk) + 1, nk)
     mid = min(cfg.kv_len // bk, nk)
     if cfg.causal:  # blocks wholly at or below the diagonal
-        mid = jnp.minimum(lax.div(q_start + 1, bk), mid)
+        mid = jnp.minimum(_floor_div(q_start + 1, bk), mid)
     if cfg.banded:
         mid = jnp.minimum(jnp.maximum(mid, lo), hi)
     return lo, mid, hi
 
 
-def _q_ranges(cfg: _Cfg, j: Any, bq: int, bk: int, nq: int) -> tuple[Any, Any, Any]:
+def _q_ranges(
+    cfg: _Cfg, j: Any, bq: int, bk: int, nq: int, q_offset: Any = 0
+) -> tuple[Any, Any, Any]:
     """(lo, mid, hi) for kv block ``j``: q blocks [lo, hi) hold the rows whose band reaches
-    it (the rest are skipped); [lo, mid) need the causal or kv-padding mask, [mid, hi) not."""
+    it (the rest are skipped); [lo, mid) need the causal or kv-padding mask, [mid, hi) not.
+    Row ``i`` has position ``q_offset + i``."""
     blo, bhi = cfg.band
-    k_start = j * bk
+    k_start = j * bk - q_offset  # the key block's start, in rows
     lo = 0 if bhi is None else _clip(_floor_div(k_start - bhi, bq), nq)
     hi = nq if blo is None else _clip(_floor_div(k_start + bk - 1 - blo, bq) + 1, nq)
     mid = lo
     if cfg.causal:  # q blocks wholly at or below the diagonal need no mask
-        mid = jnp.minimum(jnp.maximum(lax.div(k_start + bk - 1 + bq - 1, bq), lo), hi)
+        below = _floor_div(k_start + bk - 1 + bq - 1, bq)
+        mid = jnp.minimum(jnp.maximum(below, lo), hi)
     if cfg.kv_padded:  # a block holding padded keys needs the kv-length mask everywhere
         padded = _clip(j - cfg.kv_len // bk + 1, 1)
         mid = mid + (hi - mid) * padded
@@ -869,7 +909,7 @@ def _fwd_kernel(*refs: Any, cfg: _Cfg, with_stats: bool) -> None:
 
     bq, bk = cfg.blocks.block_q, cfg.blocks.block_k
     nk = k_ref.shape[0] // bk
-    q_start = pl.program_id(0) * bq
+    q_start = pl.program_id(0) * bq + _q_offset(ops)  # the block's first position
     bh = (pl.program_id(1), pl.program_id(2))
     q = q_ref[...]
     q_pos = q_start + jnp.arange(bq, dtype=jnp.int32)
@@ -917,7 +957,7 @@ def _dq_kernel(*refs: Any, cfg: _Cfg) -> None:
 
     bq, bk = cfg.blocks.block_q_bwd, cfg.blocks.block_k_bwd
     nk = k_ref.shape[0] // bk
-    q_start = pl.program_id(0) * bq
+    q_start = pl.program_id(0) * bq + _q_offset(ops)
     bh = (pl.program_id(1), pl.program_id(2))
     q = q_ref[...]
     do = do_ref[...]
@@ -963,6 +1003,7 @@ def _dkdv_kernel(*refs: Any, cfg: _Cfg) -> None:
     k = k_ref[...]
     v = v_ref[...]
     k_pos = j * bk + jnp.arange(bk, dtype=jnp.int32)
+    q_offset = _q_offset(ops)
 
     def body(i: Any, carry: Any, structural: bool) -> Any:
         dk, dv = carry
@@ -974,7 +1015,7 @@ def _dkdv_kernel(*refs: Any, cfg: _Cfg) -> None:
         inv_l = 1.0 / l_ref[rows]
         delta = delta_ref[rows]
         tiles = _load_tiles(cfg, ops, _q_tile(rows))
-        q_pos = start + jnp.arange(bq, dtype=jnp.int32)
+        q_pos = start + q_offset + jnp.arange(bq, dtype=jnp.int32)
         s, keep, mod_vjp = _scores(cfg, q, k, q_pos, k_pos, tiles, bh, structural, with_vjp=True)
         p = _exp(cfg, s - m_use[:, None]) * inv_l[:, None]
         dv = dv + dsp.dot(p.astype(do.dtype), do, trans_a=True, precision=cfg.precision)
@@ -985,7 +1026,7 @@ def _dkdv_kernel(*refs: Any, cfg: _Cfg) -> None:
 
     dp = k.shape[-1]
     carry = (jnp.zeros((bk, dp), jnp.float32), jnp.zeros((bk, dp), jnp.float32))
-    lo, mid, hi = _q_ranges(cfg, j, bq, bk, nq)
+    lo, mid, hi = _q_ranges(cfg, j, bq, bk, nq, q_offset)
     carry = _fori(lo, mid, functools.partial(body, structural=True), carry)
     carry = _fori(mid, hi, functools.partial(body, structural=False), carry)
     if cfg.revisit:
@@ -1026,6 +1067,7 @@ def _score_operands(
     mask: jax.Array | None,
     caps: tuple[jax.Array, ...],
     sinks: jax.Array | None,
+    q_offset: jax.Array | None = None,
 ) -> list[tuple[jax.Array, Full]]:
     """The kernels' score-layout operands with their real (unbroadcast) dims, in the
     order :func:`_take_refs` reads them."""
@@ -1037,6 +1079,8 @@ def _score_operands(
     ops += list(zip(caps, cfg.cap_full, strict=True))
     if sinks is not None:
         ops.append((sinks, _SINK_FULL))
+    if q_offset is not None:
+        ops.append((q_offset, (False,) * 4))  # [1, 1, 1, 1]: every block reads it
     return ops
 
 
@@ -1164,6 +1208,7 @@ def _score_grads(
     denom: jax.Array,
     delta: jax.Array,
     cfg: _Cfg,
+    q_offset: jax.Array | None = None,
 ) -> tuple[jax.Array | None, tuple[jax.Array | None, ...]]:
     """dL/dbias (dS reduced over the bias's broadcast dims) and dL/d(float captures) (dS
     through ``score_mod``), in XLA from the kernels' residuals.
@@ -1185,7 +1230,7 @@ def _score_grads(
     hp = cfg.precision
     s = jnp.einsum("bhqd,bhkd->bhqk", qh, kh, preferred_element_type=jnp.float32, precision=hp)
     s = s * cfg.scale
-    idx = _score_indices(*s.shape)
+    idx = _score_indices(*s.shape, q_offset)
     capv = [_cap_tile(c, kind) for c, kind in zip(caps, cfg.cap_kinds, strict=True)]
     caps_vjp = None
     if cfg.score_mod is not None:
@@ -1238,7 +1283,7 @@ def _sinks_grad(sinks: jax.Array, m: jax.Array, denom: jax.Array, delta: jax.Arr
     return -jnp.sum(p_sink * delta, axis=(0, 2)).reshape(sinks.shape).astype(sinks.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
 def _flash_core(
     q: jax.Array,
     k: jax.Array,
@@ -1247,9 +1292,10 @@ def _flash_core(
     mask: jax.Array | None,
     caps: tuple[jax.Array, ...],
     sinks: jax.Array | None,
+    q_offset: jax.Array | None,
     cfg: _Cfg,
 ) -> jax.Array:
-    ops = _score_operands(cfg, bias, mask, caps, sinks)
+    ops = _score_operands(cfg, bias, mask, caps, sinks, q_offset)
     return _fwd_call(q, k, v, ops, cfg, with_stats=False)[0]
 
 
@@ -1261,25 +1307,26 @@ def _flash_core_fwd(
     mask: jax.Array | None,
     caps: tuple[jax.Array, ...],
     sinks: jax.Array | None,
+    q_offset: jax.Array | None,
     cfg: _Cfg,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
-    ops = _score_operands(cfg, bias, mask, caps, sinks)
+    ops = _score_operands(cfg, bias, mask, caps, sinks, q_offset)
     o, m, denom = _fwd_call(q, k, v, ops, cfg, with_stats=True)
-    return o, (q, k, v, bias, mask, caps, sinks, o, m, denom)
+    return o, (q, k, v, bias, mask, caps, sinks, q_offset, o, m, denom)
 
 
 def _flash_core_bwd(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array) -> tuple[Any, ...]:
-    q, k, v, bias, mask, caps, sinks, o, m, denom = res
+    q, k, v, bias, mask, caps, sinks, q_offset, o, m, denom = res
     # rowsum(o * do) as an elementwise product + reduction (an einsum would be a
     # dot, i.e. TF32 on GPU under default precision).
     delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)
     if cfg.layout == "BSHD":
         delta = delta.transpose(0, 2, 1)
-    ops = _score_operands(cfg, bias, mask, caps, sinks)
+    ops = _score_operands(cfg, bias, mask, caps, sinks, q_offset)
     dq, dk, dv = _bwd_calls(q, k, v, ops, do, m, denom, delta, cfg)
-    dbias, dcaps = _score_grads(q, k, v, bias, mask, caps, do, m, denom, delta, cfg)
+    dbias, dcaps = _score_grads(q, k, v, bias, mask, caps, do, m, denom, delta, cfg, q_offset)
     dsinks = None if sinks is None else _sinks_grad(sinks, m, denom, delta)
-    return dq, dk, dv, dbias, None, dcaps, dsinks
+    return dq, dk, dv, dbias, None, dcaps, dsinks, None
 
 
 _flash_core.defvjp(_flash_core_fwd, _flash_core_bwd)
@@ -1366,6 +1413,7 @@ def _flash_pallas(
     mask: jax.Array | None,
     captures: tuple[jax.Array, ...],
     sinks: jax.Array | None,
+    q_offset: jax.Array | None,
     *,
     scale: float,
     causal: bool,
@@ -1413,6 +1461,11 @@ def _flash_pallas(
     caps, cap_full, cap_kinds = _prep_captures(captures, sq_pad, skv_pad)
     if sinks is not None:
         sinks = sinks.astype(jnp.float32).reshape(1, hq, 1, 1)
+    # the kernels read the offset only where positions matter
+    if band == (None, None) and score_mod is None and mask_mod is None:
+        q_offset = None
+    if q_offset is not None:
+        q_offset = q_offset.reshape(1, 1, 1, 1)
     cfg = _Cfg(
         layout=layout,
         causal=causal,
@@ -1430,12 +1483,13 @@ def _flash_pallas(
         cap_full=cap_full,
         cap_kinds=cap_kinds,
         has_sinks=sinks is not None,
+        has_offset=q_offset is not None,
         zero_rows=masked_rows == "zero",
         blocks=blocks,
         interpret=interpret,
         precision=precision,
     )
-    out = _flash_core(qp, kp, vp, bias, mask, caps, sinks, cfg)
+    out = _flash_core(qp, kp, vp, bias, mask, caps, sinks, q_offset, cfg)
     if layout == "BSHD":
         return out[:, :sq, :, :d]
     return out[:, :, :sq, :d]
@@ -1464,6 +1518,7 @@ def flash_attention(
     band: tuple[int | None, int | None] | None = None,
     sinks: jax.Array | None = None,
     masked_rows: str = "uniform",
+    q_offset: Any = 0,
     _blocks: AttentionBlocks | None = None,
 ) -> jax.Array:
     """Memory-efficient attention; same semantics as :func:`attention_reference`.
@@ -1489,6 +1544,9 @@ def flash_attention(
         ``qi + lo <= ki <= qi + hi`` is masked; the kernel skips the kv blocks outside it.
       sinks: ``[Hq]`` float logits, one per head, counted in each row's softmax.
       masked_rows: "uniform" (a fully masked row averages all of v) or "zero" (outputs 0).
+      q_offset: the position of the first query (an int or an integer scalar, traced or
+        not): row ``i`` has position ``q_offset + i`` for ``causal``, ``band`` and the
+        modifiers' ``qi``; bias, mask and captures stay indexed by row.
 
     Returns:
       Array in q's layout and dtype.  Differentiable w.r.t. q, k, v, bias, the float
@@ -1517,6 +1575,7 @@ def flash_attention(
         sinks,
         masked_rows,
     )
+    q_offset = _check_q_offset(q_offset)
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else dsp.static_float(scale, "scale")
     reason = _kernel_error(
@@ -1546,6 +1605,7 @@ def flash_attention(
             captures=mods.captures,
             sinks=mods.sinks,
             masked_rows=mods.masked_rows,
+            q_offset=q_offset,
         )
     kernel = functools.partial(
         _flash_pallas,
@@ -1562,7 +1622,7 @@ def flash_attention(
         masked_rows=mods.masked_rows,
     )
 
-    def reference(q, k, v, bias, mask, captures, sinks):  # the kernel's operands, positionally
+    def reference(q, k, v, bias, mask, captures, sinks, q_offset):  # the kernel's operands
         return _reference_jit(
             q,
             k,
@@ -1577,6 +1637,8 @@ def flash_attention(
             captures=captures,
             sinks=sinks,
             masked_rows=mods.masked_rows,
+            q_offset=q_offset,
         )
 
-    return with_forward_mode(kernel, reference)(q, k, v, bias, mask, mods.captures, mods.sinks)
+    operands = (q, k, v, bias, mask, mods.captures, mods.sinks, q_offset)
+    return with_forward_mode(kernel, reference)(*operands)

@@ -6,7 +6,7 @@ the portable format, the JAX bridge and the standard rules; ``dir(pypm_jax)`` li
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from .core.calculus import RuleDef
@@ -156,6 +156,85 @@ _REWRITE_TYPES = ("RewriteResult", "RewriteReport", "RewriteRecord")  # what rew
 __all__ += list(_REWRITE_TYPES)
 
 
+# --- the JAX bridge (pypm_jax.jax), imported on first use so that importing the package never
+# imports JAX. The bridge names no rule library: these hand it the standard rules as the
+# default (the layers import one way; README, "Layout").
+__all__ += ["optimize", "optimize_module", "nnx_optimize", "register_impl"]
+
+
+def _standard_rules() -> list[Any]:
+    """The standard rule library's default rules (``pypm_jax.rules.default_rules()``): what
+    :func:`optimize` rewrites with when given no rules."""
+    from .rules import default_rules
+
+    return list(default_rules())
+
+
+def optimize(
+    fn: Callable[..., Any] | None = None,
+    *,
+    rules: Sequence[Any] | None = None,
+    verify: bool = False,
+    **options: Any,
+) -> Any:
+    """Optimize ``fn`` with pattern rewrites, jit-like: ``@pm.optimize`` or ``pm.optimize(fn)``.
+
+    ``rules`` default to ``pypm_jax.rules.default_rules()`` (attention and GEMM-epilogue
+    kernels), imported when the first signature is traced. ``fast.report(*args)`` lists the
+    rewrites for a call signature. ``verify=True`` checks the rewritten program against the
+    original on the first concrete inputs of each signature. ``options`` are ``jax.jit``'s
+    (``static_argnums``, ``donate_argnums``, ``in_shardings``, ...), with jit's meaning, and
+    the rewrite driver's (``engine``, ``max_iterations``, ``match_budget``); any other is a
+    TypeError here. The bridge's :func:`pypm_jax.jax.optimize.optimize` has the details.
+    """
+    from .jax.optimize import optimize as _optimize
+
+    return _optimize(fn, rules=rules, default_rules=_standard_rules, verify=verify, **options)
+
+
+def optimize_module(
+    module: Any,
+    *,
+    method: str = "__call__",
+    mutable: Any = False,
+    rules: Sequence[Any] | None = None,
+    verify: bool = False,
+    **options: Any,
+) -> Any:
+    """``fast(variables, *args, **kwargs)`` = ``module.apply(variables, *args, ...)`` of a
+    Flax linen module, optimized as by :func:`optimize` (the standard rules by default);
+    :func:`pypm_jax.jax.flax.optimize_module` has the details."""
+    from .jax.flax import optimize_module as _optimize_module
+
+    return _optimize_module(
+        module,
+        method=method,
+        mutable=mutable,
+        rules=rules,
+        default_rules=_standard_rules,
+        verify=verify,
+        **options,
+    )
+
+
+def nnx_optimize(
+    module: Any,
+    *,
+    method: str = "__call__",
+    rules: Sequence[Any] | None = None,
+    verify: bool = False,
+    **options: Any,
+) -> Any:
+    """An nnx module's ``method`` (default ``__call__``) optimized as by :func:`optimize` (the
+    standard rules by default): ``fast = pm.nnx_optimize(m); fast(x)``;
+    :func:`pypm_jax.jax.flax.nnx_optimize` has the details."""
+    from .jax.flax import nnx_optimize as _nnx_optimize
+
+    return _nnx_optimize(
+        module, method=method, rules=rules, default_rules=_standard_rules, verify=verify, **options
+    )
+
+
 def __getattr__(name: str) -> Any:
     if name == "Graph":
         from .core.graph import Graph
@@ -165,22 +244,11 @@ def __getattr__(name: str) -> Any:
         from .engine import rewrite as _rewrite
 
         return getattr(_rewrite, name)
+    if name == "register_impl":  # the JAX-free vocabulary's (pypm_jax.vocab)
+        from .vocab import register_impl
+
+        return register_impl
     raise AttributeError(f"module 'pypm_jax' has no attribute {name!r}")
-
-
-# --- JAX bridge exports (pypm_jax.jax), added by the JAX-bridge work; imported on first use
-# so that importing the core never imports JAX.
-_JAX_BRIDGE = ("optimize", "optimize_module", "nnx_optimize", "register_impl")
-__all__ += list(_JAX_BRIDGE)
-_core_getattr = __getattr__
-
-
-def __getattr__(name: str) -> Any:  # noqa: F811
-    if name in _JAX_BRIDGE:
-        from . import jax as _bridge
-
-        return getattr(_bridge, name)
-    return _core_getattr(name)
 
 
 def __dir__() -> list[str]:

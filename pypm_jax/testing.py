@@ -18,7 +18,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from .jax.optimize import Optimized, optimize
+from . import optimize
+from .jax.optimize import Optimized
 from .jax.report import OptimizeReport, tolerance
 
 

@@ -20,7 +20,7 @@ order, never from hashing, so building the same program twice gives the same gra
 
 from __future__ import annotations
 
-__all__ = ["Graph", "Node", "Value"]
+__all__ = ["Graph", "Node", "Value", "show_type"]
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
@@ -77,10 +77,40 @@ def _intern_types(types: Sequence[TypeSpec]) -> tuple[TypeSpec, ...]:
 _NO_ATTRS: Mapping[str, Any] = MappingProxyType({})
 
 
-def _show_type(shape: Shape | None, dtype: DType | None) -> str:
+def show_type(shape: Shape | None, dtype: DType | None) -> str:
+    """A type as graphs and reports print it: ``f32[2,3]``, ``?`` for what is unknown."""
+    key = (shape, dtype)
+    try:
+        return _type_texts[key]
+    except KeyError:
+        pass
+    except TypeError:  # (a symbolic dimension that does not hash)
+        key = None
     d = "?" if dtype is None else dtype.name
     s = "[?]" if shape is None else "[" + ",".join(str(x) for x in shape) + "]"
-    return d + s
+    text = d + s
+    if key is not None:
+        if len(_type_texts) > 100_000:
+            _type_texts.clear()
+        _type_texts[key] = text
+    return text
+
+
+_type_texts: dict[tuple[Any, Any], str] = {}  # (types repeat all over a model)
+
+
+def _freeze_attrs(attrs: Mapping[str, Any]) -> tuple:
+    """``freeze(attrs)`` (the attributes' part of a hash-consing key), with the common
+    values (strings, numbers, None) frozen inline."""
+    items = []
+    for k, v in attrs.items():
+        t = type(v)
+        if t is str or t is int or t is float or t is bool or v is None:
+            items.append((k, (t.__name__, v)))
+        else:
+            items.append((k, freeze(v)))
+    items.sort()
+    return tuple(items)
 
 
 # A value's readers: a list (one entry per use) while there are few, a dict node -> number of
@@ -129,8 +159,10 @@ def _short(value: Any, width: int = 60) -> str:
 class Value:
     """One output of a node, or a graph input: what patterns are matched against.
 
-    Identity is equality. ``_users`` holds the nodes reading it (see ``_use``). ``inputs`` is the producing node's inputs as a tuple; ``attrs`` is
-    the node's attribute dict; ``node.loc`` is where the program wrote it.
+    Identity is equality. ``inputs`` is the producing node's inputs as a tuple; ``attrs`` is
+    the node's attribute dict; ``node.loc`` is where the program wrote it. Who reads it:
+    :meth:`Graph.users`, :meth:`Graph.is_read` (``_users`` holds the live nodes reading it,
+    see ``_use``).
     """
 
     __slots__ = ("op", "inputs", "index", "attrs", "shape", "dtype", "node", "_users")
@@ -160,7 +192,11 @@ class Value:
 
 
 class Node:
-    """An operator applied to values. Change a graph only through :class:`Graph` methods."""
+    """An operator applied to values. Change a graph only through :class:`Graph` methods.
+
+    ``alive`` is False once the node is removed from its graph (dead code, merged into an
+    equal node): a reference to it may outlive that.
+    """
 
     __slots__ = (
         "op",
@@ -172,7 +208,7 @@ class Node:
         "id",
         "_graph",
         "_key",
-        "_alive",
+        "alive",
     )
 
     op: Operator
@@ -181,6 +217,7 @@ class Node:
     outputs: tuple[Value, ...]
     loc: SourceLoc | None
     id: int
+    alive: bool  # read-only
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -196,8 +233,11 @@ class Node:
         self._meta = value
 
     @property
-    def alive(self) -> bool:
-        return self._alive
+    def metadata(self) -> Mapping[str, Any]:
+        """``meta`` to read, without making a dict for a node that has none (a rewrite
+        copies the replaced node's onto the nodes it builds, and reads its module path)."""
+        meta = self._meta
+        return _NO_ATTRS if meta is None else meta
 
     def __repr__(self) -> str:
         outs = ", ".join(v.name for v in self.outputs)
@@ -210,18 +250,23 @@ class Graph:
 
     ``Graph([t1, t2])`` builds the graph of hash-consed terms (their leaves become inputs, in
     first-use order); ``Graph()`` starts empty for :meth:`add_input` / :meth:`add_node`.
+
+    Changes can be made undoable: after :meth:`begin`, :meth:`rollback` restores the graph as
+    it was (every node, reader, input, output and id, as far as a reader of the graph can
+    tell) and :meth:`commit` keeps what changed. A rewrite that fails halfway uses it.
     """
 
     def __init__(self, outputs: Iterable[Any] | None = None):
         self._inputs: list[Value] = []
         self._input_names: dict[str, Value] = {}
-        self._outputs: list[Value] = []
+        self._outputs: list[Value] = []  # replaced, never changed in place (see _Journal)
+        self._output_ids: frozenset[int] = frozenset()  # id() of each output
         self._nodes: dict[int, Node] = {}  # live non-input nodes; topological when _topo_ok
         self._cse: dict[Any, Node] = {}
         self._next_id = 0
         self._topo_ok = True
         self._id_ordered = True  # node ids increase along the topological order
-        self._journal: _Journal | None = None  # while a change may be undone (_begin)
+        self._journal: _Journal | None = None  # while changes are recorded (begin)
         if outputs is not None:
             self.set_outputs(self._from_terms(list(outputs)))
             self.compact()
@@ -251,21 +296,33 @@ class Graph:
         node.loc, node._meta = loc, dict(meta) if meta else None
         node.id = self._next_id
         self._next_id += 1
-        node._graph, node._key, node._alive = self, key, True
+        node._graph, node._key, node.alive = self, key, True
         journal = self._journal
         if journal is not None:
             journal.new.append(node)
+            readers = journal.readers
             for v in inputs:
-                journal.users(v)
+                if v not in readers:
+                    readers[v] = v._users.copy()
         outs = []
         for i, (shape, dtype) in enumerate(types):
             v = object.__new__(Value)
-            v.op, v.inputs, v.index, v.attrs = op, inputs, i, attrs
-            v.shape, v.dtype, v.node, v._users = shape, dtype, node, []
+            v.op = op
+            v.inputs = inputs
+            v.index = i
+            v.attrs = attrs
+            v.shape = shape
+            v.dtype = dtype
+            v.node = node
+            v._users = []
             outs.append(v)
         node.outputs = tuple(outs)
         for v in inputs:
-            _use(v, node)
+            users = v._users
+            if type(users) is list and len(users) < _FEW_USERS:
+                users.append(node)  # (_use, inline: the common case)
+            else:
+                _use(v, node)
         return node
 
     def add_input(self, name: str, shape: Any = None, dtype: Any = None) -> Value:
@@ -301,44 +358,46 @@ class Graph:
         loc: SourceLoc | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> Node:
-        """``op(inputs)``; for a pure ``op``, the existing equal node if there is one."""
+        """``op(inputs)``; for a pure ``op``, the existing equal node if there is one.
+
+        ``out_types``: one ``(shape, dtype)`` per output (default: :meth:`infer_types`);
+        ``loc``: where the program wrote it; ``meta``: copied into the node's ``meta``.
+        """
         if not isinstance(op, Operator):
             raise TypeError(f"not an operator: {op!r}")
         ins = tuple(inputs)
         for v in ins:
-            if not isinstance(v, Value) or v.node._graph is not self or not v.node._alive:
+            if type(v) is not Value or v.node._graph is not self or not v.node.alive:
                 raise PyPMError(f"{op.name}: input {v!r} is not a live value of this graph")
         attrs = dict(attrs) if attrs else _NO_ATTRS
         if out_types is None:
             types = self.infer_types(op, ins, attrs)
         else:
-            types = [_type(s) for s in out_types]
-        return self._add(op, ins, attrs, types, loc, meta)
-
-    def _add(
-        self,
-        op: Operator,
-        ins: tuple[Value, ...],
-        attrs: Mapping[str, Any],
-        types: Sequence[TypeSpec],
-        loc: SourceLoc | None,
-        meta: Mapping[str, Any] | None,
-    ) -> Node:
-        """``add_node`` once its inputs are known to be live values of this graph, its
-        attributes a fresh dict (or ``_NO_ATTRS``) and its types normalized (``_type``)."""
+            types = []
+            for shape, dtype in out_types:
+                if (shape is None or type(shape) is Shape) and (
+                    dtype is None or type(dtype) is DType
+                ):
+                    types.append((shape, dtype))  # (as given: already normalized)
+                else:
+                    types.append(_type((shape, dtype)))
         if op.n_in is not None and len(ins) != op.n_in:
             raise PyPMError(f"{op.name} takes {op.n_in} inputs, got {len(ins)}")
         if len(types) != op.n_out:
             raise PyPMError(f"{op.name} has {op.n_out} outputs, got {len(types)} output types")
-        types = _intern_types(types)
+        t = tuple(types)  # (_intern_types, inline)
+        types = _type_lists.get(t) or _intern_types(t)
         key = None
         if op.pure:
-            key = (op, ins, freeze(attrs) if attrs else (), types)
+            key = (op, ins, _freeze_attrs(attrs) if attrs else (), types)
             found = self._cse.get(key)
             if found is not None:
                 return found
         node = self._new_node(op, ins, attrs, types, loc, meta, key)  # (it copies meta)
         if key is not None:
+            journal = self._journal
+            if journal is not None:
+                journal.cse.append((key, _MISSING))
             self._cse[key] = node
         self._nodes[node.id] = node
         return node
@@ -353,9 +412,10 @@ class Graph:
     def set_outputs(self, values: Iterable[Value]) -> None:
         values = list(values)
         for v in values:
-            if not isinstance(v, Value) or v.node._graph is not self or not v.node._alive:
+            if not isinstance(v, Value) or v.node._graph is not self or not v.node.alive:
                 raise PyPMError(f"output {v!r} is not a live value of this graph")
         self._outputs = values
+        self._output_ids = frozenset(map(id, values))
 
     def _from_terms(self, terms: list[Any]) -> list[Value]:
         """Values for hash-consed terms, sharing structure; no recursion per depth."""
@@ -469,13 +529,41 @@ class Graph:
 
     def users(self, value: Value) -> list[Node]:
         """The live nodes that read ``value``, each once, in the order they started to."""
-        return [n for n in _readers(value) if n._alive]
+        users = value._users
+        if type(users) is list and len(users) < 2:
+            return list(users)  # (the common case: nothing to deduplicate)
+        return _readers(value)
 
     def is_output(self, value: Value) -> bool:
-        return any(v is value for v in self._outputs)
+        return id(value) in self._output_ids  # (outputs are alive: their ids are theirs)
+
+    def is_read(self, value: Value) -> bool:
+        """Does a node or the graph's outputs read ``value``? (Else it is dead code.)"""
+        return bool(value._users) or id(value) in self._output_ids
+
+    def __contains__(self, item: object) -> bool:
+        """Is ``item`` a live node or value (an input included) of this graph?"""
+        node = item.node if type(item) is Value else item
+        return type(node) is Node and node._graph is self and node.alive
+
+    @property
+    def next_id(self) -> int:
+        """The id the next new node gets: nodes with ids from here on are newer."""
+        return self._next_id
+
+    @property
+    def id_ordered(self) -> bool:
+        """Do node ids increase along :meth:`nodes` order? Then comparing two nodes' ids
+        compares their places in it (true until a replacement makes a node read a newer one)."""
+        if not self._topo_ok:
+            self._retopo()
+        return self._id_ordered
 
     def _retopo(self) -> None:
         """Re-sort nodes: creation order where it is topological, else inputs first."""
+        journal = self._journal
+        if journal is not None and journal.order is None:
+            journal.order = list(self._nodes.values())
         done: set[int] = set()
         active: set[int] = set()
         order: list[Node] = []
@@ -507,7 +595,7 @@ class Graph:
 
     def set_input(self, node: Node, i: int, value: Value) -> list[Node]:
         """Make ``node`` read ``value`` at input ``i``; returns the nodes changed (merges)."""
-        if not isinstance(value, Value) or value.node._graph is not self or not value.node._alive:
+        if value not in self or type(value) is not Value:
             raise PyPMError(f"{value!r} is not a live value of this graph")
         new_inputs = list(node.inputs)
         new_inputs[i] = value
@@ -518,29 +606,61 @@ class Graph:
     def _set_inputs(
         self, node: Node, new_inputs: list[Value], pending: list[tuple[Value, Value]]
     ) -> None:
+        """``node`` reads ``new_inputs`` (as many as now, in a list no one else holds); a
+        node it becomes equal to (hash-consing) is added to ``pending`` as a replacement to
+        make. Inputs that stay keep their readers as they are (order included)."""
+        old_inputs = node.inputs
+        key = node._key
+        cse = self._cse
         journal = self._journal
         if journal is not None:
-            journal.node(node)
-            for v in (*node.inputs, *new_inputs):
-                journal.users(v)
-        for v in node.inputs:
-            _unuse(v, node)
-        if node._key is not None and self._cse.get(node._key) is node:
-            del self._cse[node._key]
+            nodes = journal.nodes
+            if node not in nodes:
+                vins = node.outputs[0].inputs if node.outputs else ()
+                nodes[node] = (old_inputs, key, node.alive, vins)
+            readers = journal.readers
+        for a, b in zip(old_inputs, new_inputs, strict=True):
+            if a is b:
+                continue
+            if journal is not None:
+                if a not in readers:
+                    readers[a] = a._users.copy()
+                if b not in readers:
+                    readers[b] = b._users.copy()
+            users = a._users
+            if type(users) is list:
+                users.remove(node)  # (_unuse, inline: the common case)
+            else:
+                _unuse(a, node)
+            users = b._users
+            if type(users) is list and len(users) < _FEW_USERS:
+                users.append(node)  # (_use, inline)
+            else:
+                _use(b, node)
+        if key is not None:
+            entry = cse.pop(key, _MISSING)
+            if entry is node:
+                if journal is not None:
+                    journal.cse.append((key, node))
+            elif entry is not _MISSING:
+                cse[key] = entry  # (a merged duplicate's key: another node's entry)
         ins = tuple(new_inputs)
-        node.inputs = list(ins)
-        for v in ins:
-            _use(v, node)
+        node.inputs = new_inputs  # (never changed in place: a journal keeps the old list)
         for v in node.outputs:
             v.inputs = ins
         self._topo_ok = False
-        if node._key is None:
+        if key is None:
             return
-        key = (node.op, ins, node._key[2], node._key[3])
+        key = (node.op, ins, key[2], key[3])
         node._key = key
-        other = self._cse.get(key)
-        if other is None or not other._alive:
-            self._cse[key] = node
+        other = cse.setdefault(key, node)
+        if other is node:
+            if journal is not None:
+                journal.cse.append((key, _MISSING))
+        elif not other.alive:
+            if journal is not None:
+                journal.cse.append((key, other))
+            cse[key] = node
         else:  # now equal to an existing node: merge into it
             pending.extend(zip(node.outputs, other.outputs, strict=True))
 
@@ -553,13 +673,15 @@ class Graph:
         order, including users of nodes that became duplicates of existing ones and were
         merged into them.
         """
-        if not isinstance(new, Value) or new.node._graph is not self or not new.node._alive:
+        if type(new) is not Value or new.node._graph is not self or not new.node.alive:
             raise PyPMError(f"{new!r} is not a live value of this graph")
-        kept = {n.id for n in keep}
-        kept.add(new.node.id)
+        kept = set(keep)  # (nodes hash by identity)
+        kept.add(new.node)
         return self._replace([(old, new)], kept)
 
-    def _replace(self, work: list[tuple[Value, Value]], kept: set[int] = frozenset()) -> list[Node]:
+    def _replace(
+        self, work: list[tuple[Value, Value]], kept: set[Node] | frozenset = frozenset()
+    ) -> list[Node]:
         touched: list[Node] = []
         merged: list[Node] = []
         i = 0
@@ -568,9 +690,16 @@ class Graph:
             i += 1
             if old is new:
                 continue
-            self._outputs = [new if v is old else v for v in self._outputs]
-            for node in _readers(old):
-                if not node._alive or (i == 1 and node.id in kept):
+            if id(old) in self._output_ids:  # (a new list: a journal keeps the old one)
+                self._outputs = [new if v is old else v for v in self._outputs]
+                self._output_ids = frozenset(map(id, self._outputs))
+            users = old._users
+            if type(users) is list:  # (a copy: the loop changes it)
+                readers = users.copy() if len(users) < 2 else list(dict.fromkeys(users))
+            else:
+                readers = list(users)
+            for node in readers:
+                if not node.alive or (i == 1 and node in kept):
                     continue
                 before = len(work)
                 self._set_inputs(node, [new if v is old else v for v in node.inputs], work)
@@ -581,26 +710,43 @@ class Graph:
                     # replacing right now): report it, so a rewrite driver revisits it
                     touched.append(work[-1][1].node)
         for node in merged:
-            if node._alive and not any(v._users for v in node.outputs):
-                if not any(o is v for v in node.outputs for o in self._outputs):
+            if node.alive and not any(v._users for v in node.outputs):
+                if not any(id(v) in self._output_ids for v in node.outputs):
                     self._remove(node)
-        return [n for n in touched if n._alive]
+        if merged:
+            return [n for n in touched if n.alive]
+        return touched
 
     def _remove(self, node: Node) -> None:
         journal = self._journal
-        if journal is not None:
-            journal.node(node)
-            for v in node.inputs:
-                journal.users(v)
-        node._alive = False
-        self._nodes.pop(node.id, None)
         key = node._key
+        if journal is not None:
+            if journal.order is None:
+                journal.order = list(self._nodes.values())
+            nodes = journal.nodes
+            if node not in nodes:
+                vins = node.outputs[0].inputs if node.outputs else ()
+                nodes[node] = (node.inputs, key, node.alive, vins)
+            readers = journal.readers
+            for v in node.inputs:
+                if v not in readers:
+                    readers[v] = v._users.copy()
+        node.alive = False
+        self._nodes.pop(node.id, None)
         if key is not None:
-            entry = self._cse.pop(key, None)
-            if entry is not None and entry is not node:  # (a merged duplicate's key)
-                self._cse[key] = entry
+            cse = self._cse
+            entry = cse.pop(key, _MISSING)
+            if entry is node:
+                if journal is not None:
+                    journal.cse.append((key, node))
+            elif entry is not _MISSING:
+                cse[key] = entry  # (a merged duplicate's key: another node's entry)
         for v in node.inputs:
-            _unuse(v, node)
+            users = v._users
+            if type(users) is list:
+                users.remove(node)  # (_unuse, inline)
+            else:
+                _unuse(v, node)
 
     def remove_dead(self, nodes: Iterable[Node]) -> list[Node]:
         """Remove the given nodes if nothing reads them, then their inputs likewise.
@@ -609,7 +755,7 @@ class Graph:
         what is removed. Graph inputs and impure nodes stay. Returns the removed nodes in
         removal order.
         """
-        outs = self._outputs
+        outs = self._output_ids
         live = self._nodes  # graph inputs are not in it
         stack = list(nodes)
         stack.reverse()
@@ -620,7 +766,7 @@ class Graph:
                 continue
             read = False
             for v in node.outputs:
-                if v._users or v in outs:  # (Values compare by identity)
+                if v._users or id(v) in outs:
                     read = True
                     break
             if read:
@@ -645,36 +791,40 @@ class Graph:
             live.add(node.id)
             stack.extend(v.node for v in node.inputs)
         dead = [n for n in self._nodes.values() if n.id not in live]
-        journal = self._journal
-        if journal is not None:
-            for node in dead:
-                journal.node(node)
-                for v in node.inputs:
-                    journal.users(v)
         for node in dead:
-            node._alive = False
-        for node in dead:
-            self._nodes.pop(node.id, None)
-            if node._key is not None and self._cse.get(node._key) is node:
-                del self._cse[node._key]
-            for v in node.inputs:
-                _unuse(v, node)
+            self._remove(node)
         return len(dead)
 
     # ------------------------------------------------------------------- undoing
 
-    def _begin(self) -> None:
-        """Record what changes from now on, so that :meth:`_rollback` can undo it (a rewrite
-        that fails halfway leaves the graph as it was). Costs a copy of two dicts now and,
-        per change, a copy of the changed node's inputs and readers."""
+    @property
+    def recording(self) -> bool:
+        """Are changes being recorded (between :meth:`begin` and :meth:`commit` or
+        :meth:`rollback`)?"""
+        return self._journal is not None
+
+    def begin(self) -> None:
+        """Record every change from now on, so that :meth:`rollback` can undo them.
+
+        Costs nothing up front but a copy of the node order at the first removal; per
+        change, a copy of the changed node's inputs and of its inputs' readers (once per
+        node and value). Changes are recorded one run at a time: a second ``begin`` before
+        ``commit`` or ``rollback`` is a :class:`~pypm_jax.core.errors.PyPMError`.
+        """
+        if self._journal is not None:
+            raise PyPMError("changes to this graph are already being recorded")
         self._journal = _Journal(self)
 
-    def _commit(self) -> None:
+    def commit(self) -> None:
+        """Keep the changes made since :meth:`begin`; stop recording."""
+        if self._journal is None:
+            raise PyPMError("nothing to commit: no change was being recorded")
         self._journal = None
 
-    def _rollback(self) -> None:
-        """Restore the graph as it was at :meth:`_begin`: the nodes made since are dead (no
-        longer read by anything), the nodes changed or removed read what they read then."""
+    def rollback(self) -> None:
+        """Restore the graph as it was at :meth:`begin` and stop recording: the nodes made
+        since are dead (nothing reads them), the nodes changed or removed read what they
+        read then, ids start where they did."""
         journal, self._journal = self._journal, None
         if journal is None:
             raise PyPMError("nothing to roll back: no change was being recorded")
@@ -698,7 +848,7 @@ class Graph:
         return [term_of[id(v)] for v in self._outputs]
 
     def __str__(self) -> str:
-        ins = ", ".join(f"{v.name}: {_show_type(v.shape, v.dtype)}" for v in self._inputs)
+        ins = ", ".join(f"{v.name}: {show_type(v.shape, v.dtype)}" for v in self._inputs)
         lines = [f"graph({ins}) {{"]
         for node in self.nodes():
             lhs = ", ".join(v.name for v in node.outputs)
@@ -708,7 +858,7 @@ class Graph:
                 args = ", ".join(v.name for v in node.inputs)
                 attrs = "".join(f", {k}={_short(val)}" for k, val in node.attrs.items())
                 rhs = f"{node.op.name}({args}{attrs})"
-            types = ", ".join(_show_type(v.shape, v.dtype) for v in node.outputs)
+            types = ", ".join(show_type(v.shape, v.dtype) for v in node.outputs)
             where = f"  @ {node.loc}" if node.loc is not None else ""
             lines.append(f"  {lhs} = {rhs} : {types}{where}")
         lines.append("  return " + ", ".join(v.name for v in self._outputs))
@@ -719,54 +869,66 @@ class Graph:
         return f"<Graph: {len(self._inputs)} inputs, {len(self._nodes)} nodes>"
 
 
-class _Journal:
-    """What a graph was before a run of changes (see :meth:`Graph._begin`)."""
+_MISSING = object()  # (a hash-consing key that had no entry)
 
-    __slots__ = ("state", "nodes", "readers", "new")
+
+class _Journal:
+    """What a graph was before a run of changes (see :meth:`Graph.begin`).
+
+    Nothing is copied up front: the graph's input list only grows and its output list is
+    replaced, never changed in place, so their lengths and the old list suffice; the node
+    order is copied at the first removal; the hash-consing table's changes are logged; a
+    node's inputs and a value's readers are copied when first changed.
+    """
+
+    __slots__ = (
+        "n_inputs",
+        "outputs",
+        "next_id",
+        "topo",
+        "order",
+        "cse",
+        "nodes",
+        "readers",
+        "new",
+    )
 
     def __init__(self, g: Graph):
-        self.state = (
-            list(g._inputs),
-            dict(g._input_names),
-            list(g._outputs),
-            dict(g._nodes),
-            dict(g._cse),
-            g._next_id,
-            g._topo_ok,
-            g._id_ordered,
-        )
-        self.nodes: dict[int, tuple[Node, list[Value], Any, bool, tuple[Value, ...]]] = {}
-        self.readers: dict[int, tuple[Value, Any]] = {}
+        self.n_inputs = len(g._inputs)
+        self.outputs = (g._outputs, g._output_ids)
+        self.next_id = g._next_id
+        self.topo = (g._topo_ok, g._id_ordered)
+        self.order: list[Node] | None = None  # the node order, once something is removed
+        self.cse: list[tuple[Any, Any]] = []  # (key, its entry before) per change
+        # (nodes and values hash by identity)
+        self.nodes: dict[Node, tuple[list[Value], Any, bool, tuple[Value, ...]]] = {}
+        self.readers: dict[Value, Any] = {}
         self.new: list[Node] = []
 
-    def node(self, node: Node) -> None:
-        """Remember ``node``'s inputs, key and liveness, unless already remembered."""
-        if node.id not in self.nodes:
-            vins = node.outputs[0].inputs if node.outputs else ()
-            self.nodes[node.id] = (node, list(node.inputs), node._key, node._alive, vins)
-
-    def users(self, v: Value) -> None:
-        """Remember who reads ``v``, unless already remembered."""
-        if id(v) not in self.readers:
-            users = v._users
-            self.readers[id(v)] = (v, list(users) if type(users) is list else dict(users))
-
     def restore(self, g: Graph) -> None:
-        for node, inputs, key, alive, vins in self.nodes.values():
-            node.inputs, node._key, node._alive = inputs, key, alive
+        for node, (inputs, key, alive, vins) in self.nodes.items():
+            node.inputs, node._key, node.alive = inputs, key, alive
             for v in node.outputs:
                 v.inputs = vins
-        for v, users in self.readers.values():
+        for v, users in self.readers.items():
             v._users = users
         for node in self.new:
-            node._alive = False
-        (
-            g._inputs,
-            g._input_names,
-            g._outputs,
-            g._nodes,
-            g._cse,
-            g._next_id,
-            g._topo_ok,
-            g._id_ordered,
-        ) = self.state
+            node.alive = False
+        cse = g._cse
+        for key, entry in reversed(self.cse):
+            if entry is _MISSING:
+                cse.pop(key, None)
+            else:
+                cse[key] = entry
+        for v in g._inputs[self.n_inputs :]:
+            del g._input_names[v.attrs["name"]]
+        del g._inputs[self.n_inputs :]
+        g._outputs, g._output_ids = self.outputs
+        next_id = self.next_id
+        if self.order is not None:
+            g._nodes = {n.id: n for n in self.order if n.id < next_id}
+        else:  # only additions: the nodes made since come last
+            for i in range(next_id, g._next_id):
+                g._nodes.pop(i, None)
+        g._next_id = next_id
+        g._topo_ok, g._id_ordered = self.topo

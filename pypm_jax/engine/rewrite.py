@@ -84,8 +84,7 @@ from ..core.errors import (
     RuleError,
     SourceLoc,
 )
-from ..core.graph import _NO_ATTRS, Graph, Node, Value, _show_type
-from ..core.match import Match
+from ..core.graph import Graph, Node, Value, show_type
 from ..core.terms import CONST, LEAF, Term
 from ..lang.registry import collect_guard_failures
 from ..semantics import machine as _reference
@@ -152,6 +151,24 @@ class RewriteRecord:
         return printable(
             f"{self.rule} ({self.pattern}) replaced %{self.root} {self.op}{where}{module}{detail}"
         )
+
+
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RewriteRecord))
+_RECORD_SETTERS = tuple(getattr(RewriteRecord, name).__set__ for name in _RECORD_FIELDS)
+
+
+def _record(*values: Any) -> RewriteRecord:
+    """``RewriteRecord(*values)`` (every field, in order), made at half the cost of the
+    frozen dataclass's ``__init__``: the driver makes one per rewrite."""
+    record = object.__new__(RewriteRecord)
+    for set_field, value in zip(_RECORD_SETTERS, values, strict=True):
+        set_field(record, value)
+    return record
+
+
+def _built(op: Any, attrs: Any, type_text: str) -> Built:
+    """``Built(op, attrs, type_text)`` without the named tuple's ``__new__`` call."""
+    return tuple.__new__(Built, (op, attrs, type_text))
 
 
 class RewriteReport(list[RewriteRecord]):
@@ -329,8 +346,13 @@ class _Driver:
         self.queued: set[int] = set()
         self.changed = False  # did the latest rewrite that fired change the graph?
         guard = compile_guard if self.fast else _interpreted_guard
-        # per rule: its (branch, guard) pairs, in order
-        self.branches = [tuple((b, guard(b.guard)) for b in r.branches) for r in rules]
+        # per rule: its (branch, guard, result builder) triples, in order
+        self.branches = [
+            tuple(
+                (b, guard(b.guard), build) for b, build in zip(r.branches, _results(r), strict=True)
+            )
+            for r in rules
+        ]
         self.params = [[(p.name, p.kind == "op") for p in r.pattern.params] for r in rules]
         # the fast matcher's steps per (rule, node), with the budget and progress callback
         self.mrun = MatchRun(
@@ -387,8 +409,8 @@ class _Driver:
     def run(self) -> None:
         g = self.g
         order = g.nodes()
-        self.mark0 = g._next_id  # ids from here on are made by this run
-        self.rank_of = None if g._id_ordered else {n.id: i for i, n in enumerate(order)}
+        self.mark0 = g.next_id  # ids from here on are made by this run
+        self.rank_of = None if g.id_ordered else {n.id: i for i, n in enumerate(order)}
         table, wild = self.table, self.wild
         get = table.get
         if not wild:
@@ -398,7 +420,7 @@ class _Driver:
         self.order = order
         heap = self.heap
         n_order = len(order)
-        fast, is_output, try_rule = self.fast, g.is_output, self.try_rule
+        fast, is_read, try_rule = self.fast, g.is_read, self.try_rule
         rank_of = self.rank_of
         visits = pos = 0
         next_check = _PROGRESS_STRIDE
@@ -416,7 +438,7 @@ class _Driver:
                 pos += 1
             else:
                 break
-            if not node._alive:
+            if not node.alive:
                 continue
             cands = get(node.op, wild)
             if not cands:
@@ -441,7 +463,7 @@ class _Driver:
                     self.give_up(ri, v, exc)
                     continue
                 if first is not None:
-                    if not v._users and not is_output(v):
+                    if not is_read(v):
                         break  # nothing reads it: nothing to rewrite (asked only now, as
                         # reading a value's users is one more object to fetch per node)
                     if try_rule(ri, cp, v, first, pos):
@@ -464,7 +486,7 @@ class _Driver:
 
     def push(self, node: Node, pos: int) -> None:
         """Queue ``node`` for a (re)visit unless the sweep or the queue will reach it."""
-        if not node._alive or self.pending(node, pos):
+        if not node.alive or self.pending(node, pos):
             return
         self.queued.add(node.id)
         major, minor = self.new_rank.get(node.id) or (self.major(node), 0)
@@ -474,9 +496,9 @@ class _Driver:
         g = self.g
         fast = self.fast
         for v in node.outputs:
-            if not node._alive:
+            if not node.alive:
                 return
-            if not v._users and not g.is_output(v):
+            if not g.is_read(v):
                 continue  # nothing reads it: nothing to rewrite
             for ri, pdef, cp in cands:
                 if fast:
@@ -489,7 +511,7 @@ class _Driver:
                 if fired:
                     if not self.changed:
                         break  # a rule matched and left the graph as it was: next output
-                    if node._alive and len(node.outputs) > 1:
+                    if node.alive and len(node.outputs) > 1:
                         self.push(node, pos)
                     return
 
@@ -526,20 +548,18 @@ class _Driver:
         """Fire the rule's first branch whose guard holds on the solution ``sol``; False
         when none holds or single use refuses the match."""
         theta, phi, struct = sol
-        for branch, holds in self.branches[ri]:
+        for branch, holds, build in self.branches[ri]:
             if self.checked[ri] or holds(theta, phi):  # (the matcher checked it: once is enough)
-                rule = self.rules[ri]
-                m = Match(rule.pattern, v, theta, phi, owned=True)
-                return self.fire(rule, m, branch, struct, pos)
+                return self.fire(self.rules[ri], v, theta, phi, branch, build, struct, pos)
         return False
 
     def try_reference(self, ri: int, pdef: Any, v: Value, pos: int) -> bool:
         """``try_rule`` with the reference machine's solutions and interpreted guards."""
         rule = self.rules[ri]
         for theta, phi, struct in self.reference_solutions(pdef, v):
-            for branch, holds in self.branches[ri]:
+            for branch, holds, build in self.branches[ri]:
                 if holds(theta, phi):
-                    if self.fire(rule, Match(pdef, v, theta, phi), branch, struct, pos):
+                    if self.fire(rule, v, theta, phi, branch, build, struct, pos):
                         return True
                     break
         return False
@@ -554,13 +574,19 @@ class _Driver:
 
     def region(self, root: Value, struct: tuple) -> list[Node]:
         """The nodes a match covers: the root's and those its applications matched."""
-        nodes = {root.node.id: root.node}
+        return list(self.covered(root, struct).values())
+
+    def covered(self, root: Value, struct: tuple) -> dict[int, Node]:
+        """:meth:`region` by node id, in the same order."""
+        rnode = root.node
+        nodes = {rnode.id: rnode}
         for v in struct:
             n = v.node
             if n.op is LEAF and not n.inputs:
                 continue  # a graph input is never replaced
-            nodes.setdefault(n.id, n)
-        return list(nodes.values())
+            if n.id not in nodes:
+                nodes[n.id] = n
+        return nodes
 
     def constant_only(self, node: Node, depth: int = 0) -> bool:
         """Is ``node`` a literal, or pure and computed from literals alone?
@@ -613,17 +639,20 @@ class _Driver:
         """Does nothing outside the match read an interior value (other than literals, what
         is computed from literals alone, and ``shareable`` plumbing, which sharing costs
         nothing)?"""
-        inside = {n.id for n in region}
-        outputs = self.g._outputs
-        for n in region:
+        return self.unshared(root, {n.id: n for n in region})
+
+    def unshared(self, root: Value, inside: dict[int, Node]) -> bool:
+        """:meth:`single_use_ok` of the region ``inside`` (by node id)."""
+        g = self.g
+        for n in inside.values():
             if n.op is CONST:
                 continue  # a literal: shared freely
             for v in n.outputs:
                 if v is root:
                     continue
-                escapes = v in outputs  # (Values compare by identity)
+                escapes = g.is_output(v)
                 if not escapes:
-                    for u in v._users:  # (a loop, not any(): this runs per matched value)
+                    for u in g.users(v):  # (a loop, not any(): this runs per matched value)
                         if u.id not in inside:
                             escapes = True
                             break
@@ -633,19 +662,33 @@ class _Driver:
                     break
         return True
 
-    def fire(self, rule: RuleDef, m: Match, branch: RuleBranch, struct: tuple, pos: int) -> bool:
+    def fire(
+        self,
+        rule: RuleDef,
+        root: Value,
+        theta: dict[str, Any],
+        phi: dict[str, Any],
+        branch: RuleBranch,
+        build: Callable[..., list[tuple[Value, Value]]],
+        struct: tuple,
+        pos: int,
+    ) -> bool:
+        """Fire ``branch`` of ``rule`` on the match (θ, φ) at ``root`` (``struct``: the
+        values its applications covered; ``build``: the branch's compiled result)."""
         g = self.g
-        root: Value = m.root
         rnode = root.node
-        region = self.region(root, struct)
-        if rule.single_use and not self.single_use_ok(root, region):
+        covered = self.covered(root, struct)
+        if rule.single_use and not self.unshared(root, covered):
             self.blocked[rnode.id] = rnode
             return False
-        if len(self.report) >= self.limit:
+        report = self.report
+        if len(report) >= self.limit:
             raise self.limit_error(rule, rnode)
-        inst = _Instantiate(g, rule, m, root)
+        mark = g.next_id  # nodes with ids from here on are new
+        built: dict[int, Node] = {}  # every node the result consists of, new or not
+        meta = rnode.metadata
         try:
-            pairs = inst.pairs(branch.result)
+            pairs = build(g, theta, phi, root, [rnode.loc, meta or None, built])
         except Exception as exc:
             raise rule_error(
                 rule, f"its result for %{rnode.id} {rnode.op.name} cannot be built: "
@@ -654,59 +697,64 @@ class _Driver:
         if self.check_types_on:
             self.check_types(rule, pairs)
         self.changed = False
-        if all(old is new for old, new in pairs):
+        for old, new in pairs:
+            if old is not new:
+                break
+        else:
             return True  # the result is the root itself: nothing to do
-        built = inst.built
-        created = {i: n for i, n in built.items() if i >= inst.mark}
+        created = [n for i, n in built.items() if i >= mark]
         touched: list[Node] = []
         outputs_changed = False
-        outs = g._outputs
         for old, new in pairs:  # the result's own nodes keep reading the root (x → f(x))
             if old is new:
                 continue
-            outputs_changed = outputs_changed or old in outs  # (Values: identity)
-            # (replace_all_uses without re-checking that our own result is a live value)
-            touched += g._replace([(old, new)], {*built, new.node.id})
+            outputs_changed = outputs_changed or g.is_output(old)
+            touched += g.replace_all_uses(old, new, keep=built.values())
         if not touched and not outputs_changed:
             # x → f(x) where only f(x) itself reads x: the graph is the same; a rewrite
             # that changes nothing is no rewrite (and must not show in the report)
-            g.remove_dead(created.values())
+            g.remove_dead(created)
             self.idle[rnode.id] = rnode  # until something else reads x again
             return True
         self.changed = True
         removed = g.remove_dead([rnode])
         self.const_memo.clear()  # inputs changed somewhere: recompute on demand
-        record = RewriteRecord(
-            rule=rule.name,
-            pattern=rule.pattern.name,
-            root=rnode.id,
-            replaced=tuple(n.id for n in region),
-            source=rnode.loc,
-            module_path=rnode._meta.get("module_path") if rnode._meta else None,
-            op=rnode.op.name,
-            created=tuple(n.id for n in created.values() if n._alive),
-            built=tuple(
-                Built(n.op, n.attrs, _show_type(n.outputs[0].shape, n.outputs[0].dtype))
-                for n in created.values()
-                if n._alive and n.outputs
-            ),
-            detail=_detail(created.values()),
-        )
-        self.report.append(record)
+        index = len(report)
+        ids: list[int] = []
+        kernels: list[Built] = []
+        described = False
+        for n in created:
+            if n.alive:
+                ids.append(n.id)
+                if n.outputs:
+                    out = n.outputs[0]
+                    kernels.append(_built(n.op, n.attrs, show_type(out.shape, out.dtype)))
+                described = described or n.op.describe is not None
+        detail = _detail(created) if described else ""
+        report.append(
+            _record(
+                rule.name, rule.pattern.name, rnode.id, tuple(covered), rnode.loc,
+                meta.get("module_path"), rnode.op.name, tuple(ids), tuple(kernels), detail,
+            )
+        )  # fmt: skip
         self.parents.append(self.made_by.get(rnode.id))
-        index = len(self.report) - 1
-        major = self.major(rnode)
-        table, wild = self.table, self.wild
-        for n in created.values():
-            self.new_rank[n.id] = (major, next(self.minor))
-            self.made_by[n.id] = index
-            if n.op in table or wild:  # (else no rule can start at it: no visit)
-                self.push(n, pos)
+        if created:
+            # the new nodes: visited next (by rank), before the sweep goes on (``push``,
+            # inline: nothing has queued a node this rewrite made)
+            major = self.major(rnode)
+            table, wild, new_rank, made_by = self.table, self.wild, self.new_rank, self.made_by
+            minor, queued, heap = self.minor, self.queued, self.heap
+            for n in created:
+                rank = new_rank[n.id] = (major, next(minor))
+                made_by[n.id] = index
+                if (n.op in table or wild) and n.alive:  # (else no rule can start at it)
+                    queued.add(n.id)
+                    heapq.heappush(heap, (major, rank[1], n.id, n))
         self.requeue(touched, pos)
-        if rnode._alive:  # x → f(x): x lives on, read by f(x) only
+        if rnode.alive:  # x → f(x): x lives on, read by f(x) only
             self.idle[rnode.id] = rnode
         if self.idle:
-            self.wake(created.values(), pairs, pos)
+            self.wake(created, pairs, pos)
         if removed and self.blocked:
             blocked, self.blocked = list(self.blocked.values()), {}
             for n in blocked:
@@ -733,8 +781,8 @@ class _Driver:
             if why is not None:
                 op = old.node.op.name
                 raise rule_error(
-                    rule, f"its result {_show_type(new.shape, new.dtype)} replaces {old.name} "
-                    f"{op} : {_show_type(old.shape, old.dtype)}, of another {why}"
+                    rule, f"its result {show_type(new.shape, new.dtype)} replaces {old.name} "
+                    f"{op} : {show_type(old.shape, old.dtype)}, of another {why}"
                 )  # fmt: skip
 
     def wake(self, created: Iterable[Node], pairs: list[tuple[Value, Value]], pos: int) -> None:
@@ -749,22 +797,35 @@ class _Driver:
     def requeue(self, touched: list[Node], pos: int) -> None:
         """Revisit nodes whose inputs changed and their users as deep as patterns look."""
         levels = None if self.reach is None else self.reach - 1
+        queued, new_rank, rank_of, mark0 = self.queued, self.new_rank, self.rank_of, self.mark0
+        order, heap, users = self.order, self.heap, self.g.users
+        # an original node at or after the sweep's position: the sweep will get there, and
+        # to its users after it (``pending``, inline)
+        sweep = self.major(order[pos]) if pos < len(order) else None
         frontier = touched
         seen: set[int] = set()
         level = 0
         while frontier:
             nxt: list[Node] = []
             for n in frontier:
-                if n.id in seen or not n._alive:
+                nid = n.id
+                if nid in seen or not n.alive:
                     continue
-                seen.add(n.id)
-                if self.pending(n, pos):
-                    continue  # the sweep will get there, and to its users after it
-                self.push(n, pos)
+                seen.add(nid)
+                if nid in queued:
+                    continue
+                rank = new_rank.get(nid)
+                if rank is None:
+                    major = nid if rank_of is None else rank_of[nid]
+                    if nid < mark0 and sweep is not None and major >= sweep:
+                        continue
+                    rank = (major, 0)
+                queued.add(nid)  # (``push``, inline)
+                heapq.heappush(heap, (rank[0], rank[1], nid, n))
                 if levels is not None and level >= levels:
                     continue
                 for v in n.outputs:
-                    nxt.extend(v._users)
+                    nxt.extend(users(v))
             frontier = nxt
             level += 1
 
@@ -792,66 +853,110 @@ def rule_error(rule: RuleDef, what: str) -> RuleError:
     return RuleError(f"rule {rule.name}{where}: {what}", rule)
 
 
-class _Instantiate:
-    """Builds a rule's result in the graph: the replacement for each replaced value."""
+# A branch's result compiled once into closures: ``build(g, theta, phi, replaces, cx)``
+# returns the value the result denotes, adding its nodes to ``g``; ``cx`` is the firing's
+# context: ``[loc, meta, built]`` (where the root was written, the root's metadata to copy,
+# and every node the result consists of, new or not, by id). ``replaces`` is the value it
+# stands in for (its type fills in what the new value's own type leaves unknown).
+_Build = Callable[[Graph, dict, dict, Value | None, list], Value]
 
-    def __init__(self, g: Graph, rule: RuleDef, m: Match, root: Value):
-        self.g, self.rule, self.m, self.root = g, rule, m, root
-        self.mark = g._next_id  # nodes with ids from here on are new
-        self.built: dict[int, Node] = {}  # every node the result consists of, new or not
 
-    def pairs(self, rhs: Rhs) -> list[tuple[Value, Value]]:
-        if isinstance(rhs, RTuple):
-            outs = self.root.node.outputs
-            if len(rhs.items) != len(outs):
-                raise PyPMError(
-                    f"rule {self.rule.name}: a result of {len(rhs.items)} values replaces a "
-                    f"node of {len(outs)} outputs"
-                )
-            return [(o, self.value(r, o)) for o, r in zip(outs, rhs.items, strict=True)]
-        return [(self.root, self.value(rhs, self.root))]
+def _compile_value(rule: RuleDef, rhs: Rhs) -> _Build:
+    match rhs:
+        case RVar(name):
 
-    def value(self, rhs: Rhs, replaces: Value | None) -> Value:
-        """The value ``rhs`` denotes; ``replaces`` is the value it stands in for (its type
-        fills in what the new value's own type leaves unknown)."""
-        g, m = self.g, self.m
-        match rhs:
-            case RVar(name):
-                v = m.theta.get(name)
-                if not isinstance(v, Value) or v.node._graph is not g:
+            def var(g: Graph, theta: dict, phi: dict, replaces: Value | None, cx: list) -> Value:
+                v = theta.get(name)
+                if type(v) is not Value or v not in g:
                     raise PyPMError(
-                        f"rule {self.rule.name}: its result uses {name}, which is not a value "
+                        f"rule {rule.name}: its result uses {name}, which is not a value "
                         "the match bound in this graph"
                     )
                 return v
-            case RConst(value):
-                dtype = replaces.dtype if replaces is not None else None
-                return g.add_const(value, dtype=dtype)
-            case RApp(op, args, attrs, index):
-                ins = tuple([self.value(a, None) for a in args])  # (live values of g)
+
+            return var
+        case RConst(value):
+
+            def const(g: Graph, theta: dict, phi: dict, replaces: Value | None, cx: list) -> Value:
+                return g.add_const(value, dtype=None if replaces is None else replaces.dtype)
+
+            return const
+        case RApp(op, args, attrs, index):
+            fns = tuple(_compile_value(rule, a) for a in args)
+            # arguments that are variables of the match (the common case): read directly
+            names = tuple(a.name for a in args) if all(type(a) is RVar for a in args) else None
+            infer, n_out = op.infer, op.n_out
+
+            def app(g: Graph, theta: dict, phi: dict, replaces: Value | None, cx: list) -> Value:
+                if names is not None:
+                    ins = tuple(map(theta.get, names))
+                    for v in ins:
+                        if type(v) is not Value or v not in g:
+                            for f in fns:  # (the first bad one raises, naming it)
+                                f(g, theta, phi, None, cx)
+                else:
+                    ins = tuple([f(g, theta, phi, None, cx) for f in fns])  # (live values of g)
                 values: dict[str, Any] = {}
                 for name, e in attrs:
                     try:
-                        values[name] = eval_expr(e, m.theta, m.phi)
+                        values[name] = eval_expr(e, theta, phi)
                     except Undefined as exc:
                         raise PyPMError(
-                            f"rule {self.rule.name}: attribute {name} = {show_expr(e)} has no "
+                            f"rule {rule.name}: attribute {name} = {show_expr(e)} has no "
                             f"value for this match ({exc})"
                         ) from None
-                types = g.infer_types(op, ins, values)
-                if replaces is not None:
-                    shape, dtype = types[index]
-                    types[index] = (
-                        replaces.shape if shape is None else shape,
-                        replaces.dtype if dtype is None else dtype,
-                    )
-                rnode = self.root.node
-                node = g._add(op, ins, values or _NO_ATTRS, types, rnode.loc, rnode._meta)
-                self.built.setdefault(node.id, node)
+                if infer is None and n_out == 1 and replaces is not None:
+                    types = [(replaces.shape, replaces.dtype)]  # (what follows, in short)
+                else:
+                    types = g.infer_types(op, ins, values)
+                    if replaces is not None:
+                        shape, dtype = types[index]
+                        types[index] = (
+                            replaces.shape if shape is None else shape,
+                            replaces.dtype if dtype is None else dtype,
+                        )
+                node = g.add_node(op, ins, values, types, cx[0], cx[1])
+                built = cx[2]
+                if node.id not in built:
+                    built[node.id] = node
                 return node.outputs[index]
-            case RTuple():
-                raise PyPMError(f"rule {self.rule.name}: a tuple result is only allowed whole")
-        raise TypeError(f"not a rule result: {rhs!r}")
+
+            return app
+        case RTuple():
+
+            def nested(g: Graph, theta: dict, phi: dict, replaces: Value | None, cx: list) -> Value:
+                raise PyPMError(f"rule {rule.name}: a tuple result is only allowed whole")
+
+            return nested
+    raise TypeError(f"not a rule result: {rhs!r}")
+
+
+def _compile_result(rule: RuleDef, rhs: Rhs) -> Callable[..., list[tuple[Value, Value]]]:
+    """``pairs(g, theta, phi, root, cx)``: (replaced value, replacement) per output of the
+    root's node for a tuple result, else for the root alone."""
+    if isinstance(rhs, RTuple):
+        fns = tuple(_compile_value(rule, r) for r in rhs.items)
+
+        def pairs(g: Graph, theta: dict, phi: dict, root: Value, cx: list) -> list:
+            outs = root.node.outputs
+            if len(fns) != len(outs):
+                raise PyPMError(
+                    f"rule {rule.name}: a result of {len(fns)} values replaces a node of "
+                    f"{len(outs)} outputs"
+                )
+            return [(o, f(g, theta, phi, o, cx)) for o, f in zip(outs, fns, strict=True)]
+
+        return pairs
+    fn = _compile_value(rule, rhs)
+
+    def pair(g: Graph, theta: dict, phi: dict, root: Value, cx: list) -> list:
+        return [(root, fn(g, theta, phi, root, cx))]
+
+    return pair
+
+
+# per rule: its branches' results, compiled
+_results = _ByIdentity(lambda rule: tuple(_compile_result(rule, b.result) for b in rule.branches))
 
 
 # ------------------------------------------------------------------------------ the API
@@ -863,7 +968,7 @@ def _detail(nodes: Iterable[Node]) -> str:
     texts = []
     for n in nodes:
         fn = getattr(n.op, "describe", None)
-        if fn is None or not n._alive:
+        if fn is None or not n.alive:
             continue
         try:
             texts.append(str(fn(**n.attrs)))
@@ -911,16 +1016,16 @@ def rewrite(
     budget = MATCH_BUDGET if isinstance(match_budget, _Default) else match_budget
     driver = _Driver(graph, rules, engine, limit, shareable, check_types, weak_type, budget)
     with collect_guard_failures() as failures:
-        if graph._journal is not None:  # (inside a caller's undoable change: theirs to undo)
+        if graph.recording:  # (inside a caller's undoable change: theirs to undo)
             driver.run()
         else:
-            graph._begin()
+            graph.begin()
             try:
                 driver.run()
             except BaseException:
-                graph._rollback()
+                graph.rollback()
                 raise
-            graph._commit()
+            graph.commit()
     if failures:
         _warn_guard_failures(rules, failures)
     return RewriteResult(graph, driver.report, driver.visits)

@@ -39,6 +39,8 @@ def optimize_module(
 
     ``method`` names the module method to apply; ``mutable`` is passed to ``apply`` (with
     mutable collections the result is ``(out, updated_variables)``, as with ``apply``).
+    ``rules``, ``verify`` and the other options (``default_rules`` among them) are
+    :func:`~pypm_jax.jax.optimize.optimize`'s.
     """
 
     def apply(variables: Any, *args: Any, **kwargs: Any) -> Any:
@@ -105,5 +107,6 @@ def nnx_optimize(
     **rewrite_options: Any,
 ) -> NNXOptimized:
     """Optimize an nnx module's ``method`` (default ``__call__``): ``fast = nnx_optimize(m);
-    fast(x)``; the module's state is read on every call and written back after it."""
+    fast(x)``; the module's state is read on every call and written back after it. The
+    options are :func:`~pypm_jax.jax.optimize.optimize`'s, as for :func:`optimize_module`."""
     return NNXOptimized(module, method=method, rules=rules, verify=verify, **rewrite_options)

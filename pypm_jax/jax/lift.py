@@ -1,7 +1,7 @@
 """Lifting a jaxpr into a pm :class:`Graph`: one node per equation, driven by the op table.
 
 What each equation becomes is decided by its primitive's table entry
-(:mod:`pypm_jax.jax.primitives`): a plain node whose attrs are the params; an inlined body
+(:mod:`pypm_jax.vocab.primitives`): a plain node whose attrs are the params; an inlined body
 (``jit``); an inlined body remembered as a :class:`Region` (``custom_jvp_call``,
 ``custom_vjp_call``, ``remat2``) so lowering can re-emit the original call, with its custom
 derivative rule, when no rewrite touched the region; a node holding lifted sub-programs
@@ -35,8 +35,8 @@ import numpy as np
 
 from ..core.dtypes import DType, as_dtype
 from ..core.errors import SourceLoc
+from ..vocab.primitives import lift_attrs, op_for, opaque_op, spec_for
 from . import _compat
-from .primitives import lift_attrs, op_for, opaque_op, spec_for
 
 # Non-splat constant arrays up to this many elements become const nodes; larger ones are
 # graph inputs fed at lowering (hashing megabytes of weights into the graph helps nobody).

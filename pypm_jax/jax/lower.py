@@ -6,7 +6,8 @@ explicit stack, so graph depth never meets Python's recursion limit. What each n
 * a JAX table op: its primitive bound with the node's params (the original params of a lifted
   node, or the attrs of a node a rule built, converted back and completed with defaults), under
   the equation's source info, so the re-jitted program keeps source lines in its metadata;
-* an op with an implementation in :data:`pypm_jax.jax.impls.KERNEL_IMPLS` (a kernel a rule
+* an op with an implementation in the table :func:`lower` is given (by default
+  :data:`pypm_jax.vocab.impls.KERNEL_IMPLS`, what ``register_impl`` fills; a kernel a rule
   introduced): a call of that implementation with the node's attrs as keyword arguments,
   wrapped on several devices so XLA partitions it by the op's declared factors
   (:mod:`pypm_jax.jax.partition`);
@@ -23,7 +24,7 @@ explicit stack, so graph depth never meets Python's recursion limit. What each n
 
 from __future__ import annotations
 
-__all__ = ["LoweringError", "lower", "infer_types", "lower_attrs", "numpy_dtype"]
+__all__ = ["LoweringError", "lower"]
 
 import contextvars
 import functools
@@ -35,58 +36,22 @@ import jax
 import numpy as np
 from jax import lax
 
-from ..core.dtypes import DType, as_dtype
+from ..core.dtypes import as_dtype
 from ..core.errors import PyPMError
 from ..core.terms import CONST, LEAF, Operator
+from ..vocab.impls import KERNEL_IMPLS
+from ..vocab.partitioning import partitioning_for
+from ..vocab.primitives import is_table_op
 from . import _compat
-from .impls import KERNEL_IMPLS
 from .lift import NESTED_PARAMS, EqnInfo, LiftedProgram, Region, eqn_info
-from .partition import partitioned, partitioning_for
-from .primitives import DTYPE_PARAMS, SPECS, is_table_op
+from .partition import partitioned
+from .types import lower_attrs, numpy_dtype
+
+Impls = Mapping[Operator, Callable[..., Any]]
 
 
 class LoweringError(PyPMError):
     """A rewritten graph that cannot be turned back into a JAX program."""
-
-
-def numpy_dtype(dt: Any) -> Any:
-    """A pm dtype as the numpy dtype JAX expects (bf16 through ml_dtypes)."""
-    if isinstance(dt, DType):
-        return jax.numpy.dtype(dt.numpy_name)
-    return dt
-
-
-def lower_attrs(prim_name: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
-    """A node's attrs as the primitive's params: pm dtypes back to numpy, defaults filled."""
-    spec = SPECS.get(prim_name)
-    params = dict(spec.defaults) if spec is not None else {}
-    for k, v in attrs.items():
-        params[k] = numpy_dtype(v) if k in DTYPE_PARAMS else v
-    return _compat.adapt_params(prim_name, params)
-
-
-def infer_types(prim_name: str, inputs: tuple[Any, ...], attrs: Mapping[str, Any]) -> Any:
-    """``(shape, dtype)`` of ``prim_name`` applied to typed inputs, by abstract evaluation.
-
-    Unknown (``(None, None)``) when an input's type is unknown; a primitive that rejects the
-    inputs raises, naming the primitive, so a rule building an ill-typed op fails clearly.
-    """
-    prim = _compat.primitive_by_name(prim_name)
-    if prim is None or any(getattr(x, "shape", None) is None for x in inputs):
-        return (None, None)
-    if any(getattr(x, "dtype", None) is None for x in inputs):
-        return (None, None)
-    params = lower_attrs(prim_name, attrs)
-    avals = [jax.ShapeDtypeStruct(tuple(x.shape), numpy_dtype(x.dtype)) for x in inputs]
-    try:
-        out = jax.eval_shape(lambda *xs: _compat.bind(prim, xs, params), *avals)
-    except Exception as exc:
-        raise TypeError(
-            f"jax.{prim_name} cannot be applied to {avals} with {params}: {exc}"
-        ) from exc
-    if prim.multiple_results:
-        return [(tuple(o.shape), as_dtype(o.dtype)) for o in out]
-    return (tuple(out.shape), as_dtype(out.dtype))
 
 
 # ------------------------------------------------------------------------------ planning
@@ -213,7 +178,7 @@ def _plan(prog: LiftedProgram) -> _Plan:
             )
 
 
-def _check_lowerable(plan: _Plan) -> None:
+def _check_lowerable(plan: _Plan, impls: Impls) -> None:
     for unit in plan.units:
         if unit[0] != "node":
             continue
@@ -223,14 +188,14 @@ def _check_lowerable(plan: _Plan) -> None:
             continue
         if op is LEAF:
             raise LoweringError(f"{_describe(node)} is an input the program does not provide")
-        if op in KERNEL_IMPLS:
+        if op in impls:
             continue
         info = eqn_info(node)
         if info is not None and info.kind == "nested":
             for name in NESTED_PARAMS[op.name]:
                 bodies = node.attrs[name]
                 for body in bodies if isinstance(bodies, tuple) else (bodies,):
-                    _check_lowerable(_plan(body))
+                    _check_lowerable(_plan(body), impls)
             continue
         if info is not None:  # lifted from an equation: binds that equation's primitive
             continue
@@ -245,13 +210,17 @@ def _check_lowerable(plan: _Plan) -> None:
 # ------------------------------------------------------------------------------ running
 
 
-def lower(prog: LiftedProgram) -> Callable[..., list[Any]]:
+def lower(prog: LiftedProgram, impls: Impls | None = None) -> Callable[..., list[Any]]:
     """A function of the program's inputs returning the list of its outputs.
 
-    Raises :class:`LoweringError` now (not when called) for an op nothing can compute.
+    ``impls`` maps replacement operators to their implementations (default: the table
+    ``register_impl`` fills, :data:`pypm_jax.vocab.impls.KERNEL_IMPLS`); nested bodies are
+    lowered with the same. Raises :class:`LoweringError` now (not when called) for an op
+    nothing can compute.
     """
+    impls = KERNEL_IMPLS if impls is None else impls
     plan = _plan(prog)
-    _check_lowerable(plan)
+    _check_lowerable(plan, impls)
 
     def run(*args: Any) -> list[Any]:
         if len(args) != len(prog.inputs):
@@ -265,7 +234,7 @@ def lower(prog: LiftedProgram) -> Callable[..., list[Any]]:
             if unit[0] == "region":
                 _run_region(unit[1], unit[2], env)
             else:
-                _run_node(unit[1], env)
+                _run_node(unit[1], env, impls)
         outs = [_typed(env[id(v)]) for v in prog.graph.outputs]
         return [_match_aval(x, aval) for x, aval in zip(outs, prog.out_avals, strict=True)]
 
@@ -291,7 +260,7 @@ def _const(node: Any) -> Any:
     return arr
 
 
-def _run_node(node: Any, env: dict[int, Any]) -> None:
+def _run_node(node: Any, env: dict[int, Any], impls: Impls) -> None:
     op: Operator = node.op
     if op is CONST:
         env[id(node.outputs[0])] = _const(node)
@@ -299,7 +268,7 @@ def _run_node(node: Any, env: dict[int, Any]) -> None:
     args = _args([env[id(v)] for v in node.inputs])
     if _CHECK_VMA.get() and len(args) > 1:
         args = _compat.vary_alike(args)
-    impl = KERNEL_IMPLS.get(op)
+    impl = impls.get(op)
     info = eqn_info(node)
     # a node a rule built carries a copy of the replaced root's meta: use its source line
     near = node.meta.get("jax_eqn")
@@ -309,7 +278,8 @@ def _run_node(node: Any, env: dict[int, Any]) -> None:
             outs = _call_impl(node, impl, args)
     elif info is not None and info.kind == "nested":
         with _compat.source_context(source_info):
-            outs = _NESTED[op.name](node, _compat.control_params(op.name, info.params), args)
+            params = _compat.control_params(op.name, info.params)
+            outs = _NESTED[op.name](node, params, args, impls)
     elif info is not None:
         out = _compat.bind(info.primitive, args, info.params, source_info, info.ctx)
         outs = list(out) if info.primitive.multiple_results else [out]
@@ -407,12 +377,12 @@ def _match_aval(x: Any, aval: Any) -> Any:
 # ------------------------------------------------------------------------------ nested
 
 
-def _body_fn(prog: LiftedProgram) -> Callable[..., list[Any]]:
-    return lower(prog)
+def _body_fn(prog: LiftedProgram, impls: Impls) -> Callable[..., list[Any]]:
+    return lower(prog, impls)
 
 
-def _scan(node: Any, p: dict[str, Any], args: list[Any]) -> list[Any]:
-    body = _body_fn(node.attrs["jaxpr"])
+def _scan(node: Any, p: dict[str, Any], args: list[Any], impls: Impls) -> list[Any]:
+    body = _body_fn(node.attrs["jaxpr"], impls)
     nc, nk = p["num_consts"], p["num_carry"]
     consts, init, xs = args[:nc], args[nc : nc + nk], args[nc + nk :]
 
@@ -426,9 +396,9 @@ def _scan(node: Any, p: dict[str, Any], args: list[Any]) -> list[Any]:
     return [*carry, *ys]
 
 
-def _while(node: Any, p: dict[str, Any], args: list[Any]) -> list[Any]:
-    cond = _body_fn(node.attrs["cond_jaxpr"])
-    body = _body_fn(node.attrs["body_jaxpr"])
+def _while(node: Any, p: dict[str, Any], args: list[Any], impls: Impls) -> list[Any]:
+    cond = _body_fn(node.attrs["cond_jaxpr"], impls)
+    body = _body_fn(node.attrs["body_jaxpr"], impls)
     cn, bn = p["cond_nconsts"], p["body_nconsts"]
     cconsts, bconsts, init = args[:cn], args[cn : cn + bn], args[cn + bn :]
     out = lax.while_loop(
@@ -437,8 +407,8 @@ def _while(node: Any, p: dict[str, Any], args: list[Any]) -> list[Any]:
     return list(out)
 
 
-def _cond(node: Any, p: dict[str, Any], args: list[Any]) -> list[Any]:
-    branches = [_body_fn(b) for b in node.attrs["branches"]]
+def _cond(node: Any, p: dict[str, Any], args: list[Any], impls: Impls) -> list[Any]:
+    branches = [_body_fn(b, impls) for b in node.attrs["branches"]]
     index, ops = args[0], args[1:]
     fns = [lambda *a, f=f: tuple(f(*a)) for f in branches]
     return list(lax.switch(index, fns, *ops))
@@ -451,9 +421,9 @@ _PER_DEVICE: contextvars.ContextVar[bool] = contextvars.ContextVar("pypm_per_dev
 _CHECK_VMA: contextvars.ContextVar[bool] = contextvars.ContextVar("pypm_check_vma", default=False)
 
 
-def _shard_map(node: Any, p: dict[str, Any], args: list[Any]) -> list[Any]:
+def _shard_map(node: Any, p: dict[str, Any], args: list[Any], impls: Impls) -> list[Any]:
     """``jax.shard_map`` of the lowered body with the equation's mesh, specs and checks."""
-    body = _body_fn(node.attrs["jaxpr"])
+    body = _body_fn(node.attrs["jaxpr"], impls)
     mesh, manual = p["mesh"], p["newly_manual_axes"]
     per_device = frozenset(mesh.axis_names) <= frozenset(manual)
 
@@ -477,7 +447,7 @@ def _shard_map(node: Any, p: dict[str, Any], args: list[Any]) -> list[Any]:
     return list(mapped(*args))
 
 
-_NESTED: dict[str, Callable[[Any, dict[str, Any], list[Any]], list[Any]]] = {
+_NESTED: dict[str, Callable[[Any, dict[str, Any], list[Any], Impls], list[Any]]] = {
     "scan": _scan,
     "while": _while,
     "cond": _cond,

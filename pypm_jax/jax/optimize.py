@@ -15,13 +15,11 @@ concrete inputs of each signature and raises a
 
 from __future__ import annotations
 
-__all__ = ["optimize", "Optimized", "rewrite_nested", "default_rules"]
+__all__ = ["optimize", "Optimized", "rewrite_nested"]
 
 import contextlib
 import functools
 import gc
-import importlib
-import importlib.util
 import inspect
 import logging
 import os
@@ -40,6 +38,7 @@ from ..core.source import user_stacklevel
 from ..core.terms import LEAF
 from ..engine.rewrite import RewriteRecord, RewriteResult, printable, rewrite
 from ..lang.frontend import PatternFunction, Rule, as_rule_def
+from ..vocab.impls import KERNEL_IMPLS
 from . import _compat
 from .lift import LiftedProgram, eqn_info, lift
 from .lower import lower
@@ -59,22 +58,6 @@ log = logging.getLogger("pypm_jax.optimize")
 VERIFY_ALL = os.environ.get("PYPM_VERIFY", "") not in ("", "0")
 
 # ------------------------------------------------------------------------------ rewriting
-
-
-def default_rules() -> list[Any]:
-    """The standard rule library (``pypm_jax.rules.default_rules()``), or [] without one."""
-    if importlib.util.find_spec("pypm_jax.rules") is None:
-        return []
-    mod = importlib.import_module("pypm_jax.rules")
-    fn = getattr(mod, "default_rules", None)
-    if fn is None:
-        warnings.warn(
-            "pypm_jax.rules has no default_rules(); optimizing with no rules",
-            OptimizationFallbackWarning,
-            stacklevel=3,
-        )
-        return []
-    return list(fn())
 
 
 # Cheap to keep for other readers: moving, casting, comparing and combining values (the
@@ -338,14 +321,23 @@ class Optimized:
         fn: Callable[..., Any],
         *,
         rules: Sequence[Any] | None = None,
+        default_rules: Callable[[], Sequence[Any]] | None = None,
         verify: bool = False,
         **options: Any,
     ):
         if not callable(fn):
             raise TypeError(f"pm.optimize needs a callable, got {fn!r}")
         _check_options(options)
+        if rules is None and default_rules is None:
+            raise TypeError(
+                "pypm_jax.jax.optimize needs rules= or default_rules= (the bridge names no "
+                "rule library; pm.optimize gives the standard rules when none are given)"
+            )
+        if default_rules is not None and not callable(default_rules):
+            raise TypeError(f"default_rules must be a function giving rules, got {default_rules!r}")
         self.fn = fn
         self._rules = None if rules is None else _check_rules(rules)
+        self._default_rules = default_rules
         self._defs: list[RuleDef] | None = None  # the rules that compile, as RuleDefs
         self.verify = verify
         self.jit_options = {k: v for k, v in options.items() if k in JIT_OPTIONS}
@@ -366,8 +358,11 @@ class Optimized:
 
     @property
     def rules(self) -> list[Any]:
+        """The rules given, or else those ``default_rules()`` gives (asked once, on first
+        use: the standard library is imported when the first signature is traced)."""
         if self._rules is None:
-            self._rules = default_rules()
+            assert self._default_rules is not None  # __init__ requires one of the two
+            self._rules = _check_rules(self._default_rules())
         return self._rules
 
     def _rule_defs(self) -> list[RuleDef]:
@@ -452,7 +447,7 @@ class Optimized:
                 prog, result, t2 = self._rewrite(closed, _input_names(in_tree, flat), entry)
                 entry.records = [*result.report.canonical, *result.report]
                 t3 = time.perf_counter()
-                run = lower(prog)
+                run = lower(prog, KERNEL_IMPLS)
 
                 # trace the rewritten program on its own first: a failure (a kernel raising,
                 # a wrong type) must not leave half a program in the caller's trace
@@ -654,7 +649,7 @@ class Optimized:
                 continue
             prog = lift(entry.closed)
             rewrite_nested(prog, [rule], **self.rewrite_options)
-            got = jax.jit(lower(prog))(*flat)
+            got = jax.jit(lower(prog, KERNEL_IMPLS))(*flat)
             if _first_difference(expected, got) is not None:
                 return records
         return list(entry.records)
@@ -743,13 +738,15 @@ def optimize(
     fn: Callable[..., Any] | None = None,
     *,
     rules: Sequence[Any] | None = None,
+    default_rules: Callable[[], Sequence[Any]] | None = None,
     verify: bool = False,
     **options: Any,
 ) -> Any:
     """Optimize ``fn`` with pattern rewrites, jit-like: ``@pm.optimize`` or ``pm.optimize(fn)``.
 
-    ``rules`` default to ``pypm_jax.rules.default_rules()`` (attention and GEMM-epilogue
-    kernels) when that library exists. ``fast.report(*args)`` lists the rewrites for a call
+    ``rules``: the rules to rewrite with; where None, those ``default_rules()`` gives, asked
+    when the first signature is traced (``pm.optimize`` hands in the standard library's);
+    one of the two is required. ``fast.report(*args)`` lists the rewrites for a call
     signature. ``verify=True`` checks the rewritten program against the original on the
     first concrete inputs of each signature. ``options`` are ``jax.jit``'s
     (:data:`JIT_OPTIONS`: ``static_argnums``, ``donate_argnums``, ``in_shardings``, ...), with
@@ -758,6 +755,6 @@ def optimize(
     """
 
     def make(f: Callable[..., Any]) -> Optimized:
-        return Optimized(f, rules=rules, verify=verify, **options)
+        return Optimized(f, rules=rules, default_rules=default_rules, verify=verify, **options)
 
     return make(fn) if fn is not None else make

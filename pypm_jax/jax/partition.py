@@ -2,14 +2,17 @@
 
 XLA cannot look inside a kernel call (a Pallas call on GPU, its interpreter's loops on CPU),
 so on a mesh it would gather every operand onto every device. A replacement operator
-therefore declares, beside its implementation (:func:`~pypm_jax.jax.impls.register_impl`),
-how its operands' dimensions map onto shared *factors* -- batch, heads, rows, columns -- with
-:func:`register_partitioning`. Lowering then wraps the kernel call in JAX's
-``jax.experimental.custom_partitioning``: the factors become its Shardy sharding rule (and
-drive the GSPMD callbacks), and at partitioning time the kernel runs once per device on the
-shards of whatever the operands are sharded by, with no collective of its own.
+therefore declares, beside its implementation (:func:`~pypm_jax.vocab.impls.register_impl`),
+how its operands' dimensions map onto shared *factors* -- batch, heads, a query sequence,
+rows, columns -- with
+:func:`~pypm_jax.vocab.partitioning.register_partitioning` (the declaration belongs to the
+JAX-free vocabulary, :mod:`pypm_jax.vocab`; this module is what lowering does with it).
+Lowering then wraps the kernel call in JAX's ``jax.experimental.custom_partitioning``: the
+factors become its Shardy sharding rule (and drive the GSPMD callbacks), and at partitioning
+time the kernel runs once per device on the shards of whatever the operands are sharded by,
+with no collective of its own.
 
-Declared in terms of a :class:`Partitioning`:
+Declared in terms of a :class:`~pypm_jax.vocab.partitioning.Partitioning`:
 
 * each dimension of an operand or of the result is a factor name, a pair of names (a
   *compound* dimension, major first: GQA's query heads are ``("g", "r")``, the kv heads
@@ -24,7 +27,11 @@ Declared in terms of a :class:`Partitioning`:
   local operands)), local operands)`` -- the accumulation, XLA's own all-reduce of it, then
   the epilogue -- when the declaration gives ``partial``/``finish``; without them the factor
   is never split;
-* a dimension of size 1 in an operand (a broadcast mask or bias) is never split.
+* a dimension of size 1 in an operand (a broadcast mask or bias) is never split;
+* ``offset`` names a factor whose positions the kernel reads (attention's query sequence,
+  under a causal mask, a band or a position-reading modifier): split, each device's call
+  gets its block's first index as the keyword ``offset`` (an int32 scalar, the linear index
+  of the device along the factor's axes, ``lax.axis_index``, times the block's length).
 
 Operand shardings are read as mesh axes, or, where Shardy split an axis into sub-axes, as
 axes of the mesh's finest refinement (every axis cut into prime-sized sub-axes; the call
@@ -46,8 +53,9 @@ nothing is wrapped: the kernel is called as registered.
 
 from __future__ import annotations
 
-__all__ = ["Partitioning", "register_partitioning", "partitioning_for", "partitioned"]
+__all__ = ["partitioned"]
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -65,55 +73,8 @@ from jax.experimental.custom_partitioning import (
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..core.terms import Operator
+from ..vocab.partitioning import Dim, Partitioning
 from . import _compat
-
-Dim = str | tuple[str, ...] | None
-
-
-@dataclass(frozen=True)
-class Partitioning:
-    """How an operator's operand and result dimensions map onto shared factors.
-
-    ``inputs`` has one tuple per operand (one entry per dimension), ``output`` one entry per
-    result dimension (see the module docstring for what an entry means). ``partial(*args)``
-    and ``finish(acc, *args)`` split the operator at its contraction (``partial`` on the
-    local operands gives the local accumulator, of the result's shape; ``finish`` the result
-    from the summed accumulator); both None when a contraction is never split.
-    """
-
-    inputs: tuple[tuple[Dim, ...], ...]
-    output: tuple[Dim, ...]
-    partial: Callable[..., Any] | None = None
-    finish: Callable[..., Any] | None = None
-
-
-PARTITIONINGS: dict[Operator, Callable[..., Partitioning | None]] = {}
-
-
-def register_partitioning(op: Operator, fn: Callable[..., Any] | None = None) -> Any:
-    """Register ``fn(*input_shapes, **attrs) -> Partitioning | None`` for ``op``.
-
-    Called with the operands' shapes and the node's attrs when the rewritten program is
-    lowered; None keeps that call whole (XLA then replicates its operands). Usable as a
-    decorator, like :func:`~pypm_jax.jax.impls.register_impl`.
-    """
-    if not isinstance(op, Operator):
-        raise TypeError(f"register_partitioning needs a pm operator, got {op!r}")
-
-    def deco(f: Callable[..., Any]) -> Callable[..., Any]:
-        if not callable(f):
-            raise TypeError(f"the partitioning of {op.name} must be callable, got {f!r}")
-        PARTITIONINGS[op] = f
-        return f
-
-    return deco(fn) if fn is not None else deco
-
-
-def partitioning_for(op: Operator) -> Callable[..., Partitioning | None] | None:
-    """The registered partitioning declaration of ``op``, or None."""
-    return PARTITIONINGS.get(op)
-
 
 # ------------------------------------------------------------------------------ factors
 
@@ -388,6 +349,16 @@ def _missing_axes(site: _Site, dims: tuple[Dim, ...], layout: _Layout) -> tuple[
     return (*lacking, *(a for a in sharing if a not in lacking))
 
 
+def _offset_kw(site: _Site, layout: _Layout) -> dict[str, Any]:
+    """``{"offset": first index}`` of this device's block of the offset factor, when split."""
+    f = site.spec.offset
+    axes = layout.axes.get(f, ()) if f is not None else ()
+    if not axes:
+        return {}
+    block = site.sizes[f] // math.prod(layout.mesh.shape[a] for a in axes)
+    return {"offset": jax.lax.axis_index(tuple(axes)) * block}
+
+
 def _is_float(x: Any) -> bool:
     return jax.numpy.issubdtype(jax.numpy.result_type(x), jax.numpy.inexact)
 
@@ -411,6 +382,7 @@ def partitioned(fn: Callable[..., Any], spec: Partitioning, args: Sequence[Any])
             spec.output,
             None if spec.partial is None else _bound(spec.partial, fixed, free, n),
             None if spec.finish is None else _bound(spec.finish, fixed, free, n, 1),
+            spec.offset,
         )
         args = [args[i] for i in free]
     args = [jax.numpy.asarray(a) for a in args]
@@ -466,7 +438,17 @@ def _vmapped(spec: Partitioning) -> Partitioning:
         (v, *spec.output),
         None if spec.partial is None else jax.vmap(spec.partial),
         None if spec.finish is None else jax.vmap(spec.finish),
+        spec.offset,
     )
+
+
+def _vmap(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``jax.vmap(fn)`` over the positional operands; keywords (``offset``) unmapped."""
+
+    def g(*xs: Any, **kw: Any) -> Any:
+        return jax.vmap(functools.partial(fn, **kw))(*xs)
+
+    return g
 
 
 def _all_mapped(axis_size: int, in_batched: Sequence[bool], xs: Sequence[Any]) -> list[Any]:
@@ -482,7 +464,7 @@ def _vmapped_forward(
 ) -> Callable[..., Any]:
     def rule(axis_size: int, in_batched: Sequence[bool], *xs: Any) -> tuple[Any, Any]:
         xs = _all_mapped(axis_size, in_batched, xs)
-        out = partitioned(jax.vmap(fn), _vmapped(spec), xs)
+        out = partitioned(_vmap(fn), _vmapped(spec), xs)
         if with_operands:
             return (out, *xs), (True,) * (1 + len(xs))
         return out, True
@@ -500,7 +482,7 @@ def _vmapped_backward(
             full = list(xs)
             for i, x in zip(floats, fl, strict=True):
                 full[i] = x
-            return partitioned(jax.vmap(fn), _vmapped(spec), full)
+            return partitioned(_vmap(fn), _vmapped(spec), full)
 
         _, vjp = jax.vjp(on_floats, *(xs[i] for i in floats))
         grads = tuple(vjp(ct))
@@ -524,10 +506,10 @@ def _bound(
 ) -> Callable[..., Any]:
     """``f`` taking only the free operands (after ``lead`` leading arguments)."""
 
-    def g(*xs: Any) -> Any:
+    def g(*xs: Any, **kw: Any) -> Any:
         full = dict(fixed)
         full.update(zip(free, xs[lead:], strict=True))
-        return f(*xs[:lead], *(full[i] for i in range(n)))
+        return f(*xs[:lead], *(full[i] for i in range(n)), **kw)
 
     return g
 
@@ -541,7 +523,7 @@ def _forward(fn: Callable[..., Any], site: _Site, shapes: Any, with_operands: bo
 
         def local(*xs: Any) -> Any:
             if not summed:
-                out = fn(*xs)
+                out = fn(*xs, **_offset_kw(site, layout))
             else:
                 out = site.spec.finish(_psum(site.spec.partial(*xs), summed), *xs)
             return (out, *xs) if with_operands else out
@@ -596,7 +578,8 @@ def _backward(
 
         fl = [xs[i] for i in floats]
         if not summed:
-            _, vjp = jax.vjp(on_floats(fn), *fl)
+            kw = {} if layout is None else _offset_kw(site, layout)
+            _, vjp = jax.vjp(on_floats(functools.partial(fn, **kw)), *fl)
             gs = list(vjp(ct))
         else:
             acc, pvjp = jax.vjp(on_floats(site.spec.partial), *fl)

@@ -19,6 +19,7 @@ __all__ = [
     "region_plan",
     "gemm_has_bias",
     "reads_gemm",
+    "beyond_linear",
     "activation_steps",
     "experts_gemm",
     "pair_plan",
@@ -28,8 +29,8 @@ import math
 from typing import Any, NamedTuple
 
 from ..core.terms import CONST
-from ..jax.primitives import is_table_op
 from ..lang.registry import guard_fn
+from ..vocab.primitives import is_table_op
 from ._plans import GemmPlan, gemm_plan
 from ._region import PRIMS, Region, Step, region_error, step
 
@@ -193,6 +194,87 @@ def reads_gemm(term: Any) -> bool:
                 seen.add(id(other))
         stack.extend((i, depth + 1) for i in ins if id(i) not in seen)
     return len(gemms) == 1 and len(operands) <= 2
+
+
+def _operand_only(t: Any) -> bool:
+    """Can a region read ``t`` only as its operand? Not a GEMM the region pattern takes
+    (a ``dot_general``, a ``transpose`` of one, a GEMM kernel node), not computed from
+    literals, and not a value a region computes (a step's primitive, a broadcast of one
+    element): ``_Walk`` gives it no reference unless it is the operand."""
+    op = getattr(t, "op", None)
+    if op is None:
+        return False
+    cls = op.op_class
+    if cls is not None and cls.name == "gemm":
+        return False
+    if not is_table_op(op):
+        return _number(t) is None  # (a literal is a region's own)
+    name = op.name
+    if name in PRIMS or name in ("dot_general", "transpose"):
+        return False
+    # (a broadcast of one element: a step's value or a literal; any other table operator:
+    # ``_Walk`` gives it no reference)
+    return name != "broadcast_in_dim" or bool(t.inputs) and not _one_element(t.inputs[0])
+
+
+def _linear_operand(t: Any, out_shape: tuple[int, ...]) -> bool:
+    """Is ``t`` read only as the operand, and one whose add is linear (``_linear``: a
+    column, a full tile, a column per expert) or no region at all? (Read as experts' with
+    ``E = out_shape[0]``: on a dense GEMM's result such a column per expert is a full tile
+    or an operand the kernel cannot tile.)"""
+    kind = operand_kind_of(t, out_shape, out_shape[0] if out_shape else 0)
+    return kind in ("col", "ecol", "full") and _operand_only(t)
+
+
+@guard_fn("rules.beyond_linear")
+def beyond_linear(term: Any) -> bool:
+    """Could a region rooted at ``term`` be one :func:`region_plan` takes, as far as
+    linearity goes? False only where every region the pattern can match there grows on a
+    bare GEMM (no GEMM kernel node below ``term``) and each of its steps is constant or
+    linear (``_linear``: a cast, an add of a column or full-tile operand, a scaling by a
+    constant), which ``region_plan`` leaves to XLA. A walk over the values a region's steps
+    can be (each once; a value read only as the operand is not walked), checked at the root
+    before the pattern's recursion explores it with backtracking."""
+    shape = getattr(term, "shape", None)
+    if shape is None:
+        return True
+    out_shape = tuple(shape)
+    stack, seen = [term], set()
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if len(seen) > 4 * MAX_STEPS:
+            return True  # (a region that long is refused anyway; no need to know why)
+        op = getattr(t, "op", None)
+        if op is None:
+            continue
+        cls = op.op_class
+        if cls is not None and cls.name == "gemm":
+            return True  # a kernel node a region can grow on
+        if not is_table_op(op):
+            continue  # (no step: the GEMM, the operand, or no region)
+        name, ins = op.name, t.inputs
+        if name == "broadcast_in_dim":
+            if ins and _one_element(ins[0]):
+                stack.append(ins[0])  # (steps broadcast like numbers)
+            continue
+        if name not in PRIMS or computed_from_literals(t):
+            continue  # no step, or a constant one
+        if name in ("convert_element_type", "copy"):
+            stack.extend(ins)
+        elif name in ("mul", "div") and len(ins) == 2 and computed_from_literals(ins[1]):
+            stack.append(ins[0])
+        elif name == "mul" and len(ins) == 2 and computed_from_literals(ins[0]):
+            stack.append(ins[1])
+        elif name == "add" and len(ins) == 2 and _linear_operand(ins[1], out_shape):
+            stack.append(ins[0])
+        elif name == "add" and len(ins) == 2 and _linear_operand(ins[0], out_shape):
+            stack.append(ins[1])
+        else:
+            return True  # a step that is not linear (where it is a step at all)
+    return False
 
 
 @guard_fn("rules.gemm_has_bias")

@@ -2,7 +2,7 @@
 
 A rule replaces a matched subgraph by ONE node of these operators. Its attribute ``plan``
 (:mod:`pypm_jax.rules._plans`) says how the node's inputs map onto the kernel; the
-implementation registered here (``pypm_jax.jax.register_impl``) transposes the inputs into
+implementation registered here (``pypm_jax.vocab.register_impl``) transposes the inputs into
 the kernel's layout, calls ``pallas_kernels``, and transposes/casts the result so the
 replaced value keeps exactly its shape and dtype. Absent optional inputs (no bias, no mask)
 are a literal ``0`` the plan tells the implementation to ignore.
@@ -37,11 +37,11 @@ from collections.abc import Mapping
 from math import prod
 from typing import Any
 
-import pypm_jax as pm
-
 from ..core.dtypes import as_dtype
+from ..core.errors import PyPMError
 from ..engine.report import KernelInfo, register_describe
-from ..jax import Partitioning, register_impl, register_partitioning
+from ..lang import frontend as pm
+from ..vocab import Partitioning, register_impl, register_partitioning
 from ._gemm_regions import GemmRegionPlan
 from ._plans import AttentionPlan, GemmPlan
 from ._region import describe, region_fn
@@ -123,7 +123,10 @@ def flash_attention_impl(
     sinks: Any = None,
     *,
     plan: AttentionPlan,
+    offset: Any = 0,
 ) -> Any:
+    """The kernel call; ``offset``: the position of the first query (a device's block of a
+    sequence split across devices, :func:`flash_attention_partitioning`)."""
     import jax.numpy as jnp
 
     from pallas_kernels import flash_attention
@@ -162,6 +165,7 @@ def flash_attention_impl(
         layout=plan.layout,
         masked_rows=plan.masked_rows,
         sinks=None if sinks is None else jnp.asarray(sinks),
+        q_offset=offset,
     )
     return jnp.transpose(out, plan.perm_out).astype(plan.out_dtype)
 
@@ -260,10 +264,11 @@ def describe_gemm(attrs: Mapping[str, Any], _type: str) -> KernelInfo:
 
 
 # ------------------------------------------------------------------------------ partitioning
-# How each kernel's operands split across devices (``pypm_jax.jax.partition``): attention
-# over batch and (kv) heads, GEMM epilogues over rows and columns and, summed, over K.
+# How each kernel's operands split across devices (``pypm_jax.vocab.partitioning``):
+# attention over batch, (kv) heads and the query sequence, GEMM epilogues over rows and
+# columns and, summed, over K.
 
-_KERNEL_AXES = {"B": "b", "S": None, "H": ("g", "r"), "D": None}
+_KERNEL_AXES = {"B": "b", "S": "s", "H": ("g", "r"), "D": None}
 
 
 def _dims(perm: tuple[int, ...], labels: Any) -> tuple[Any, ...]:
@@ -276,13 +281,15 @@ def _dims(perm: tuple[int, ...], labels: Any) -> tuple[Any, ...]:
 
 @register_partitioning(FlashAttention)
 def flash_attention_partitioning(*shapes: Any, plan: AttentionPlan) -> Partitioning | None:
-    """Batch ``b`` and heads split; query heads are kv heads ``g`` times the group ``r``;
-    sequences, head dims, the scale and any further operand stay whole."""
+    """Batch ``b``, heads and the query sequence ``s`` split; query heads are kv heads ``g``
+    times the group ``r``; the key sequence (which every query's softmax reduces over), head
+    dims, the scale and any further operand stay whole. A device holding a block of the
+    query sequence gets its first position as ``offset`` (causal masks and bands read it)."""
     if any(len(p) != 4 for p in (plan.perm_q, plan.perm_k, plan.perm_v, plan.perm_out)):
         return None
     q = tuple(_KERNEL_AXES[c] for c in plan.layout)
-    kv = tuple("g" if c == "H" else _KERNEL_AXES[c] for c in plan.layout)
-    scores = ("b", ("g", "r"), None, None)
+    kv = tuple({"H": "g", "S": None}.get(c, _KERNEL_AXES[c]) for c in plan.layout)
+    scores = ("b", ("g", "r"), "s", None)
     q_dims, k_dims = _dims(plan.perm_q, q), _dims(plan.perm_k, kv)
     ab = (q_dims, k_dims) if plan.q_operand == 0 else (k_dims, q_dims)
     return Partitioning(
@@ -294,6 +301,7 @@ def flash_attention_partitioning(*shapes: Any, plan: AttentionPlan) -> Partition
             *((None,) * len(s) for s in shapes[5:]),
         ),
         output=tuple(q[axis] for axis in plan.perm_out),  # the result is out.transpose(perm_out)
+        offset="s",
     )
 
 
@@ -382,13 +390,17 @@ def _to_score_tile(c: Any, frame: tuple[int, ...], perm_scores: tuple[int, ...])
 
 
 @register_impl(AttentionRegion)
-def attention_region_impl(a: Any, b: Any, v: Any, x: Any, *caps: Any, plan: Any) -> Any:
+def attention_region_impl(
+    a: Any, b: Any, v: Any, x: Any, *caps: Any, plan: Any, offset: Any = 0
+) -> Any:
+    """The kernel call; ``offset``: the position of the first query, as for
+    :func:`flash_attention_impl`."""
     import jax.numpy as jnp
 
     from pallas_kernels import flash_attention
 
     if plan.spine:  # the first rule's guard proves the rules finish it (rules/_region_walk.py)
-        raise pm.PyPMError("AttentionRegion: the region does not reach the scores yet")
+        raise PyPMError("AttentionRegion: the region does not reach the scores yet")
     att = plan.attention
     q, k = (a, b) if att.q_operand == 0 else (b, a)
     q = jnp.transpose(q, att.perm_q).astype(att.dtype)
@@ -409,8 +421,37 @@ def attention_region_impl(a: Any, b: Any, v: Any, x: Any, *caps: Any, plan: Any)
         captures=captures,
         band=plan.band,
         masked_rows=att.masked_rows,
+        q_offset=offset,
     )
     return jnp.transpose(out, att.perm_out).astype(att.out_dtype)
+
+
+@register_partitioning(AttentionRegion)
+def attention_region_partitioning(*shapes: Any, plan: Any) -> Partitioning | None:
+    """As :func:`flash_attention_partitioning`; a captured operand's axes, which lie along
+    the program's score axes (its frame), take those axes' factors."""
+    att = plan.attention
+    if plan.spine:
+        return None
+    base = flash_attention_partitioning(*shapes[:3], (), (), (), plan=att)
+    if base is None:
+        return None
+    kernel_scores = ("b", ("g", "r"), "s", None)
+
+    def capture(i: int, shape: Any) -> tuple[Any, ...]:
+        if i >= len(plan.captures) or len(plan.captures[i][1]) != len(shape):
+            return (None,) * len(shape)
+        return tuple(kernel_scores[att.perm_scores.index(f)] for f in plan.captures[i][1])
+
+    return Partitioning(
+        inputs=(
+            *base.inputs[:3],
+            (None,) * len(shapes[3]),
+            *(capture(i, s) for i, s in enumerate(shapes[4:])),
+        ),
+        output=base.output,
+        offset="s",
+    )
 
 
 @register_describe(AttentionRegion)

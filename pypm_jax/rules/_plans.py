@@ -23,6 +23,7 @@ __all__ = [
     "AttentionPlan",
     "GemmPlan",
     "attention_plan",
+    "attention_output",
     "dpa_plan",
     "attention_supported",
     "causal_plan",
@@ -816,6 +817,17 @@ def _operand_perm(axes: dict[str, int], layout: str) -> tuple[int, ...]:
 
 def _identity_count(perms: list[tuple[int, ...]]) -> int:
     return sum(p == tuple(range(len(p))) for p in perms)
+
+
+@guard_fn("rules.attention_output")
+def attention_output(dn: Any, rank: Any) -> bool:
+    """Can a ``dot_general`` of these dimension numbers, of this rank, be an attention's
+    output as :func:`attention_plan` reads one (rank 4, each operand contracting one axis
+    over two batch axes)? A necessary condition of a plan, checked on the output before the
+    pattern explores the softmax under it (Hugging Face's head-mask einsum contracts
+    nothing)."""
+    odn = _dn(dn)
+    return rank == 4 and odn is not None and tuple(len(p) for p in odn) == (1, 1, 2, 2)
 
 
 @guard_fn("rules.attention_plan")

@@ -34,8 +34,8 @@ __all__ = [
 from typing import Any
 
 from ..core.graph import _readers
-from ..jax.primitives import is_table_op
 from ..lang.registry import guard_fn
+from ..vocab.primitives import is_table_op
 
 _Frame = tuple[int, tuple[int, ...], dict[int, int]]  # (weight side, dot shape, out axis -> w axis)
 

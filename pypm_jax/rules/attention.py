@@ -29,12 +29,12 @@ Rules demand single use of interior values: when the softmax probabilities are a
 
 from __future__ import annotations
 
-import pypm_jax as pm
-
-from ..jax import prims as P
+from ..lang import frontend as pm
+from ..vocab import prims as P
 from . import _plans
 from ._kernels import FlashAttention
 from ._plans import (
+    attention_output,
     attention_plan,
     attention_supported,
     bias_sign,
@@ -58,6 +58,7 @@ __all__ = [
     "Softmax",
     "Kv",
     "Probs",
+    "OutputDot",
     "Weighted",
     "Scaled",
     "Biased",
@@ -258,14 +259,32 @@ def Probs(p):  # noqa: F811
 
 
 @pm.pattern
+def OutputDot(p, w):
+    """``dot_general(p, w)`` that :func:`~pypm_jax.rules._plans.attention_plan` can read as
+    an attention's output (``rules.attention_output``). Its guard is checked once the
+    ``dot_general`` matched, before the constraints on ``p`` and ``w`` that follow it
+    explore the softmax: a ``dot_general`` no plan takes fails in a few steps."""
+    o = pm.var()
+    o <= P.dot_general(p, w)
+    assert attention_output(o.dimension_numbers, o.rank)
+    return o
+
+
+@pm.pattern
 def Weighted(v, x, z):
     """softmax(x) · v: the output ``dot_general``, probabilities first or v first."""
-    return P.dot_general(Probs(Softmax(x, z)), Kv(v))
+    p, w = pm.var(), pm.var()
+    p <= Probs(Softmax(x, z))
+    w <= Kv(v)
+    return OutputDot(p, w)
 
 
 @pm.pattern
 def Weighted(v, x, z):  # noqa: F811
-    return P.dot_general(Kv(v), Probs(Softmax(x, z)))
+    w, p = pm.var(), pm.var()
+    w <= Kv(v)
+    p <= Probs(Softmax(x, z))
+    return OutputDot(w, p)
 
 
 # ---------------------------------------------------------------------- logit spellings

@@ -43,9 +43,8 @@ shows it.
 
 from __future__ import annotations
 
-import pypm_jax as pm
-
-from ..jax import prims as P
+from ..lang import frontend as pm
+from ..vocab import prims as P
 from ._kernels import AttentionRegion
 from ._plans import (
     attention_plan,

@@ -35,9 +35,8 @@ kernel rewrites.
 
 from __future__ import annotations
 
-import pypm_jax as pm
-
-from ..jax import prims as P
+from ..lang import frontend as pm
+from ..vocab import prims as P
 from ._plans import (
     compose_permutations,
     fold_operand_transpose,

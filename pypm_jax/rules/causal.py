@@ -33,9 +33,9 @@ is top-left aligned). A mask the rules cannot prove causal runs as before, every
 
 from __future__ import annotations
 
-import pypm_jax as pm
-
-from ..jax import prims as P
+from ..core.dtypes import DTYPES
+from ..lang import frontend as pm
+from ..vocab import prims as P
 from ._kernels import FlashAttention
 from ._plans import (
     attention_supported,
@@ -81,6 +81,7 @@ __all__ = [
 # The kernel treats a row whose running max is at most this as fully masked (and then
 # visits the blocks it skipped): pallas_kernels' MASK_VALUE / 2 = finfo(float32).min / 2.
 CAUSAL_FILL_MAX = -1.7014117331926443e38
+BOOL = DTYPES["bool"]
 
 COMPARE = pm.opclass("binary_pointwise")  # (JAX's comparisons are binary pointwise ops)
 
@@ -239,14 +240,14 @@ def Tril():  # noqa: F811
     """A boolean ``minimum`` of masks (Keras merges masks with ``ops.minimum``): False
     wherever one of them is, either order."""
     y = P.min(Tril(), pm.var())
-    assert y.dtype == pm.bool_
+    assert y.dtype == BOOL
     return y
 
 
 @pm.pattern
 def Tril():  # noqa: F811
     y = P.min(pm.var(), Tril())
-    assert y.dtype == pm.bool_
+    assert y.dtype == BOOL
     return y
 
 

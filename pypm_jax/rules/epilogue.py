@@ -29,10 +29,10 @@ lower to ``pallas_kernels.gemm_fused_experts``. The opt-in rule ``gemm_epilogue_
 
 from __future__ import annotations
 
-import pypm_jax as pm
-
-from ..jax import prims as P
+from ..lang import frontend as pm
+from ..vocab import prims as P
 from ._gemm_regions import (
+    beyond_linear,
     computed_from_literals,
     experts_gemm,
     gemm_has_bias,
@@ -178,8 +178,11 @@ def PwRegion(y, x, w, u, o):  # noqa: F811
 
 @pm.pattern
 def FedByGemm(v):
-    """Any value a GEMM feeds through pointwise operators (a cheap walk, no backtracking)."""
+    """Any value a GEMM feeds through pointwise operators, and not only by steps XLA folds
+    into its own GEMM (two cheap walks, no backtracking: ``region_plan`` refuses a linear
+    region on a bare GEMM, so the recursion need not find every one to be refused)."""
     assert reads_gemm(v.term)
+    assert beyond_linear(v.term)
     return v
 
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import math
 
-import pypm_jax as pm
-
-from ..jax import prims as P
+from ..lang import frontend as pm
+from ..vocab import prims as P
 from ._kernels import GemmEpilogue
 from ._plans import activation_of, gemm_plan, gemm_supported
 

@@ -12,9 +12,8 @@ very value that masks the scores (the patterns bind one ``mask`` in both places)
 
 from __future__ import annotations
 
-import pypm_jax as pm
-
-from ..jax import prims as P
+from ..lang import frontend as pm
+from ..vocab import prims as P
 from ._kernels import FlashAttention
 from ._plans import attention_plan, attention_supported, bias_sign, scale_kind, zero_rows_plan
 from .attention import Biased, Kv, Masked, MaskOf, Probs, Scaled, Scores, Softmax, Splat

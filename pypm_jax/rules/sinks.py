@@ -12,9 +12,8 @@ softmax axis, and that the slice keeps exactly the logits' entries.
 
 from __future__ import annotations
 
-import pypm_jax as pm
-
-from ..jax import prims as P
+from ..lang import frontend as pm
+from ..vocab import prims as P
 from ._kernels import FlashAttentionSinks
 from ._plans import (
     attention_plan,

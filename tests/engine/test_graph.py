@@ -1,12 +1,14 @@
-"""The Graph: building, hash-consing, def-use, replacement with merging, DCE, printing."""
+"""The Graph: building, hash-consing, def-use, replacement with merging, DCE, printing, and
+the API the rewrite driver uses (undoable changes, liveness, ids)."""
 
 from __future__ import annotations
 
 import pytest
 
+from pypm_jax.core.dtypes import as_dtype
 from pypm_jax.core.errors import PyPMError, SourceLoc
-from pypm_jax.core.graph import Graph, Node, Value
-from pypm_jax.core.terms import CONST, LEAF, Operator, const, leaf
+from pypm_jax.core.graph import Graph, Node, Value, show_type
+from pypm_jax.core.terms import CONST, LEAF, Operator, Shape, const, leaf
 from pypm_testing.engine import F1, F2, F32, G2, SPLIT, A, B
 
 RNG = Operator("rng", 1, pure=False)
@@ -215,3 +217,134 @@ def test_compact_renews_input_tuples_and_changes_nothing_visible():
     g2 = g.add_node(G2, [f, split.outputs[1]])  # hash-consing still finds the node
     assert g2 is g.outputs[0].node
     assert Graph([G2(s0, s1)]).to_terms() == [G2(s0, s1)]  # Graph(terms) compacts too
+
+
+# ------------------------------------------------------------- the rewrite driver's API
+
+
+def _snapshot(g: Graph):
+    """Everything a reader of the graph can see, by identity where it matters."""
+    values = [v for n in g.nodes() for v in n.outputs] + g.inputs
+    return (
+        str(g),
+        [(n, n.op, tuple(n.inputs), n.alive, n.outputs[0].inputs) for n in g.nodes()],
+        [(v, g.users(v)) for v in values],
+        g.outputs,
+        g.inputs,
+        len(g),
+        g.next_id,
+    )
+
+
+def _diamond() -> tuple[Graph, Value, Value, Value]:
+    g = Graph()
+    x = g.add_input("x", (2,), "f32")
+    a = g.add_node(F1, [x]).outputs[0]
+    b = g.add_node(F2, [x]).outputs[0]
+    top = g.add_node(G2, [a, b]).outputs[0]
+    g.set_outputs([top])
+    return g, x, a, top
+
+
+def test_rollback_undoes_every_kind_of_change_exactly():
+    g, x, a, top = _diamond()
+    before = _snapshot(g)
+    nodes = g.nodes()
+    g.begin()
+    assert g.recording
+    y = g.add_input("y", (2,), "f32")
+    fresh = g.add_node(F2, [y]).outputs[0]
+    g.replace_all_uses(a, fresh)  # top reads fresh
+    g.set_input(top.node, 1, x)
+    assert g.remove_dead([a.node]) == [a.node]
+    g.set_outputs([top, fresh])
+    g.add_node(F1, [fresh])
+    assert g.dce() == 2  # F2(x), now unread, and F1(fresh)
+    g.nodes()  # (re-sorted: fresh is newer than top)
+    g.rollback()
+    assert not g.recording
+    assert _snapshot(g) == before
+    assert all(n.alive for n in nodes) and not fresh.node.alive
+    assert g.add_node(F1, [x]) is a.node  # hash-consing finds the old nodes again
+    assert g.add_node(G2, [a, g.add_node(F2, [x]).outputs[0]]) is top.node
+    assert g.next_id == before[-1]
+    with pytest.raises(PyPMError, match="live value"):
+        g.add_node(F1, [y])  # an input made after begin is gone
+
+
+def test_commit_keeps_the_changes_and_recording_is_one_at_a_time():
+    g, x, a, top = _diamond()
+    with pytest.raises(PyPMError, match="nothing to roll back"):
+        g.rollback()
+    with pytest.raises(PyPMError, match="nothing to commit"):
+        g.commit()
+    g.begin()
+    with pytest.raises(PyPMError, match="already being recorded"):
+        g.begin()
+    g.replace_all_uses(a, x)
+    g.commit()
+    assert not g.recording and top.inputs[0] is x
+    assert g.remove_dead([a.node]) == [a.node]
+
+
+def test_set_input_keeps_the_order_of_the_inputs_readers_it_leaves_alone():
+    g = Graph()
+    x = g.add_input("x", (2,), "f32")
+    y = g.add_input("y", (2,), "f32")
+    first = g.add_node(G2, [x, y])
+    second = g.add_node(G2, [y, x])
+    g.set_input(first, 1, x)  # y -> x
+    assert g.users(x) == [first, second]  # first still reads x first
+    assert g.users(y) == [second]
+
+
+def test_reading_liveness_and_membership():
+    g, x, a, top = _diamond()
+    other = Graph().add_input("x", (2,), "f32")
+    assert x in g and a in g and a.node in g and top.node in g
+    assert other not in g and other.node not in g and "x" not in g and None not in g
+    assert g.is_read(a) and g.is_read(top) and not g.is_output(a) and g.is_output(top)
+    g.replace_all_uses(a, x)
+    assert not g.is_read(a) and a in g  # unread, not yet removed
+    g.remove_dead([a.node])
+    assert a not in g and a.node not in g and not a.node.alive
+    g.set_outputs([x])
+    assert g.is_output(x) and not g.is_output(top) and g.is_read(x)
+
+
+def test_next_id_and_id_order():
+    g, x, a, top = _diamond()
+    assert g.id_ordered and g.next_id == top.node.id + 1
+    mark = g.next_id
+    late = g.add_node(F1, [a])
+    assert late.id == mark and g.next_id == mark + 1 and g.id_ordered
+    g.replace_all_uses(a, late.outputs[0], keep=[late])  # top reads a newer node now
+    assert not g.id_ordered
+    assert g.nodes().index(late) < g.nodes().index(top.node)
+
+
+def test_metadata_reads_meta_without_making_it():
+    g, x, a, top = _diamond()
+    assert a.node.metadata == {} and a.node._meta is None
+    with pytest.raises(TypeError):
+        a.node.metadata["k"] = 1  # type: ignore[index]
+    top.node.meta["module_path"] = "block_0"
+    assert top.node.metadata["module_path"] == "block_0"
+    copy = g.add_node(F1, [top], meta=top.node.metadata)
+    assert copy.meta == {"module_path": "block_0"} and copy.meta is not top.node.meta
+
+
+def test_show_type():
+    assert show_type(Shape((2, 3)), as_dtype("f32")) == "f32[2,3]"
+    assert show_type(None, None) == "?[?]" and show_type(Shape(()), None) == "?[]"
+
+
+def test_rollback_of_additions_only():
+    g, x, a, top = _diamond()
+    before = _snapshot(g)
+    g.begin()
+    g.add_node(F1, [top])
+    g.add_const(3.0)
+    g.rollback()
+    assert _snapshot(g) == before
+    assert g.add_const(3.0).node.id == before[-1]  # made anew, with the first free id

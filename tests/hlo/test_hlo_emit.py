@@ -72,8 +72,8 @@ def test_a_rule_refining_a_kernel_is_part_of_its_site(monkeypatch):
     has ``mask_is_causal``, both records emitted."""
     if not corpus.has_transformers():
         pytest.skip("transformers is not installed")
-    from pypm_jax.jax.impls import KERNEL_IMPLS
     from pypm_jax.rules import FlashAttention
+    from pypm_jax.vocab.impls import KERNEL_IMPLS
 
     plans = []
     impl = KERNEL_IMPLS[FlashAttention]
@@ -100,8 +100,8 @@ def test_a_refinement_of_a_site_not_emitted_is_skipped_with_the_reason(monkeypat
     """When the first rewrite of a chain cannot be emitted, the refinement says so."""
     if not corpus.has_transformers():
         pytest.skip("transformers is not installed")
-    from pypm_jax.jax.impls import KERNEL_IMPLS
     from pypm_jax.rules import FlashAttention
+    from pypm_jax.vocab.impls import KERNEL_IMPLS
 
     def broken(*args, **attrs):
         raise RuntimeError("no lowering today")

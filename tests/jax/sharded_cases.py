@@ -4,9 +4,12 @@ Run as a script by ``test_jax_sharded.py`` in a subprocess (the device count is 
 JAX starts): ``python tests/jax/sharded_cases.py CASE...`` prints one JSON line per case with
 what the test asserts. A case is ``model/mesh``: models ``mha`` (a linen attention block with
 an MLP), ``gqa`` (a Llama-style block with grouped kv heads, causal, gated SiLU MLP),
-``bert`` (Hugging Face FlaxBertModel, one layer), ``llama`` (Hugging Face FlaxLlama, 2 kv
-heads), ``attnax`` (attnax's decoder, from the living corpus; needs the ``zoo`` extra); meshes ``data`` (batch on ``data``),
-``tensor`` (heads and MLP columns on ``model``), ``both``; on a 2 x 4 mesh; ``shard_map``
+``mha_causal`` (the linen block under a causal mask), ``window`` (Gemma 2's local layer:
+soft-capped logits in a causal sliding window, an attention region), ``bert`` (Hugging Face FlaxBertModel,
+one layer), ``llama`` (Hugging Face FlaxLlama, 2 kv heads), ``attnax`` (attnax's decoder,
+from the living corpus; needs the ``zoo`` extra); meshes ``data`` (batch on ``data``),
+``tensor`` (heads and MLP columns on ``model``), ``both``, ``seq`` (the inputs' sequence on
+``model``, parameters replicated); on a 2 x 4 mesh; ``shard_map``
 (``shard_map/vma``: with ``check_vma=True``). Options after
 them: ``/gspmd`` partitions with GSPMD instead of Shardy (JAX's default); ``/xla`` runs the
 kernels' plain-JAX reference (cheaper to compile) instead of the Pallas interpreter, inside
@@ -20,6 +23,7 @@ import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
+import functools  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import warnings  # noqa: E402
@@ -35,6 +39,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import pypm_jax as pm  # noqa: E402
 
 COLLECTIVES = ("all-gather", "all-to-all", "collective-permute")
+REDUCTIONS = ("all-reduce", "reduce-scatter")  # reported, not compared
 COLUMN = {
     "query",
     "key",
@@ -54,9 +59,9 @@ COLUMN = {
 ROW = {"out", "o_proj", "fc2", "down", "output", "output_proj", "dense2"}
 
 
-def collectives(compiled_text: str) -> dict[str, int]:
+def collectives(compiled_text: str, kinds: tuple[str, ...] = COLLECTIVES) -> dict[str, int]:
     """How many of each data-moving collective a compiled HLO module has."""
-    return {k: len(re.findall(rf"= [^\n=]* {k}(-start)?\(", compiled_text)) for k in COLLECTIVES}
+    return {k: len(re.findall(rf"= [^\n=]* {k}(-start)?\(", compiled_text)) for k in kinds}
 
 
 class MLP(nn.Module):
@@ -72,9 +77,12 @@ class MLP(nn.Module):
 
 
 class MHABlock(nn.Module):
+    causal: bool = False
+
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = x + nn.MultiHeadDotProductAttention(num_heads=4, name="attention")(x)
+        mask = nn.make_causal_mask(x[..., 0]) if self.causal else None
+        x = x + nn.MultiHeadDotProductAttention(num_heads=4, name="attention")(x, mask=mask)
         return x + MLP(256)(x)
 
 
@@ -104,8 +112,34 @@ class GQABlock(nn.Module):
         return x + MLP(256, gated=True)(x)
 
 
-def linen_model(module: nn.Module) -> tuple[Any, Any, Any]:
-    x = jax.random.normal(jax.random.key(0), (2, 8, 128))
+class WindowBlock(nn.Module):
+    """Gemma 2's local layer: soft-capped logits, a causal sliding window of 8 keys (an
+    attention region whose mask reads query positions, band (-7, 0)); gated MLP."""
+
+    heads: int = 4
+    head_dim: int = 32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        b, s, _ = x.shape
+        q, k, v = (
+            nn.Dense(self.heads * self.head_dim, use_bias=False, name=n)(x).reshape(
+                b, s, self.heads, self.head_dim
+            )
+            for n in ("q_proj", "k_proj", "v_proj")
+        )
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(float(self.head_dim))
+        scores = jnp.tanh(scores / 30.0) * 30.0
+        i = jnp.arange(s)
+        window = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - 8)
+        scores = jnp.where(window, scores, jnp.finfo(scores.dtype).min)
+        o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+        x = x + nn.Dense(x.shape[-1], use_bias=False, name="o_proj")(o.reshape(b, s, -1))
+        return x + MLP(256, gated=True)(x)
+
+
+def linen_model(module: nn.Module, seq: int = 8) -> tuple[Any, Any, Any]:
+    x = jax.random.normal(jax.random.key(0), (2, seq, 128))
     params = module.init(jax.random.key(1), x)
     return module.apply, params, (x,)
 
@@ -150,7 +184,9 @@ def attnax_model() -> tuple[Any, Any, Any]:
     return apply, params, (jax.random.randint(jax.random.key(4), (2, 8), 0, 100),)
 
 
-MODELS = {"mha": lambda: linen_model(MHABlock()), "gqa": lambda: linen_model(GQABlock()),
+LINEN = {"mha": MHABlock(), "gqa": GQABlock(), "mha_causal": MHABlock(causal=True),
+         "window": WindowBlock()}  # fmt: skip
+MODELS = {**{k: functools.partial(linen_model, m) for k, m in LINEN.items()},
           "bert": bert_model, "llama": hf_llama_model, "attnax": attnax_model}  # fmt: skip
 
 
@@ -189,10 +225,12 @@ def run_case(case: str) -> dict[str, Any]:
     if model == "counter":
         return counter_case()
     mesh_kind = options[0]
-    fn, params, inputs = MODELS[model]()
+    # split 4 ways, a sequence of 64 gives each device one 16-row block of the kernels in
+    # the interpreter: with a causal mask the later devices' blocks skip keys by position
+    fn, params, inputs = MODELS[model](**({"seq": 64} if mesh_kind == "seq" else {}))
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
     tensor = mesh_kind in ("tensor", "both")
-    batch = P("data") if mesh_kind in ("data", "both") else P()
+    batch = {"data": P("data"), "both": P("data"), "seq": P(None, "model")}.get(mesh_kind, P())
     params = jax.tree_util.tree_map_with_path(
         lambda p, a: jax.device_put(a, NamedSharding(mesh, param_spec(p, a, tensor))), params
     )
@@ -225,6 +263,7 @@ def run_case(case: str) -> dict[str, Any]:
             for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want), strict=True)
         ),  # fmt: skip
         **{k: collectives(c.as_text()) for k, c in compiled.items()},
+        "reductions": {k: collectives(c.as_text(), REDUCTIONS) for k, c in compiled.items()},
     }
 
 

@@ -22,7 +22,7 @@ def attention(monkeypatch_module):
     """A linen attention block, optimized with the kernels run by the Pallas interpreter."""
     monkeypatch_module.setenv("PYPM_KERNEL_IMPL", "interpret")
     apply, (variables, x), _ = linen_mha(size=Size(batch=1, seq=8, hidden=64, heads=2))
-    fast = optimize(apply)
+    fast = pm.optimize(apply)
     assert fast.report(variables, x).counts()["attention"] == 1
     return fast, apply, variables, x
 

@@ -54,9 +54,9 @@ def test_every_jit_option_is_taken():
 
 def test_an_unknown_option_is_a_type_error_at_optimize_time():
     with pytest.raises(TypeError, match="unexpected keyword argument 'donate_argnum'"):
-        optimize(step, donate_argnum=0)
+        pm.optimize(step, donate_argnum=0)
     with pytest.raises(ValueError, match="static_argnames"):  # jit's own check, at once
-        optimize(step, static_argnames=("nope",))
+        pm.optimize(step, static_argnames=("nope",))
 
 
 def test_static_arguments_by_position_and_by_name():

@@ -12,7 +12,15 @@ from jax import lax
 
 import pypm_jax as pm
 from pypm_jax.core.terms import CONST
-from pypm_jax.jax import lift, lower, optimize, prims, register_impl, rewrite_nested
+from pypm_jax.jax import (
+    LoweringError,
+    lift,
+    lower,
+    optimize,
+    prims,
+    register_impl,
+    rewrite_nested,
+)
 from pypm_testing import corpus
 from pypm_testing.corpus import has_transformers, hf_bert, linen_mha, linen_scan
 
@@ -91,6 +99,27 @@ def _run(fn, *args, rules=()):
     prog = lift(closed)
     report = rewrite_nested(prog, list(rules)).report
     return prog, report, jax.jit(lower(prog))
+
+
+def test_lowering_takes_the_kernel_table_it_is_given():
+    """``lower(prog, impls)`` computes kernel nodes with ``impls`` (default: the table
+    ``register_impl`` fills), in nested bodies too, and refuses one the table lacks."""
+    x = jnp.linspace(-1.0, 1.0, 4)
+    prog, report, _ = _run(lambda v: jnp.maximum(v, 0.0), x, rules=[max_to_relu_kernel])
+    assert [r.rule for r in report] == ["max_to_relu_kernel"]
+    np.testing.assert_allclose(lower(prog)(x)[0], jnp.maximum(x, 0.0))
+    np.testing.assert_allclose(lower(prog, {TestRelu: lambda v: -v})(x)[0], -x)
+    with pytest.raises(LoweringError, match="no implementation for .*TestRelu"):
+        lower(prog, {})
+
+    def scanned(v):
+        return jax.lax.scan(lambda c, vi: (c, jnp.maximum(vi, 0.0)), 0.0, v)[1]
+
+    prog, report, _ = _run(scanned, x, rules=[max_to_relu_kernel])
+    assert [r.rule for r in report] == ["max_to_relu_kernel"]  # inside the scan body
+    np.testing.assert_allclose(lower(prog, {TestRelu: lambda v: -v})(x)[0], -x)
+    with pytest.raises(LoweringError, match="no implementation for .*TestRelu"):
+        lower(prog, {})
 
 
 def _jaxpr_prims(fn, *args):

@@ -136,13 +136,34 @@ def test_decorator_forms_and_reports():
 
 
 def test_default_rules_are_used_when_none_given():
-    from pypm_jax.jax import default_rules
+    from pypm_jax.rules import default_rules
 
-    g = optimize(f)
+    g = pm.optimize(f)
     assert [getattr(r, "name", None) for r in g.rules] == [
         getattr(r, "name", None) for r in default_rules()
     ]
     np.testing.assert_allclose(g(X, Y), f(X, Y), rtol=1e-6)
+
+
+def test_the_bridge_takes_its_default_rules_from_its_caller():
+    """``pypm_jax.jax.optimize`` names no rule library: without rules it needs the caller's
+    ``default_rules``, asked once, when the rules are first needed."""
+    with pytest.raises(TypeError, match="rules= or default_rules="):
+        optimize(f)
+    with pytest.raises(TypeError, match="default_rules must be a function"):
+        optimize(f, default_rules=[exp_kernel])
+    asked = []
+
+    def defaults():
+        asked.append(1)
+        return [exp_kernel]
+
+    g = optimize(f, default_rules=defaults)
+    assert asked == []  # not before the rules are needed
+    np.testing.assert_allclose(g(X, Y), f(X, Y), rtol=1e-6)
+    assert [r.rule for r in g.report(X, Y)] == ["exp_kernel"] and asked == [1]
+    h = optimize(f, rules=[], default_rules=defaults)  # given rules win
+    assert not h.report(X, Y) and asked == [1]
 
 
 def test_cache_traces_once_per_signature():

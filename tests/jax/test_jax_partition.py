@@ -1,4 +1,5 @@
-"""The partitioning declarations of replacement operators (``pypm_jax.jax.partition``).
+"""The partitioning declarations of replacement operators (``pypm_jax.vocab.partitioning``)
+and what lowering makes of them (``pypm_jax.jax.partition``).
 
 What the factors of a declaration become -- the dimensions kept splittable, the Shardy rule,
 the mesh axes each factor takes from the operands' shardings -- checked without devices; the
@@ -18,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 import pypm_jax as pm
 from pypm_jax.jax import Partitioning, register_partitioning
 from pypm_jax.jax import partition as pt
+from pypm_jax.vocab import partitioning
 
 # GQA attention in BSHD: 8 query heads over 4 kv heads; a bias broadcast over the batch
 ATTN = Partitioning(
@@ -124,5 +126,50 @@ def test_register_partitioning_checks_its_arguments():
     with pytest.raises(TypeError, match="must be callable"):
         register_partitioning(Kernel, 3)
     decl = register_partitioning(Kernel)(lambda shape: Partitioning(((None,),), (None,)))
-    assert pt.partitioning_for(Kernel) is decl
-    pt.PARTITIONINGS.pop(Kernel)
+    assert partitioning.partitioning_for(Kernel) is decl
+    partitioning.PARTITIONINGS.pop(Kernel)
+
+
+# attention in BSHD with the query sequence ``s`` split, its first index the kernel's offset
+SEQ = Partitioning(
+    inputs=(("b", "s", ("g", "r"), None), ("b", None, "g", None), ("b", ("g", "r"), "s", None)),
+    output=("b", "s", ("g", "r"), None),
+    offset="s",
+)
+
+
+def test_a_split_query_sequence_leaves_the_keys_whole_and_sums_their_gradients():
+    site = pt._site(SEQ, [(2, 8, 4, 32), (2, 8, 4, 32), (1, 1, 8, 8)], (2, 8, 4, 32))
+    assert site.dims[2] == (None, None, "s", None)  # a bias broadcast over batch and heads
+    specs = [((), ("model",), (), ()), ((), ("model",), (), ()), ((), (), (), ())]
+    axes = pt._assign(site, MESH, specs)
+    assert axes == {"s": ("model",)}  # the keys' split is not theirs to keep
+    layout = pt._Layout(Mesh(np.arange(8).reshape(2, 4), ("data", "model")), axes, {})
+    assert pt._named(layout, site.dims[1]).spec == P(None, None, None, None)
+    assert pt._named(layout, site.dims[2]).spec == P(None, None, "model", None)
+    # every block of the queries adds to the keys' and the bias's gradients
+    assert pt._missing_axes(site, site.dims[1], layout) == ("model",)
+    assert pt._missing_axes(site, site.dims[2], layout) == ()
+
+
+def test_the_offset_is_the_first_index_of_each_devices_block():
+    import jax
+    import jax.numpy as jnp
+
+    site = pt._site(SEQ, [(2, 16, 4, 32), (2, 16, 4, 32), (1, 1, 16, 16)], (2, 16, 4, 32))
+    layout = pt._Layout(MESH, {"s": ("data", "model")}, {})  # 16 rows on 8 devices
+
+    def offset(_: object) -> object:
+        return pt._offset_kw(site, layout)["offset"]
+
+    inner = jax.vmap(offset, axis_name="model")
+    got = jax.vmap(inner, axis_name="data")(jnp.zeros((2, 4)))
+    assert got.tolist() == [[0, 2, 4, 6], [8, 10, 12, 14]]  # data major, blocks of 2
+    assert pt._offset_kw(site, pt._Layout(MESH, {}, {})) == {}  # unsplit: no offset
+
+
+def test_an_offset_names_a_result_factor_of_a_declaration_without_partial():
+    with pytest.raises(ValueError, match="offset 'k' must be a factor of the result"):
+        Partitioning((("m", "k"),), ("m",), offset="k")
+    with pytest.raises(ValueError, match="without partial/finish"):
+        Partitioning((("m", "k"),), ("m",), partial=abs, finish=abs, offset="m")

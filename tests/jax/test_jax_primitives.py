@@ -10,7 +10,7 @@ from jax import lax
 
 import pypm_jax as pm
 from pypm_jax.jax import OPS, _compat, prims
-from pypm_jax.jax.primitives import SPECS, lift_attrs, op_for, opaque_op
+from pypm_jax.vocab.primitives import SPECS, lift_attrs, op_for, opaque_op
 
 REQUIRED = """dot_general add sub mul div max exp log tanh logistic erf rsqrt sqrt integer_pow pow neg
 reduce_max reduce_sum reduce_min argmax broadcast_in_dim reshape transpose squeeze

@@ -13,6 +13,7 @@ from jax.experimental import io_callback
 
 import pypm_jax as pm
 from pypm_jax.jax import OptimizationFallbackWarning, prims, register_impl
+from pypm_jax.rules import default_rules
 
 X = jnp.linspace(-1.0, 1.0, 6, dtype=jnp.float32).reshape(2, 3)
 
@@ -187,7 +188,7 @@ def test_a_broken_rule_does_not_switch_the_default_rules_off():
         return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v)
 
     q = jnp.ones((1, 16, 2, 64), jnp.float32)
-    fast = pm.optimize(attention, rules=[wrong_arity, *pm.jax.default_rules()])
+    fast = pm.optimize(attention, rules=[wrong_arity, *default_rules()])
     with pytest.warns(pm.jax.RuleDisabledWarning, match="wrong_arity"):
         fast(q, q, q)
     report = fast.report(q, q, q)

@@ -4,12 +4,13 @@ The cases run in one subprocess (``sharded_cases.py``: the device count is fixed
 starts). For a linen attention block, a GQA Llama-style block, Hugging Face FlaxBert,
 Hugging Face FlaxLlama (2 kv heads: fewer than the model axis) and attnax's decoder (living
 model code, when the ``zoo`` extra is installed), on data, tensor and data x tensor meshes,
-under Shardy (and two cases under GSPMD): the rules
-fire, outputs and gradients equal ``jax.jit``'s, output and gradient shardings are
-``jax.jit``'s, and the compiled forward and gradient programs have no more all-gather /
-all-to-all / collective-permute instructions than ``jax.jit``'s. A ``shard_map`` body's
-attention and GEMM epilogue are rewritten and run per device; ``jax.vmap`` of an optimized
-function splits the vmapped kernel along the mapped axis.
+and for the linen block with and without a causal mask, the GQA block and a Gemma-2-style
+sliding-window block with the sequence split across devices, under Shardy (and some cases
+under GSPMD): the rules fire, outputs and gradients equal ``jax.jit``'s, output and
+gradient shardings are ``jax.jit``'s, and the compiled forward and gradient programs have
+no more all-gather / all-to-all / collective-permute instructions than ``jax.jit``'s. A
+``shard_map`` body's attention and GEMM epilogue are rewritten and run per device;
+``jax.vmap`` of an optimized function splits the vmapped kernel along the mapped axis.
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ CASES = [
     "llama/tensor/xla",
     "llama/both/xla",
     "llama/both/gspmd/xla",
+    # the sequence split 4 ways (parameters replicated): the kernels split the queries, each
+    # device's block at its offset; the interpreted ones skip key blocks by position
+    "mha/seq/xla",
+    "mha_causal/seq",
+    "mha_causal/seq/gspmd/xla",
+    "gqa/seq/xla",
+    "gqa/seq/gspmd/xla",
+    "window/seq",
 ]
 SCRIPT = Path(__file__).with_name("sharded_cases.py")
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,6 +13,7 @@ import pytest
 
 import pypm_jax as pm
 from pypm_jax.jax import prims, register_impl
+from pypm_jax.rules import default_rules
 
 SHAPES = 500
 THREADS = 8
@@ -42,7 +43,7 @@ def program(x):
 
 @pytest.mark.slow
 def test_eight_threads_five_hundred_shapes():
-    fast = pm.optimize(program, rules=[*pm.jax.default_rules(), soak_scaled_exp])
+    fast = pm.optimize(program, rules=[*default_rules(), soak_scaled_exp])
     shapes = [(1 + i % 25, 1 + i // 25) for i in range(SHAPES)]  # 500 distinct signatures
     order = shapes * 2  # each signature twice: the second call is a cache hit
     rng = np.random.default_rng(0)

@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 from pallas_kernels import attention_reference, flash_attention
 from pallas_kernels._attention import MASK_VALUE, AttentionBlocks
 from pypm_testing.kernels import (
     GRAD_TOL,
     MODIFIER_CASES,
+    alibi,
     assert_close,
     attention_inputs,
     differentiable_args,
     hf_padding_bias,
+    left_padding_mask,
     modifier_case,
     padding_mask,
     rnd,
+    sliding_window_8,
 )
 
 
@@ -522,3 +527,112 @@ def test_any_head_dim_by_padding(d):
     out, _ = _out_and_grads(_interpret, q, k, v, kwargs, cot)
     explicit = attention_reference(q, k, v, bias=bias, causal=True, scale=1 / np.sqrt(d))
     np.testing.assert_allclose(out, explicit, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ query offsets
+#
+# A device holding one block of a sequence split across devices runs the kernel on its rows
+# of the queries (and of the score-layout operands) with the block's first position as
+# ``q_offset``: the blocks' results put together are the whole call's.
+
+
+def _offset_case(name: str):
+    """(q, k, v, arrays, static): score-layout ``arrays`` (sliced along the query rows where
+    they have them) and the static keywords of one case; S = 40, two blocks of 20 rows
+    (not a multiple of the interpreter's 16-row blocks)."""
+    s, b = 40, 2
+    if name == "causal":  # the plain causal kernel (log2-domain scores), GQA
+        q, k, v = attention_inputs(21, "BSHD", b, s, s, 4, 2, 16, "float32")
+        return q, k, v, {}, dict(causal=True)
+    q, k, v = attention_inputs(22, "BSHD", b, s, s, 2, 2, 16, "float32")
+    if name == "mask_is_causal":  # a causal mask the kernel is promised, and a full bias
+        tril = (jnp.arange(s)[:, None] >= jnp.arange(s)[None, :])[None, None]
+        arrays = dict(mask=tril, bias=rnd(23, (b, 2, s, s)))
+        return q, k, v, arrays, dict(mask_is_causal=True)
+    # a sliding window by mask_mod and ALiBi by score_mod, both reading query positions,
+    # with left padding (rows 0..4 of batch 1 see no key: revisited beyond the band)
+    slopes = jnp.asarray([-0.5, -0.25]).reshape(1, 2, 1, 1)
+    arrays = dict(mask=left_padding_mask(b, s, [0, 5]), captures=(slopes,))
+    return q, k, v, arrays, dict(mask_mod=sliding_window_8, score_mod=alibi, band=(-7, 0))
+
+
+def _rows(x: Any, start: int, n: int, sq: int) -> Any:
+    """Rows ``[start, start + n)`` of a score-layout operand that has query rows."""
+    x = jnp.asarray(x)
+    if x.ndim >= 2 and x.shape[-2] == sq:
+        return lax.slice_in_dim(x, start, start + n, axis=x.ndim - 2)
+    return x
+
+
+def _in_blocks(fn, q, k, v, floats, masks, static, cot, blocks: int = 2):
+    """Output and gradients (q, k, v, ``floats``) of ``sum(fn(...) * cot)`` computed by ``fn``
+    on ``blocks`` blocks of the query rows, each with its traced ``q_offset``."""
+    sq = q.shape[1]
+    n = sq // blocks
+
+    @jax.jit
+    def block(q, k, v, floats, masks, cot, off):
+        def loss(q, k, v, floats):
+            out = fn(q, k, v, **floats, **masks, **static, q_offset=off)
+            return jnp.sum(out * cot), out
+
+        return jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, floats)
+
+    outs, grads = [], []
+    for i in range(blocks):
+        fl, ms = jax.tree.map(lambda x, i=i: _rows(x, i * n, n, sq), (floats, masks))
+        qi, ci = (lax.slice_in_dim(x, i * n, (i + 1) * n, axis=1) for x in (q, cot))
+        (_, out), g = block(qi, k, v, fl, ms, ci, jnp.int32(i * n))
+        outs.append(out)
+        grads.append(g)
+    dq = jnp.concatenate([g[0] for g in grads], axis=1)
+    dk, dv = (sum(g[j] for g in grads) for j in (1, 2))
+    dfloats = jax.tree.map(lambda *xs: _join(xs, sq), *(g[3] for g in grads))
+    return jnp.concatenate(outs, axis=1), (dq, dk, dv, dfloats)
+
+
+def _join(parts: tuple[Any, ...], sq: int) -> Any:
+    """A score-layout operand's gradient from the blocks': their rows side by side, or
+    summed where the operand has no query rows."""
+    if parts[0].ndim >= 2 and parts[0].shape[-2] * len(parts) == sq and parts[0].shape[-2] > 1:
+        return jnp.concatenate(parts, axis=parts[0].ndim - 2)
+    return sum(parts)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["causal", *(pytest.param(n, marks=pytest.mark.slow) for n in ("mask_is_causal", "window"))],
+)
+def test_query_blocks_with_offsets_are_the_whole_call(name):
+    """The kernel on each block of the query rows with its (traced) ``q_offset``: outputs
+    and gradients (q, k, v, bias, float captures) put together are the whole reference
+    call's, and so are the reference's own blocks. Without the offset the second block
+    differs (with ``mask_is_causal`` the kernel then skips keys the mask keeps)."""
+    q, k, v, arrays, static = _offset_case(name)
+    cot = rnd(24, q.shape)
+    floats = {n: a for n, a in arrays.items() if n != "mask"}
+    masks = {n: a for n, a in arrays.items() if n == "mask"}
+
+    def loss(q, k, v, floats):
+        out = attention_reference(q, k, v, **floats, **masks, **static)
+        return jnp.sum(out * cot), out
+
+    (_, want_out), want = jax.value_and_grad(loss, (0, 1, 2, 3), has_aux=True)(q, k, v, floats)
+    for fn in (_interpret, attention_reference):
+        out, grads = _in_blocks(fn, q, k, v, floats, masks, static, cot)
+        assert_close(out, want_out, "float32", what=f"{name}: forward")
+        for what, g, w in zip(("dq", "dk", "dv"), grads[:3], want[:3], strict=True):
+            assert_close(g, w, "float32", tol_table=GRAD_TOL, what=f"{name}: {what}")
+        for g, w in zip(jax.tree.leaves(grads[3]), jax.tree.leaves(want[3]), strict=True):
+            assert_close(g, w, "float32", tol_table=GRAD_TOL, what=f"{name}: d{list(floats)}")
+    rows = jax.tree.map(lambda x: _rows(x, 20, 20, 40), (floats, masks))
+    late = _interpret(q[:, 20:], k, v, **rows[0], **rows[1], **static)  # no offset: wrong
+    assert not np.allclose(late, want_out[:, 20:], atol=1e-3)
+
+
+def test_q_offset_must_be_an_integer_scalar():
+    q, k, v = attention_inputs(1, "BSHD", 1, 8, 8, 2, 2, 16, "float32")
+    for bad in (1.5, jnp.zeros(2, jnp.int32), True):
+        for fn in (attention_reference, flash_attention):
+            with pytest.raises(TypeError, match="q_offset must be an int"):
+                fn(q, k, v, causal=True, q_offset=bad)

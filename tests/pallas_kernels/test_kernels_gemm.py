@@ -237,8 +237,20 @@ EXPERT_OPERANDS = {  # against the [E=3, 2, 13, 45] result
 }
 
 
-@pytest.mark.parametrize("x_batched", [False, True], ids=["x shared", "x per expert"])
-@pytest.mark.parametrize("operand", list(EXPERT_OPERANDS))
+# every operand kind with both activations; `make test-fast` runs each kind with one of them
+EXPERT_CASES = [
+    pytest.param(
+        operand,
+        x_batched,
+        id=f"{operand}-{'x per expert' if x_batched else 'x shared'}",
+        marks=() if i % 2 == x_batched else pytest.mark.slow,
+    )
+    for i, operand in enumerate(EXPERT_OPERANDS)
+    for x_batched in (False, True)
+]
+
+
+@pytest.mark.parametrize(("operand", "x_batched"), EXPERT_CASES)
 def test_experts_values_and_gradients(operand: str, x_batched: bool) -> None:
     """``epilogue(x @ w[e], c)`` for each expert: one pallas_call (the experts on its grid),
     equal to the einsum in values and gradients (x, w and the operand)."""

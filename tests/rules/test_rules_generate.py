@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pypm_jax.jax import optimize
+import pypm_jax as pm
 from pypm_jax.jax.report import OptimizationFallbackWarning
 from pypm_testing import corpus
 from pypm_testing.rules import assert_kernels_run_as, rel_close
@@ -75,7 +75,7 @@ def test_greedy_decoding_with_a_kv_cache(name):
         return out.logits[:, -1], out.past_key_values
 
     prompt = jax.random.randint(jax.random.PRNGKey(1), (B, PROMPT), 0, 100)
-    fast = optimize(run)
+    fast = pm.optimize(run)
     slow = jax.jit(run)
     fast_cache = want_cache = model.init_cache(B, MAX)
     ids, start = prompt, jnp.int32(0)
@@ -110,7 +110,7 @@ def test_hugging_face_generate_under_optimize():
         out = model.generate(ids, params=params, max_length=PROMPT + 6, pad_token_id=0)
         return out.sequences
 
-    fast = optimize(generate)
+    fast = pm.optimize(generate)
     args = (params, prompt)
     with warnings.catch_warnings():
         warnings.simplefilter("error", OptimizationFallbackWarning)

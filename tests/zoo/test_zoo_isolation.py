@@ -16,6 +16,7 @@ class _HFStyleNorm(nn.Module):
         return x * self.param("weight", lambda _, shape: jnp.ones(shape), x.shape[-1])
 
 
+@pytest.mark.slow  # gemma's import loads tensorflow: ~10 s of CPU
 def test_building_gemma_leaves_flax_param_alone():
     if not zoo.has(zoo.LIBRARY["gemma_gm"]):
         pytest.skip("gemma is not installed (make zoo)")

@@ -4,7 +4,9 @@ A rule's replacement is a pm operator; when the rewritten graph is lowered back 
 node whose operator is not a JAX primitive from the table is computed by the callable
 registered here: ``fn(*inputs, **attrs)`` returning one array (``op.n_out == 1``) or a
 tuple of ``op.n_out`` arrays. Its gradient is the callable's own (a Pallas kernel brings its
-``custom_vjp``). Registration happens at import time of the module defining the rule.
+``custom_vjp``). Registration happens at import time of the module defining the rule; the
+table is JAX-free (an implementation imports JAX when it runs), and lowering takes it as an
+argument (:func:`pypm_jax.jax.lower.lower`'s ``impls``, this table by default).
 
     @pm.op(attrs=("scale", "causal"), op_class="attention")
     def flash_attention(q, k, v): return 1

@@ -24,7 +24,9 @@ element type (``new_dtype``, ``preferred_element_type``, ``dtype``, ``index_dtyp
 Literals and constants become ``pypm.const`` nodes whose ``value`` attr is a Python scalar
 when the array is a scalar or a splat (all elements equal), so ``Div(x, 8.0)`` matches.
 
-This module does not import JAX: rules can use the operators without it.
+This module does not import JAX (it is part of the JAX-free vocabulary, :mod:`pypm_jax.vocab`):
+rules can use the operators without it. The type of an op a rule builds is JAX's abstract
+evaluation, which the bridge installs (:func:`set_type_inference`) when it is imported.
 """
 
 from __future__ import annotations
@@ -40,14 +42,16 @@ __all__ = [
     "is_table_op",
     "py_name",
     "lift_attrs",
+    "set_type_inference",
 ]
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from ..core.dtypes import as_dtype
+from ..core.errors import PyPMError
 from ..core.terms import Operator
 from ..lang.registry import register_op
 
@@ -113,12 +117,34 @@ def _def(
     return op
 
 
+# How an op a rule builds is typed: JAX's abstract evaluation, ``fn(prim_name, inputs,
+# attrs) -> (shape, dtype)`` (or a list of them), which the JAX bridge installs when it is
+# imported (:mod:`pypm_jax.jax.types`); this module never imports JAX itself.
+_type_inference: Callable[[str, tuple[Any, ...], Mapping[str, Any]], Any] | None = None
+
+
+def set_type_inference(fn: Callable[[str, tuple[Any, ...], Mapping[str, Any]], Any]) -> None:
+    """Make ``fn(prim_name, inputs, attrs)`` the type inference of the table's operators
+    (called once, by the JAX bridge on import; a second call replaces the first)."""
+    global _type_inference
+    if not callable(fn):
+        raise TypeError(f"type inference must be callable, got {fn!r}")
+    _type_inference = fn
+
+
 def _make_infer(prim_name: str) -> Any:
     def infer(*inputs: Any, **attrs: Any) -> Any:
-        """Shape/dtype of an op a rule builds, computed by JAX itself (imported lazily)."""
-        from .lower import infer_types  # JAX lives in the lowering half only
-
-        return infer_types(prim_name, inputs, attrs)
+        """Shape/dtype of an op a rule builds: unknown when an input's is, else JAX's."""
+        if any(getattr(x, "shape", None) is None for x in inputs):
+            return (None, None)
+        if any(getattr(x, "dtype", None) is None for x in inputs):
+            return (None, None)
+        if _type_inference is None:
+            raise PyPMError(
+                f"the type of jax.{prim_name} on typed inputs is JAX's to infer, and the "
+                "JAX bridge is not imported (import pypm_jax.jax)"
+            )
+        return _type_inference(prim_name, inputs, attrs)
 
     return infer
 
