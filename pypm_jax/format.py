@@ -79,6 +79,7 @@ from .core.calculus import (
     RuleDef,
     RVar,
     binds_below,
+    expr_children,
 )
 from .core.dtypes import DTYPES, DType
 from .core.errors import FormatError, SourceLoc
@@ -1293,18 +1294,10 @@ def _check_expr(e: Expr, frame: Mapping[tuple[str, str], int], owner: str, budge
                         f"{owner}: a guard reads {_short(var)}, which is not bound "
                         "(the definition is not closed)"
                     )
-            case EConst():
-                pass
-            case EIndex(base, index):
-                stack += [index, base]
-            case EBin(_, left, right) | ECmp(_, left, right):
-                stack += [right, left]
-            case EUnary(_, operand) | ENot(operand):
-                stack.append(operand)
-            case EAnd(items) | EOr(items) | ETuple(items) | ECall(_, items):
-                stack.extend(reversed(items))
-            case _:
-                raise FormatError(f"{owner}: not an expression: {type(x).__name__}")
+        try:
+            stack.extend(reversed(expr_children(x)))
+        except TypeError:  # unreachable: decoding builds only calculus expressions
+            raise FormatError(f"{owner}: not an expression: {type(x).__name__}") from None
 
 
 def _check_rule(r: RuleDef, owner: str, budget: _Budget) -> None:

@@ -58,6 +58,8 @@ __all__ = [
     "GuardFn",
     "show",
     "show_expr",
+    "children",
+    "expr_children",
     "binds_below",
     "alts",
 ]
@@ -265,6 +267,24 @@ class ECall(_Node):
 
 
 Expr = EConst | EAttr | EOpAttr | EIndex | EBin | EUnary | ECmp | EAnd | EOr | ENot | ECall | ETuple
+
+
+def expr_children(e: Expr) -> tuple[Expr, ...]:
+    """The sub-expressions of ``e``, left to right: the one place that knows each
+    expression's children (a walker that only visits them needs nothing else)."""
+    match e:
+        case EConst() | EAttr() | EOpAttr():
+            return ()
+        case EIndex(base, index):
+            return (base, index)
+        case EBin(_, left, right) | ECmp(_, left, right):
+            return (left, right)
+        case EUnary(_, operand) | ENot(operand):
+            return (operand,)
+        case EAnd(items) | EOr(items) | ETuple(items) | ECall(_, items):
+            return items
+    raise TypeError(f"not an expression: {e!r}")
+
 
 # ------------------------------------------------------------------------------ patterns
 

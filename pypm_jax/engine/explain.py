@@ -1,13 +1,14 @@
 """Why a pattern does not match: the deepest partial match and what stopped it, as data.
 
-:func:`explain` runs the paper's machine (the same transitions as :mod:`pypm_jax.semantics.machine`)
-with a tracer: every action that succeeds extends the current *path* (which sub-pattern met
-which term, which variable got which value, which guard held), backtracking shortens it,
-and every failure is compared with the deepest one seen so far. When the search ends
-without a match, the deepest failure is the explanation: an operator mismatch (expected vs
-found), a guard that was false (with the guard as the user wrote it: file, line, source
-text, and the attribute values it read), a variable bound to two different values, a
-literal that differs, an existential never bound. Slow on purpose; the matchers never use it.
+:func:`explain` runs the matcher's iterative machine (:mod:`pypm_jax.engine.machine`) with an
+observer, on the reference's transitions (definitions unfolded as :mod:`pypm_jax.semantics.machine`
+unfolds them, no tabling): every action that succeeds extends the current *path* (which
+sub-pattern met which term, which variable got which value, which guard held), backtracking
+shortens it, and every failure is compared with the deepest one seen so far. When the search
+ends without a match, the deepest failure is the explanation: an operator mismatch (expected
+vs found), a guard that was false (with the guard as the user wrote it: file, line, source
+text, and the attribute values it read), a variable bound to two different values, a literal
+that differs, an existential never bound. The matchers run the same machine unobserved.
 
 Explaining a *rule* goes one step further, the way the rewrite driver does: where the pattern
 matches, the rule's branches are tried in order on each solution; the rule fires if a branch's
@@ -27,40 +28,28 @@ from typing import Any
 from ..core.calculus import (
     EAnd,
     EAttr,
-    EBin,
     ECall,
-    ECmp,
-    EIndex,
-    ENot,
     EOpAttr,
-    EOr,
-    ETuple,
-    EUnary,
     Expr,
-    PAlt,
     PApp,
     Pattern,
     PatternDef,
-    PCall,
     PConst,
-    PConstr,
-    PExists,
     PFunVar,
-    PGuard,
-    PMu,
     PVar,
     RuleBranch,
     RuleDef,
+    expr_children,
     show,
     show_expr,
 )
-from ..core.errors import PatternDefinitionError, SourceLoc
+from ..core.errors import MatchBudgetError, SourceLoc
 from ..core.graph import Graph, Value
 from ..core.match import Match
-from ..core.terms import CONST, LEAF, Operator, const_equal
+from ..core.terms import CONST, LEAF, Operator
 from ..semantics.guards import Refusal, Undefined, eval_expr, guard_holds
-from ..semantics.subst import FreshNames, unfold
-from .fast import compile_pattern, root_operators
+from .fast import MatchRun, root_operators
+from .machine import _observed
 from .rewrite import _Driver
 from .select import match_all
 
@@ -243,20 +232,9 @@ def _guard_reads(g: Expr) -> list[Expr]:
     stack = [g]
     while stack:
         e = stack.pop()
-        if isinstance(e, ECall) and e is not g and e not in out:
+        if (isinstance(e, ECall) and e is not g or isinstance(e, EAttr | EOpAttr)) and e not in out:
             out.append(e)
-        match e:
-            case EAttr() | EOpAttr():
-                if e not in out:
-                    out.append(e)
-            case EIndex(base, index):
-                stack += [index, base]
-            case EBin(_, left, right) | ECmp(_, left, right):
-                stack += [right, left]
-            case EUnary(_, operand) | ENot(operand):
-                stack.append(operand)
-            case EAnd(items) | EOr(items) | ETuple(items) | ECall(_, items):
-                stack.extend(reversed(items))
+        stack.extend(reversed(expr_children(e)))
     return out
 
 
@@ -276,207 +254,164 @@ def _reads(g: Expr, theta: dict, phi: dict) -> tuple[tuple[str, str], ...]:
 
 
 class _Tracer:
-    """The machine of ``_machine`` with a path and a record of the deepest failure."""
+    """The machine's observer (:class:`pypm_jax.engine.machine.Observer`): the current path
+    of successful steps, and the deepest failure seen."""
 
-    def __init__(self, budget: int):
-        self.budget = budget
+    def __init__(self) -> None:
+        self.path: list[Step] = []
+        self.marks: list[int] = []  # the path's length at each backtrack point
         self.best_depth = -1
         self.best: tuple[tuple[Step, ...], Failure] | None = None
 
-    def fail(self, path: list[Step], failure: Failure) -> None:
-        if len(path) > self.best_depth:
-            self.best_depth = len(path)
-            self.best = (tuple(path), failure)
+    def choice(self) -> None:
+        self.marks.append(len(self.path))
 
-    def run(self, body: Pattern, t0: Any) -> tuple[dict, dict] | None:
-        fresh = FreshNames()
-        theta: dict[str, Any] = {}
-        phi: dict[str, Any] = {}
-        trail: list[tuple[dict, str]] = []
-        path: list[Step] = []
-        stack: list[tuple[int, int, Any]] = []
-        k: Any = (("m", body, t0), None)
-        steps = 0
-        while True:
-            steps += 1
-            if steps > self.budget:
-                self.fail(path, Failure("budget", f"gave up after {self.budget} steps"))
-                return None
-            if k is None:
-                return theta, phi
-            (tag, a, t), k = k
-            failure: Failure | None = None
-            if tag == "m":
-                failure, k = self.match(a, t, k, theta, phi, trail, path, stack, fresh)
-            elif tag == "g":
-                g: PGuard = a
-                if guard_holds(g.guard, theta, phi):
-                    path.append(Step("guard", g.guard, None, f"guard {show_expr(g.guard)} holds"))
-                else:
-                    reads = _reads(g.guard, theta, phi)
-                    failure = Failure(
-                        "guard_failed",
-                        f"guard {show_expr(g.guard)} is false",
-                        fragment=g,
-                        guard=show_expr(g.guard),
-                        loc=g.loc,
-                        values=reads,
-                    )
-            elif tag == "c":
-                if a in (phi if t == "op" else theta):
-                    path.append(Step("check", a, None, f"{a} is bound"))
-                else:
-                    failure = Failure("unbound", f"local variable {a} was never bound")
-            else:  # matchConstr
-                bound = theta.get(a)
-                if bound is None:
-                    failure = Failure(
-                        "unbound", f"{a} is unbound where {a} ≈ {_shown(t, _WIDTH)} is checked"
-                    )
-                else:
-                    text = f"{a} ≈ {_shown(t, 48)}   on {describe(bound)}"
-                    path.append(Step("constraint", t, bound, text))
-                    k = (("m", t, bound), k)
-            if failure is not None:
-                self.fail(path, failure)
-                if not stack:
-                    return None
-                n_trail, n_path, k = stack.pop()
-                while len(trail) > n_trail:
-                    d, name = trail.pop()
-                    del d[name]
-                del path[n_path:]
+    def backtrack(self) -> None:
+        del self.path[self.marks.pop() :]
 
-    def match(self, p, t, k, theta, phi, trail, path, stack, fresh):  # noqa: C901
-        """One ST-Match-* transition; returns (failure or None, new continuation)."""
-        if isinstance(p, PVar):
-            bound = theta.get(p.name)
-            if bound is None:
-                theta[p.name] = t
-                trail.append((theta, p.name))
-                path.append(Step("bind", p, t, f"{p.name} := {describe(t)}"))
-            elif bound is t:
-                path.append(Step("same", p, t, f"{p.name} is again {describe(t)}"))
-            else:
-                return Failure(
-                    "var_conflict",
-                    f"{p.name} is {describe(bound)} but must also be {describe(t)}",
-                    fragment=p,
-                    term=t,
-                    expected=bound,
-                    found=t,
-                ), k
-            return None, k
-        if isinstance(p, PApp):
-            if t.op is not p.op:
-                return Failure(
-                    "op_mismatch",
-                    f"expected {p.op.name}, found {t.op.name}: {describe(t)}",
-                    fragment=p,
-                    term=t,
-                    expected=p.op,
-                    found=t.op,
-                ), k
-            if t.index != p.index:
-                return Failure(
-                    "index_mismatch",
-                    f"expected output {p.index} of {p.op.name}, found output {t.index}",
-                    fragment=p,
-                    term=t,
-                    expected=p.index,
-                    found=t.index,
-                ), k
-            if len(t.inputs) != len(p.args):
-                return Failure(
-                    "arity_mismatch",
-                    f"expected {p.op.name} with {len(p.args)} inputs, found {len(t.inputs)}",
-                    fragment=p,
-                    term=t,
-                    expected=len(p.args),
-                    found=len(t.inputs),
-                ), k
-            path.append(Step("match", p, t, f"{_shown(p, 40)}   on {describe(t)}"))
-            for arg, sub in zip(reversed(p.args), reversed(t.inputs), strict=True):
-                k = (("m", arg, sub), k)
-            return None, k
-        if isinstance(p, PConst):
-            if not const_equal(p.value, t):
-                return Failure(
-                    "const_mismatch",
-                    f"expected the literal {p.value!r}, found {describe(t)}",
-                    fragment=p,
-                    term=t,
-                    expected=p.value,
-                    found=t,
-                ), k
-            path.append(Step("match", p, t, f"{p.value!r}   on {describe(t)}"))
-            return None, k
-        if isinstance(p, PAlt):
-            stack.append((len(trail), len(path), (("m", p.right, t), k)))
-            return None, (("m", p.left, t), k)
-        if isinstance(p, PGuard):
-            return None, (("m", p.pat, t), (("g", p, None), k))
-        if isinstance(p, PExists):
-            return None, (("m", p.body, t), (("c", p.var, p.kind), k))
-        if isinstance(p, PConstr):
-            return None, (("m", p.pat, t), (("k", p.var, p.constraint), k))
-        if isinstance(p, PFunVar):
-            f = t.op
-            if not f.pure:  # SEMANTICS 11: opaque operators are outside the range of F
-                return Failure(
-                    "opaque_operator",
-                    f"{p.var} ranges over pure operators only; {describe(t)} applies the "
-                    f"opaque operator {f.name}",
-                    fragment=p,
-                    term=t,
-                    found=f,
-                ), k
-            if len(t.inputs) != len(p.args) or (p.n_out is not None and f.n_out != p.n_out):
-                return Failure(
-                    "arity_mismatch",
-                    f"{p.var} takes {len(p.args)} inputs, found {f.name} with "
-                    f"{len(t.inputs)}: {describe(t)}",
-                    fragment=p,
-                    term=t,
-                    expected=len(p.args),
-                    found=len(t.inputs),
-                ), k
-            if t.index != p.index:
-                return Failure(
-                    "index_mismatch",
-                    f"expected output {p.index}, found output {t.index}",
-                    fragment=p,
-                    term=t,
-                ), k
-            bound = phi.get(p.var)
-            if bound is None:
-                phi[p.var] = f
-                trail.append((phi, p.var))
-            elif bound is not f:
-                return Failure(
-                    "opvar_conflict",
-                    f"{p.var} is {bound.name} but {describe(t)} applies {f.name}",
-                    fragment=p,
-                    term=t,
-                    expected=bound,
-                    found=f,
-                ), k
-            path.append(Step("match", p, t, f"{_shown(p, 40)}   on {describe(t)}"))
-            for arg, sub in zip(reversed(p.args), reversed(t.inputs), strict=True):
-                k = (("m", arg, sub), k)
-            return None, k
-        if isinstance(p, PMu):
-            return None, (("m", unfold(p, fresh), t), k)
-        if isinstance(p, PCall):
-            raise PatternDefinitionError(
-                f"recursive reference {show(p)} outside a definition μ{p.name}"
+    def record(self, failure: Failure) -> None:
+        if len(self.path) > self.best_depth:
+            self.best_depth = len(self.path)
+            self.best = (tuple(self.path), failure)
+
+    def step(self, kind: str, a: Any, b: Any, theta: dict, phi: dict) -> None:
+        if kind == "bind":
+            text = f"{a.name} := {describe(b)}"
+        elif kind == "same":
+            text = f"{a.name} is again {describe(b)}"
+        elif kind == "match":
+            shown = f"{a.value!r}" if isinstance(a, PConst) else _shown(a, 40)
+            text = f"{shown}   on {describe(b)}"
+        elif kind == "guard":
+            self.path.append(Step("guard", a.guard, None, f"guard {show_expr(a.guard)} holds"))
+            return
+        elif kind == "check":
+            self.path.append(Step("check", a, None, f"{a} is bound"))
+            return
+        else:  # constraint: the term bound to a must match b
+            bound = theta[a]
+            text = f"{a} ≈ {_shown(b, 48)}   on {describe(bound)}"
+            self.path.append(Step("constraint", b, bound, text))
+            return
+        self.path.append(Step(kind, a, b, text))
+
+    def fail(self, kind: str, a: Any, b: Any, theta: dict, phi: dict) -> None:
+        if kind == "match":
+            failure = _mismatch(a, b, theta, phi)
+        elif kind == "guard":
+            failure = Failure(
+                "guard_failed",
+                f"guard {show_expr(a.guard)} is false",
+                fragment=a,
+                guard=show_expr(a.guard),
+                loc=a.loc,
+                values=_reads(a.guard, theta, phi),
             )
-        raise TypeError(f"not a pattern: {p!r}")
+        elif kind == "check":
+            failure = Failure("unbound", f"local variable {a} was never bound")
+        else:  # constraint
+            failure = Failure(
+                "unbound", f"{a} is unbound where {a} ≈ {_shown(b, _WIDTH)} is checked"
+            )
+        self.record(failure)
+
+
+def _mismatch(p: Pattern, t: Any, theta: dict, phi: dict) -> Failure:
+    """Why the match of ``p`` at ``t`` failed (the first check of its rule that did)."""
+    if isinstance(p, PVar):
+        bound = theta[p.name]
+        return Failure(
+            "var_conflict",
+            f"{p.name} is {describe(bound)} but must also be {describe(t)}",
+            fragment=p,
+            term=t,
+            expected=bound,
+            found=t,
+        )
+    if isinstance(p, PApp):
+        if t.op is not p.op:
+            return Failure(
+                "op_mismatch",
+                f"expected {p.op.name}, found {t.op.name}: {describe(t)}",
+                fragment=p,
+                term=t,
+                expected=p.op,
+                found=t.op,
+            )
+        if t.index != p.index:
+            return Failure(
+                "index_mismatch",
+                f"expected output {p.index} of {p.op.name}, found output {t.index}",
+                fragment=p,
+                term=t,
+                expected=p.index,
+                found=t.index,
+            )
+        return Failure(
+            "arity_mismatch",
+            f"expected {p.op.name} with {len(p.args)} inputs, found {len(t.inputs)}",
+            fragment=p,
+            term=t,
+            expected=len(p.args),
+            found=len(t.inputs),
+        )
+    if isinstance(p, PConst):
+        return Failure(
+            "const_mismatch",
+            f"expected the literal {p.value!r}, found {describe(t)}",
+            fragment=p,
+            term=t,
+            expected=p.value,
+            found=t,
+        )
+    assert isinstance(p, PFunVar)  # (the machine reports no other failed match)
+    f = t.op
+    if not f.pure:  # SEMANTICS 11: opaque operators are outside the range of F
+        return Failure(
+            "opaque_operator",
+            f"{p.var} ranges over pure operators only; {describe(t)} applies the "
+            f"opaque operator {f.name}",
+            fragment=p,
+            term=t,
+            found=f,
+        )
+    if len(t.inputs) != len(p.args) or (p.n_out is not None and f.n_out != p.n_out):
+        return Failure(
+            "arity_mismatch",
+            f"{p.var} takes {len(p.args)} inputs, found {f.name} with "
+            f"{len(t.inputs)}: {describe(t)}",
+            fragment=p,
+            term=t,
+            expected=len(p.args),
+            found=len(t.inputs),
+        )
+    if t.index != p.index:
+        return Failure(
+            "index_mismatch",
+            f"expected output {p.index}, found output {t.index}",
+            fragment=p,
+            term=t,
+        )
+    bound = phi[p.var]
+    return Failure(
+        "opvar_conflict",
+        f"{p.var} is {bound.name} but {describe(t)} applies {f.name}",
+        fragment=p,
+        term=t,
+        expected=bound,
+        found=f,
+    )
 
 
 def _attempt(pdef: PatternDef, t: Any, budget: int) -> Attempt:
-    tracer = _Tracer(budget)
-    sol = tracer.run(pdef.body, t)
+    """The matcher's machine run at ``t``, observed: its first solution, or its deepest
+    partial match and the failure that ended it."""
+    tracer = _Tracer()
+    try:
+        sol = next(_observed()(pdef.body, t, run=MatchRun(budget + 1), observer=tracer), None)
+    except MatchBudgetError:
+        tracer.record(Failure("budget", f"gave up after {budget} steps"))
+        sol = None
     if sol is not None:
         return Attempt(t, True, Match(pdef, t, sol[0], sol[1]))
     steps, failure = tracer.best if tracer.best is not None else ((), None)
@@ -581,7 +516,7 @@ def _rule_attempt(rule: RuleDef, a: Attempt, graph: Graph | None) -> Attempt:
     driver = None
     if rule.single_use and graph is not None:
         driver = _Driver(graph, (rule,), "reference", 0)
-        sols: Any = driver.reference_solutions(pdef, compile_pattern(pdef), t)
+        sols: Any = driver.reference_solutions(pdef, t)
     else:
         sols = ((m.theta, m.phi, ()) for m in match_all(pdef, t, engine="reference"))
     first: Attempt | None = None

@@ -87,21 +87,14 @@ from ..core.errors import (
 from ..core.graph import Graph, Node, Value, show_type
 from ..core.terms import CONST, LEAF, Term
 from ..lang.registry import collect_guard_failures
+from ..semantics import machine as _reference
 from ..semantics.guards import Undefined, eval_expr, guard_holds
 from ..semantics.subst import FreshNames, unfold
 from . import report as _report
-from .fast import (
-    CompiledPattern,
-    Matcher,
-    MatchRun,
-    _ByIdentity,
-    _expr_names,
-    compile_guard,
-    has_recursion,
-)
+from .analysis import _ByIdentity, _expr_names, has_recursion
+from .fast import CompiledPattern, Matcher, MatchRun, compile_guard
 from .report import Built
 from .select import ENGINES, default_engine
-from .select import match_all as _engine_match_all
 
 log = logging.getLogger("pypm_jax.rewrite")
 
@@ -310,10 +303,6 @@ def _interpreted_guard(g: Any) -> Any:
     return lambda theta, phi: guard_holds(g, theta, phi)
 
 
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return len(a) == len(b) and all(b.get(k) is v for k, v in a.items())
-
-
 class _Driver:
     """One rewriting run: the sweep, the revisit queue and the report."""
 
@@ -338,7 +327,7 @@ class _Driver:
         # (the fast engine matches the rules' guards with their patterns; the reference
         # machine runs the paper's algorithm on the bare patterns)
         pdefs = [guarded_pattern(r) if self.fast else r.pattern for r in rules]
-        matcher = Matcher(pdefs)
+        matcher = Matcher(pdefs, compiled=self.fast)
         self.table, self.wild = matcher.table, matcher.wildcards  # (index: op -> candidates)
         # per rule: does its compiled pattern check the guard of its one branch already?
         self.checked = [p is not r.pattern for p, r in zip(pdefs, rules, strict=True)]
@@ -518,7 +507,7 @@ class _Driver:
                         continue
                     fired = self.try_rule(ri, cp, v, first, pos)
                 else:
-                    fired = self.try_reference(ri, pdef, cp, v, pos)
+                    fired = self.try_reference(ri, pdef, v, pos)
                 if fired:
                     if not self.changed:
                         break  # a rule matched and left the graph as it was: next output
@@ -564,10 +553,10 @@ class _Driver:
                 return self.fire(self.rules[ri], v, theta, phi, branch, build, struct, pos)
         return False
 
-    def try_reference(self, ri: int, pdef: Any, cp: CompiledPattern, v: Value, pos: int) -> bool:
+    def try_reference(self, ri: int, pdef: Any, v: Value, pos: int) -> bool:
         """``try_rule`` with the reference machine's solutions and interpreted guards."""
         rule = self.rules[ri]
-        for theta, phi, struct in self.reference_solutions(pdef, cp, v):
+        for theta, phi, struct in self.reference_solutions(pdef, v):
             for branch, holds, build in self.branches[ri]:
                 if holds(theta, phi):
                     if self.fire(rule, v, theta, phi, branch, build, struct, pos):
@@ -575,16 +564,11 @@ class _Driver:
                     break
         return False
 
-    def reference_solutions(self, pdef: Any, cp: CompiledPattern, v: Value) -> Iterator[tuple]:
-        """The reference machine's solutions (with the terms each covered, found by the
-        compiled pattern, which explores in the same order)."""
-        for m in _engine_match_all(pdef, v, engine=self.engine):
-            struct: tuple = ()
-            for theta, phi, s in cp.solutions(v):
-                if _same(m.theta, theta) and _same(m.phi, phi):
-                    struct = s
-                    break
-            yield m.theta, m.phi, struct
+    def reference_solutions(self, pdef: Any, v: Value) -> Iterator[tuple]:
+        """The reference machine's solutions, repeated parameters dropped, each with the
+        terms it covered."""
+        for m, covered in _reference.match_all_covered(pdef, v):
+            yield m.theta, m.phi, covered
 
     # -- firing
 

@@ -70,6 +70,7 @@ from ..core.calculus import (
     RuleDef,
     RVar,
     binds_below,
+    children,
     show,
 )
 from ..core.errors import PatternDefinitionError, SourceLoc
@@ -689,20 +690,16 @@ def _check_recursion(name: str, p: Pattern, loc: SourceLoc | None) -> None:
                     "operator",
                     loc,
                 )
-            case PApp(_, args) | PFunVar(_, args):
-                for a in args:
-                    walk(a, True)
-            case PAlt(left, right):
-                walk(left, guarded)
-                walk(right, guarded)
-            case PGuard(pat) | PExists(_, pat):
-                walk(pat, guarded)
             case PConstr(pat, x, c):
                 walk(pat, guarded)
                 # ``y <= f(x); x <= P()``: x is a proper subterm, so P(...) consumes f
                 walk(c, guarded or binds_below(pat, x))
-            case PMu(n, _, _, body) if n != name:
-                walk(body, guarded)
+                return
+            case PMu(n) if n == name:
+                return  # an inner definition of the same name: its references are its own
+        below = guarded or isinstance(q, PApp | PFunVar)
+        for c in children(q):
+            walk(c, below)
 
     walk(p, False)
 
@@ -862,20 +859,9 @@ def _mentions_call(p: Pattern, name: str) -> bool:
     same name)? A called pattern's definition ``μQ`` is not looked into: its body, made by
     this frontend, refers only to ``Q`` itself and, inside their own ``μ``, to the patterns
     it calls, so it never refers to another name unbound."""
-    match p:
-        case PCall(n):
-            return n == name
-        case PApp(_, args) | PFunVar(_, args):
-            return any(_mentions_call(a, name) for a in args)
-        case PAlt(left, right):
-            return _mentions_call(left, name) or _mentions_call(right, name)
-        case PGuard(pat) | PExists(_, pat):
-            return _mentions_call(pat, name)
-        case PConstr(pat, _, c):
-            return _mentions_call(pat, name) or _mentions_call(c, name)
-        case PMu():
-            return False
-    return False
+    if isinstance(p, PCall):
+        return p.name == name
+    return any(_mentions_call(c, name) for c in children(p, into_mu=False))
 
 
 class _Runtime:

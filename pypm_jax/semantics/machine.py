@@ -14,8 +14,13 @@ Decisions the figures leave open follow ``docs/SEMANTICS.md``: ``checkName(x)`` 
 ``matchConstr(x, p)`` with ``x`` unbound backtrack; a literal is a 0-ary symbol matched by
 ``const_equal``; operator variables check arity, output index and (when given) output count.
 
+Beside each state, outside the paper's, the machine keeps the terms its path has matched
+by applications and literals (``covered``; ST-Match-Fun adds its term), so that a solution
+says which terms its match covers: the rewrite driver's reference path replaces those.
+
 The driver loop is iterative, so the depth of the term never reaches the Python stack; this
-is the reference engine behind ``pypm_jax.engine.select`` (``engine="reference"``).
+is the reference engine behind ``pypm_jax.engine.select`` (``engine="reference"``) and the
+rewrite driver's ``engine="reference"``.
 """
 
 from __future__ import annotations
@@ -34,13 +39,17 @@ __all__ = [
     "Failure",
     "FAILURE",
     "State",
+    "Covered",
     "initial",
     "backtrack",
     "step",
     "run",
+    "successes",
     "solutions",
+    "covered",
     "match_first",
     "match_all",
+    "match_all_covered",
 ]
 
 from collections.abc import Iterator, Mapping
@@ -115,6 +124,12 @@ Cont: TypeAlias = "tuple[Action, Cont] | None"
 """k ::= [] | a :: k, as nested pairs; ``None`` is the empty continuation."""
 
 
+Covered: TypeAlias = "tuple[Any, Covered] | None"
+"""The terms a path has matched by applications and literals, latest first, as nested
+pairs: kept beside each state (not part of the paper's), so that a solution can say which
+terms its match covers (the rewrite driver replaces those)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     """A backtrack node ⟨θ, φ, k⟩: where to resume when the current path fails."""
@@ -122,6 +137,7 @@ class Frame:
     theta: Subst
     phi: OpSubst
     k: Cont
+    covered: Covered = field(default=None, compare=False, repr=False)
 
 
 Stack: TypeAlias = "tuple[Frame, Stack] | None"
@@ -136,6 +152,7 @@ class Running:
     phi: OpSubst
     stack: Stack
     k: Cont
+    covered: Covered = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +163,7 @@ class Success:
     theta: Subst
     phi: OpSubst
     stack: Stack = field(default=None, compare=False, repr=False)
+    covered: Covered = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +186,7 @@ def backtrack(stk: Stack) -> Running | Failure:
     if stk is None:
         return FAILURE
     frame, rest = stk
-    return Running(frame.theta, frame.phi, rest, frame.k)
+    return Running(frame.theta, frame.phi, rest, frame.k, frame.covered)
 
 
 def _matches(pats: tuple[Pattern, ...], terms: tuple[Any, ...], k: Cont) -> Cont:
@@ -187,58 +205,60 @@ def step(st: Running, fresh: FreshNames) -> State:
     ``fresh`` names the existentials of each unfolding (ST-Match-Mu); one supply serves a
     whole match run, so the names are deterministic.
     """
-    theta, phi, stk = st.theta, st.phi, st.stack
+    theta, phi, stk, ts = st.theta, st.phi, st.stack, st.covered
     if st.k is None:
-        return Success(theta, phi, stk)  # ST-Success
+        return Success(theta, phi, stk, ts)  # ST-Success
     action, k = st.k
     match action:
         case AMatch(PVar(x), t):
             bound = theta.get(x)
             if bound is None:
-                return Running({**theta, x: t}, phi, stk, k)  # ST-Match-Var-Bind
+                return Running({**theta, x: t}, phi, stk, k, ts)  # ST-Match-Var-Bind
             if bound is t:
-                return Running(theta, phi, stk, k)  # ST-Match-Var-Bound
+                return Running(theta, phi, stk, k, ts)  # ST-Match-Var-Bound
             return backtrack(stk)  # ST-Match-Var-Conflict
 
         case AMatch(PApp(f, args, index), t):
             if t.op is f and t.index == index and len(t.inputs) == len(args):
-                return Running(theta, phi, stk, _matches(args, t.inputs, k))  # ST-Match-Fun
+                return Running(
+                    theta, phi, stk, _matches(args, t.inputs, k), (t, ts)
+                )  # ST-Match-Fun
             return backtrack(stk)  # ST-Match-Fun-Conflict
 
         case AMatch(PConst(value), t):
             # A literal is a 0-ary function symbol: ST-Match-Fun / ST-Match-Fun-Conflict.
             if const_equal(value, t):
-                return Running(theta, phi, stk, k)
+                return Running(theta, phi, stk, k, (t, ts))
             return backtrack(stk)
 
         case AMatch(PAlt(p, p2), t):  # ST-Match-Alt
-            saved = Frame(theta, phi, (AMatch(p2, t), k))
-            return Running(theta, phi, (saved, stk), (AMatch(p, t), k))
+            saved = Frame(theta, phi, (AMatch(p2, t), k), ts)
+            return Running(theta, phi, (saved, stk), (AMatch(p, t), k), ts)
 
         case AMatch(PGuard(p, g), t):  # ST-Match-Guard
-            return Running(theta, phi, stk, (AMatch(p, t), (AGuard(g), k)))
+            return Running(theta, phi, stk, (AMatch(p, t), (AGuard(g), k)), ts)
 
         case AGuard(g):
             if guard_holds(g, theta, phi):
-                return Running(theta, phi, stk, k)  # ST-CheckGuard-Continue
+                return Running(theta, phi, stk, k, ts)  # ST-CheckGuard-Continue
             return backtrack(stk)  # ST-CheckGuard-Backtrack (False or undefined)
 
         case ACheckName(x, kind):
             if x in (phi if kind == "op" else theta):
-                return Running(theta, phi, stk, k)  # ST-CheckName
+                return Running(theta, phi, stk, k, ts)  # ST-CheckName
             return backtrack(stk)  # unbound existential: SEMANTICS.md §3
 
         case AMatchConstr(x, p):
             bound = theta.get(x)
             if bound is not None:
-                return Running(theta, phi, stk, (AMatch(p, bound), k))  # ST-MatchConstr
+                return Running(theta, phi, stk, (AMatch(p, bound), k), ts)  # ST-MatchConstr
             return backtrack(stk)  # unbound: SEMANTICS.md §3
 
         case AMatch(PExists(x, p, kind), t):  # ST-Match-Exists
-            return Running(theta, phi, stk, (AMatch(p, t), (ACheckName(x, kind), k)))
+            return Running(theta, phi, stk, (AMatch(p, t), (ACheckName(x, kind), k)), ts)
 
         case AMatch(PConstr(p, x, p2), t):  # ST-Match-MatchConstr
-            return Running(theta, phi, stk, (AMatch(p, t), (AMatchConstr(x, p2), k)))
+            return Running(theta, phi, stk, (AMatch(p, t), (AMatchConstr(x, p2), k)), ts)
 
         case AMatch(PFunVar(var, args, index, n_out), t):
             f = t.op
@@ -251,13 +271,13 @@ def step(st: Running, fresh: FreshNames) -> State:
                 return backtrack(stk)  # ST-Match-Fun-Var-Conflict (m ≠ n)
             bound = phi.get(var)
             if bound is None:  # ST-Match-Fun-Var-Bind
-                return Running(theta, {**phi, var: f}, stk, _matches(args, t.inputs, k))
+                return Running(theta, {**phi, var: f}, stk, _matches(args, t.inputs, k), (t, ts))
             if bound is f:  # ST-Match-Fun-Var-Bound
-                return Running(theta, phi, stk, _matches(args, t.inputs, k))
+                return Running(theta, phi, stk, _matches(args, t.inputs, k), (t, ts))
             return backtrack(stk)  # ST-Match-Fun-Var-Conflict (φ(F) ≠ f)
 
         case AMatch(PMu() as mu, t):  # ST-Match-Mu
-            return Running(theta, phi, stk, (AMatch(unfold(mu, fresh), t), k))
+            return Running(theta, phi, stk, (AMatch(unfold(mu, fresh), t), k), ts)
 
         case AMatch(PCall() as call, _):
             raise PatternDefinitionError(
@@ -283,10 +303,8 @@ def run(p: Pattern, t: Any) -> Success | Failure:
     return _drive(initial(p, t), FreshNames())
 
 
-def solutions(
-    p: Pattern, t: Any, budget: int | None = None
-) -> Iterator[tuple[dict[str, Any], dict[str, Operator]]]:
-    """Every ``(θ, φ)`` the machine reaches, in exploration order.
+def successes(p: Pattern, t: Any, budget: int | None = None) -> Iterator[Success]:
+    """Every ``Success`` the machine reaches, in exploration order.
 
     After each success the machine resumes by backtracking into the stack saved beside it,
     which is what trying the remaining alternates means. Solutions may repeat. ``budget``:
@@ -305,8 +323,26 @@ def solutions(
             st = step(st, fresh)
         if not isinstance(st, Success):
             return
-        yield dict(st.theta), dict(st.phi)
+        yield st
         st = backtrack(st.stack)
+
+
+def solutions(
+    p: Pattern, t: Any, budget: int | None = None
+) -> Iterator[tuple[dict[str, Any], dict[str, Operator]]]:
+    """Every ``(θ, φ)`` the machine reaches, in exploration order (repeats included)."""
+    for s in successes(p, t, budget):
+        yield dict(s.theta), dict(s.phi)
+
+
+def covered(s: Success) -> tuple[Any, ...]:
+    """The terms a solution's applications and literals matched, in the order matched."""
+    out = []
+    ts = s.covered
+    while ts is not None:
+        t, ts = ts
+        out.append(t)
+    return tuple(reversed(out))
 
 
 def match_first(pdef: PatternDef, t: Any, *, budget: int | None = None) -> Match | None:
@@ -318,10 +354,18 @@ def match_first(pdef: PatternDef, t: Any, *, budget: int | None = None) -> Match
 
 def match_all(pdef: PatternDef, t: Any, *, budget: int | None = None) -> Iterator[Match]:
     """Every solution in exploration order, dropping those whose parameters repeat."""
+    for m, _ in match_all_covered(pdef, t, budget=budget):
+        yield m
+
+
+def match_all_covered(
+    pdef: PatternDef, t: Any, *, budget: int | None = None
+) -> Iterator[tuple[Match, tuple[Any, ...]]]:
+    """``match_all`` with the terms each match covers (:func:`covered`)."""
     seen: set[tuple[tuple[str, int], ...]] = set()
-    for theta, phi in solutions(pdef.body, t, budget):
-        m = Match(pdef, t, theta, phi)
+    for s in successes(pdef.body, t, budget):
+        m = Match(pdef, t, dict(s.theta), dict(s.phi))
         key = m.key()
         if key not in seen:
             seen.add(key)
-            yield m
+            yield m, covered(s)

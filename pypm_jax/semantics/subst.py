@@ -41,6 +41,7 @@ from ..core.calculus import (
     PGuard,
     PMu,
     PVar,
+    children,
 )
 from ..core.terms import Operator
 from .guards import Undefined, op_attr
@@ -56,22 +57,6 @@ class FreshNames:
 
     def __call__(self, name: str) -> str:
         return f"{name.split('#', 1)[0]}#{next(self._counter)}"
-
-
-def _kids(p: Pattern) -> tuple[Pattern, ...]:
-    """The sub-patterns that renaming rebuilds (a definition's body is its own scope)."""
-    match p:
-        case PApp(_, args, _) | PFunVar(_, args, _, _):
-            return args
-        case PAlt(left, right):
-            return (left, right)
-        case PGuard(pat, _, _):
-            return (pat,)
-        case PExists(_, body, _):
-            return (body,)
-        case PConstr(pat, _, constraint, _):
-            return (pat, constraint)
-    return ()
 
 
 # Per definition body: (body, the names of the recursive references it leaves free).
@@ -98,7 +83,7 @@ def free_references(body: Pattern) -> frozenset[str]:
                 if got is None or got[0] is not q.body:
                     todo.append(q.body)
                 continue
-            stack.extend(_kids(q))
+            stack.extend(children(q, into_mu=False))
     free: frozenset[str] = frozenset()
     for b in reversed(order):  # innermost first
         names: set[str] = set()
@@ -112,7 +97,7 @@ def free_references(body: Pattern) -> frozenset[str]:
                 inner = got[1] if got is not None and got[0] is q.body else free_references(q.body)
                 names |= inner - {q.name}
             else:
-                stack.extend(_kids(q))
+                stack.extend(children(q, into_mu=False))
         free = frozenset(names)
         if len(_FREE) >= 4096:
             _FREE.clear()
@@ -134,7 +119,7 @@ def _replace_calls(p: Pattern, mu: PMu) -> Pattern:
                 body = out.pop()
                 out.append(PMu(q.name, q.params, q.args, body))
                 continue
-            kids = _kids(q)
+            kids = children(q, into_mu=False)
             n = len(kids)
             new = out[len(out) - n :]
             del out[len(out) - n :]
@@ -153,14 +138,14 @@ def _replace_calls(p: Pattern, mu: PMu) -> Pattern:
                     todo.append((body, False))
             case PApp() | PFunVar() | PAlt() | PGuard() | PExists() | PConstr():
                 todo.append((q, True))
-                todo.extend((c, False) for c in reversed(_kids(q)))
+                todo.extend((c, False) for c in reversed(children(q, into_mu=False)))
             case _:
                 raise TypeError(f"not a pattern: {q!r}")
     return out[0]
 
 
 def _rebuild(q: Pattern, kids: list[Pattern]) -> Pattern:
-    """``q`` with its sub-patterns (those of :func:`_kids`) replaced by ``kids``."""
+    """``q`` with its sub-patterns (its ``children(q, into_mu=False)``) replaced by ``kids``."""
     match q:
         case PApp(op, _, index):
             return PApp(op, tuple(kids), index)
@@ -233,7 +218,7 @@ def _rename(p: Pattern, env: dict[str, Arg], fresh: FreshNames) -> Pattern:
     while todo:
         q, env, built = todo.pop()
         if built is not None:  # every sub-pattern is renamed: rebuild q
-            kids = _kids(q)
+            kids = children(q, into_mu=False)
             n = len(kids)
             new = out[len(out) - n :]
             del out[len(out) - n :]
@@ -280,7 +265,7 @@ def _rename(p: Pattern, env: dict[str, Arg], fresh: FreshNames) -> Pattern:
                 todo.append((q, env, True))
             case _:
                 raise TypeError(f"not a pattern: {q!r}")
-        todo.extend((c, env, None) for c in reversed(_kids(q)))
+        todo.extend((c, env, None) for c in reversed(children(q, into_mu=False)))
     return out[0]
 
 

@@ -14,6 +14,7 @@ import pytest
 from pypm_jax.core.calculus import (
     PAlt,
     PApp,
+    PatternDef,
     PCall,
     PConst,
     PConstr,
@@ -234,3 +235,14 @@ def test_each_unfolding_names_its_existentials_afresh_and_deterministically():
 def test_a_non_pattern_is_a_type_error():
     with pytest.raises(TypeError, match="not a pattern"):
         step(running({}, M.AMatch("x", a)))
+
+
+def test_a_solution_keeps_the_terms_its_applications_and_literals_matched():
+    two, neg = const(2), Neg(a)
+    t = Mul(neg, two)
+    st = step(running({}, M.AMatch(PApp(Mul, (PVar("x"), PConst(2))), t)))
+    assert st.covered == (t, None)  # ST-Match-Fun adds its term beside the state
+    p = PAlt(PApp(Mul, (PApp(Relu, (PVar("x"),)), PVar("y"))), PApp(Mul, (PVar("x"), PConst(2))))
+    ((m, covered),) = M.match_all_covered(PatternDef("P", (), p), t)
+    assert m.theta == {"x": neg} and covered == (t, two)  # the failed branch's Mul is gone
+    assert [M.covered(s) for s in M.successes(PApp(Neg, (PVar("x"),)), neg)] == [(neg,)]

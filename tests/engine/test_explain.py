@@ -18,6 +18,7 @@ from pypm_jax.core.calculus import (
     PatternDef,
     PCall,
     PConst,
+    PConstr,
     PExists,
     PFunVar,
     PGuard,
@@ -268,3 +269,62 @@ def test_the_semantics_doc_example_runs(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "semantics_md_example.py" in out and ": assert x.rank == 2" in out
     assert "with x.rank = 3" in out
+
+
+# ------------------------------------------------------------------ the observed machine
+
+
+class _Recorder:
+    """An observer that writes down what the machine reports."""
+
+    def __init__(self):
+        self.events = []
+
+    def step(self, kind, a, b, theta, phi):
+        self.events.append(("step", kind, a))
+
+    def fail(self, kind, a, b, theta, phi):
+        self.events.append(("fail", kind, a))
+
+    def choice(self):
+        self.events.append(("choice",))
+
+    def backtrack(self):
+        self.events.append(("backtrack",))
+
+
+def test_the_machine_reports_each_transition_to_its_observer():
+    from pypm_jax.engine.machine import _observed
+
+    g = PGuard(X, ECmp("==", EAttr("x", "rank"), EConst(2)))  # a has rank 2
+    left, right = PApp(G2, (X, PConst(2))), PApp(G2, (X, Y))
+    body = PConstr(PAlt(left, right), "x", g)
+    rec = _Recorder()
+    t = G2(A, B)
+    theta, _, struct = next(_observed()(body, t, observer=rec))
+    assert theta == {"x": A, "y": B} and struct == (t,)
+    assert rec.events == [
+        ("choice",),
+        ("step", "match", left),
+        ("step", "bind", X),
+        ("fail", "match", PConst(2)),  # b is not the literal 2
+        ("backtrack",),
+        ("step", "match", right),
+        ("step", "bind", X),
+        ("step", "bind", Y),
+        ("step", "constraint", "x"),
+        ("step", "same", X),
+        ("step", "guard", g),
+    ]
+
+
+def test_the_unobserved_machine_carries_no_observer_code():
+    import dis
+
+    from pypm_jax.engine import machine
+
+    plain = {i.argval for i in dis.get_instructions(machine._trail_machine)}
+    observed = {i.argval for i in dis.get_instructions(machine._observed())}
+    assert "observer" not in plain and "_OBSERVED" not in plain
+    assert {"observer", "step", "fail", "choice", "backtrack"} <= observed
+    assert machine._observed().__globals__["_OBSERVED"] and not machine._OBSERVED

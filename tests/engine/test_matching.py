@@ -30,6 +30,8 @@ from pypm_jax.core.errors import PatternDefinitionError
 from pypm_jax.core.graph import Graph
 from pypm_jax.core.terms import Operator, const, leaf
 from pypm_jax.engine import fast as _fast
+from pypm_jax.engine import machine as _trail
+from pypm_jax.engine import precheck as _precheck
 from pypm_jax.engine.fast import CompiledPattern, Matcher, compile_pattern
 from pypm_jax.engine.select import match_all, match_first
 from pypm_testing.engine import CAT, F1, F2, F32, G2, H2, SPLIT, A, B, C
@@ -364,7 +366,7 @@ def test_root_index_and_pre_check_see_constraints_on_the_root():
     assert _fast.root_operators(p) == frozenset({F1})
     cp = CompiledPattern(p, backend="machine")
     assert cp._shape is not None
-    assert not _fast._fits(cp._shape, F1(A)) and _fast._fits(cp._shape, F1(F2(A)))
+    assert not _precheck._fits(cp._shape, F1(A)) and _precheck._fits(cp._shape, F1(F2(A)))
     assert cp.first(F1(A)) is None
     m = _fast.match_first(p, F1(F2(B)))
     assert m is not None and m["x"] is B
@@ -378,7 +380,7 @@ def test_machine_unfolds_bodies_whose_existential_nodes_are_shared():
     e = PExists("e", PApp(F1, (PVar("e"),)), "term")
     body = PAlt(PApp(G2, (e, PCall("U", ("u",)))), PAlt(PApp(F2, (e,)), PVar("u")))
     p = pdef(PMu("U", (Param("u"),), ("x",), body), "x")
-    assert _fast._body_info(body).shared
+    assert _trail._body_info(body).shared
     cp = CompiledPattern(p, backend="machine")
     for t in (G2(F1(A), F2(F1(B))), G2(F1(A), B), F2(F1(C))):
         got = [(th, ph) for th, ph, _ in cp.solutions(t)]

@@ -131,6 +131,25 @@ def test_single_use_rule_fires_once_the_other_reader_is_gone():
     assert [r.rule for r in report] == ["drop", "fuse1"]  # fuse1 waited for drop
 
 
+def test_the_reference_driver_needs_no_compiled_pattern(monkeypatch):
+    from pypm_jax.engine import compiled
+
+    def refuse(pdef):
+        raise AssertionError(f"the reference driver compiled {pdef.name}")
+
+    monkeypatch.setattr(compiled, "_compiled", type(compiled._compiled)(refuse))
+    pat = pdef("F1F2", PApp(F1, (PApp(F2, (X,)),)), "x")
+    single = rule("fuse1", pat, RApp(FUSED, (RVar("x"),)), single_use=True)
+    g = Graph([F1(F2(B))])
+    (record,) = rewrite(g, [single], engine="reference").report
+    assert len(record.replaced) == 2 and g.to_terms() == [FUSED(B)]  # the match covers F2(b)
+    inner = F2(A)
+    shared = Graph([F1(inner), G2(inner, B)])  # F2(a), covered, is read outside the match
+    assert not rewrite(shared, [single], engine="reference").report
+    with pytest.raises(AssertionError, match="compiled F1F2"):
+        rewrite(Graph([F1(F2(B))]), [single], engine="fast")
+
+
 def test_cycles_raise_naming_the_rules_of_the_cycle():
     unrelated = rule("g2_to_h2", pdef("G2xy", PApp(G2, (X, Y)), "x", "y"),
                      RApp(H2, (RVar("x"), RVar("y"))))  # fmt: skip

@@ -22,6 +22,7 @@ import pytest
 
 import pypm_jax as pm
 import pypm_jax.rules as R
+from pypm_jax.engine import compiled as _compiled
 from pypm_jax.engine import fast as _fast
 from pypm_jax.engine.rewrite import guarded_pattern
 from pypm_jax.jax import lift, prims
@@ -102,7 +103,7 @@ def test_a_load_gives_what_the_frontend_builds(frontend_runs):
         # the pattern the driver compiles is primed from its summary, for the machine (also
         # the causal rules', which would be generated code), as compiling it would decide
         pdef = guarded_pattern(b.definition)
-        assert id(pdef) in _fast._compiled.entries
+        assert id(pdef) in _compiled._compiled.entries
         fresh = _fast.CompiledPattern(guarded_pattern(a.definition), backend="machine")
         primed = _fast.compile_pattern(pdef)
         assert primed.backend == "machine"
@@ -226,7 +227,7 @@ def test_a_summary_that_does_not_fit_is_compiled_as_usual(tmp_path, caplog):
     assert all(r._definition is not None for r in rules)  # definitions loaded
     assert "does not fit" in _debug_lines(caplog)
     for r in rules:
-        assert id(guarded_pattern(r.definition)) not in _fast._compiled.entries
+        assert id(guarded_pattern(r.definition)) not in _compiled._compiled.entries
 
 
 def test_regenerate_writes_atomically_for_every_reader(tmp_path):

@@ -1,0 +1,441 @@
+"""Static analyses of patterns for the fast engine, each computed once per pattern object.
+
+Which definitions are recursive, closed, or bind which parameters on every solution
+(``_def_facts``, ``_definitely_bound``); how large generated code for a pattern would be
+(``_paths``); the operators a match can be rooted at (``root_operators``); whether
+matching a pattern can raise (``_error_free``); which recursive calls the machine may
+table (``_tabling``). Walks are loops over :func:`pypm_jax.core.calculus.children`
+wherever a construct's children are all that matters.
+"""
+
+from __future__ import annotations
+
+__all__ = ["has_recursion", "root_operators"]
+
+from collections.abc import Callable
+from typing import Any
+
+from ..core.calculus import (
+    EAttr,
+    EOpAttr,
+    Expr,
+    PAlt,
+    PApp,
+    Pattern,
+    PatternDef,
+    PCall,
+    PConst,
+    PConstr,
+    PExists,
+    PFunVar,
+    PGuard,
+    PMu,
+    PVar,
+    children,
+    expr_children,
+)
+from ..core.terms import CONST, Operator
+from ..semantics.subst import FreshNames, unfold
+
+# Entries kept per compile cache (patterns, guards, μ-bodies) before it is cleared.
+_CACHE_LIMIT = 4096
+
+
+class _ByIdentity:
+    """A cache keyed by an object's identity (patterns are compared by identity: equal-
+    looking ones may differ, see ``compile_pattern``). It holds the key object, so its id is
+    not reused while its entry lives; bounded by clearing when full."""
+
+    __slots__ = ("make", "entries")
+
+    def __init__(self, make: Callable[[Any], Any]):
+        self.make = make
+        self.entries: dict[int, tuple[Any, Any]] = {}
+
+    def __call__(self, key: Any) -> Any:
+        hit = self.entries.get(id(key))
+        if hit is not None and hit[0] is key:
+            return hit[1]
+        return self.put(key, self.make(key))
+
+    def put(self, key: Any, value: Any) -> Any:
+        """Make ``value`` the entry of ``key`` (as if made for it); returns it."""
+        if len(self.entries) >= _CACHE_LIMIT:
+            self.entries.clear()
+        self.entries[id(key)] = (key, value)
+        return value
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+class _Unsupported(Exception):
+    """This pattern is left to the iterative machine."""
+
+
+def _plain_names(p: Pattern, out: set[str]) -> None:
+    """Collect every variable name written in a pattern (to check none contains ``#``)."""
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        match q:
+            case PVar(name):
+                out.add(name)
+            case PFunVar(var) | PExists(var) | PConstr(_, var):
+                out.add(var)
+            case PGuard(_, guard):
+                _expr_names(guard, out)
+            case PMu(_, params, args):
+                out.update(x.name for x in params)
+                out.update(a for a in args if isinstance(a, str))
+            case PCall(_, args):
+                out.update(a for a in args if isinstance(a, str))
+        stack.extend(children(q))
+
+
+def _expr_names(e: Expr, out: set[str]) -> None:
+    """Collect the variable names a guard reads."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, EAttr | EOpAttr):
+            out.add(x.var)
+        stack.extend(expr_children(x))
+
+
+def _has_call(p: Pattern) -> bool:
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, PCall):
+            return True
+        stack.extend(children(q))
+    return False
+
+
+def _calls_self(mu: PMu) -> bool:
+    """Does ``mu``'s body refer to ``mu`` itself (a recursive definition)?"""
+    return mu.name in _def_facts(mu.name, mu.params, mu.body)[1]
+
+
+def _closed(mu: PMu) -> bool:
+    """Does ``mu`` (its arguments aside) mention only its parameters, variables it binds
+    with ∃ and definitions inside it? Then a machine run of it needs only the caller's
+    bindings of its arguments."""
+    closed, free, _, _ = _def_facts(mu.name, mu.params, mu.body)
+    return closed and free <= {mu.name}
+
+
+def has_recursion(mu: PMu) -> bool:
+    """Is there a recursive reference anywhere in ``mu``'s body (nested definitions too)?"""
+    return _def_facts(mu.name, mu.params, mu.body)[3]
+
+
+# Per definition body: (body, params, (closed, free references, has ∃)) -- see _def_facts.
+_FACTS: dict[int, tuple[Pattern, tuple, tuple[bool, frozenset[str], bool, bool]]] = {}
+
+
+def _def_facts(name: str, params: tuple, body: Pattern) -> tuple[bool, frozenset[str], bool, bool]:
+    """Facts about a definition ``μname(params). body``, computed bottom-up over the
+    definitions nested in it (each once, cached per body, with loops, never recursion):
+    whether every variable it reads is a parameter or bound by an ∃ in scope (nested
+    definitions alike, with their own parameters); the names of the recursive references
+    it leaves free; whether it has an ∃ anywhere; whether it has a recursive reference
+    anywhere."""
+    hit = _FACTS.get(id(body))
+    if hit is not None and hit[0] is body and hit[1] == params:
+        return hit[2]
+    order: list[tuple[tuple, Pattern]] = []
+    todo: list[tuple[tuple, Pattern]] = [(params, body)]
+    while todo:
+        d = todo.pop()
+        order.append(d)
+        for m in _nested_defs(d[1]):
+            got = _FACTS.get(id(m.body))
+            if got is None or got[0] is not m.body or got[1] != m.params:
+                todo.append((m.params, m.body))
+    facts = (False, frozenset(), True, True)
+    for d_params, d_body in reversed(order):  # nested definitions first
+        facts = _local_facts(d_params, d_body)
+        if len(_FACTS) >= _CACHE_LIMIT:
+            _FACTS.clear()
+        _FACTS[id(d_body)] = (d_body, d_params, facts)
+    return facts
+
+
+def _nested_defs(body: Pattern) -> list[PMu]:
+    """The definitions directly inside ``body`` (not inside their own bodies)."""
+    found: list[PMu] = []
+    stack = [body]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, PMu):
+            found.append(q)
+            continue
+        stack.extend(children(q))
+    return found
+
+
+def _local_facts(params: tuple, body: Pattern) -> tuple[bool, frozenset[str], bool, bool]:
+    """``_def_facts`` of one body, those of the definitions inside it read from the cache."""
+    closed = True
+    free: set[str] = set()
+    has_exists = has_call = False
+    stack: list[tuple[Pattern, frozenset[str]]] = [(body, frozenset(x.name for x in params))]
+    while stack:
+        p, names = stack.pop()
+        cls = type(p)
+        if cls is PVar:
+            closed = closed and p.name in names
+        elif cls is PFunVar or cls is PConstr:
+            closed = closed and p.var in names
+        elif cls is PGuard:
+            used: set[str] = set()
+            _expr_names(p.guard, used)
+            closed = closed and used <= names
+        elif cls is PExists:
+            has_exists = True
+            names = names | {p.var}
+        elif cls is PMu:
+            closed = closed and all(not isinstance(a, str) or a in names for a in p.args)
+            hit = _FACTS.get(id(p.body))
+            if hit is None or hit[0] is not p.body:
+                inner = _def_facts(p.name, p.params, p.body)  # (only if evicted meanwhile)
+            else:
+                inner = hit[2]
+            closed = closed and inner[0]
+            free |= inner[1] - {p.name}
+            has_exists = has_exists or inner[2]
+            has_call = has_call or inner[3]
+        elif cls is PCall:
+            has_call = True
+            free.add(p.name)
+            closed = closed and all(not isinstance(a, str) or a in names for a in p.args)
+        elif cls is not PApp and cls is not PAlt and cls is not PConst:
+            closed = False  # (not a pattern)
+        stack.extend((c, names) for c in children(p, into_mu=False))
+    return closed, frozenset(free), has_exists, has_call
+
+
+def _definitely_bound(mu: PMu) -> frozenset[int]:
+    """Indices of ``mu``'s parameters that every solution of it binds (greatest fixpoint
+    over the recursive references), so generated code knows them bound after a call."""
+
+    def binds(p: Pattern, assumed: dict[str, tuple[tuple[str, ...], frozenset[int]]]) -> set:
+        match p:
+            case PVar(name):
+                return {name}
+            case PConst():
+                return set()
+            case PApp(_, args, _):
+                return set().union(*(binds(a, assumed) for a in args))
+            case PFunVar(var, args, _, _):
+                return {var}.union(*(binds(a, assumed) for a in args))
+            case PAlt(left, right):
+                return binds(left, assumed) & binds(right, assumed)
+            case PGuard(pat, _):
+                return binds(pat, assumed)
+            case PExists(var, body, _):
+                return binds(body, assumed) - {var}
+            case PConstr(pat, _, constraint):
+                return binds(pat, assumed) | binds(constraint, assumed)
+            case PMu(name, params, args, body):
+                got = fixpoint(name, params, body, assumed)
+                return {args[i] for i in got if isinstance(args[i], str)}
+            case PCall(name, args):
+                entry = assumed.get(name)
+                if entry is None:
+                    return set()
+                return {args[i] for i in entry[1] if isinstance(args[i], str)}
+        return set()
+
+    def fixpoint(name, params, body, assumed) -> frozenset[int]:
+        names = tuple(x.name for x in params)
+        current = frozenset(range(len(params)))
+        while True:
+            inner = {**assumed, name: (names, current)}
+            got = binds(body, inner)
+            new = frozenset(i for i, n in enumerate(names) if n in got) & current
+            if new == current:
+                return current
+            current = new
+
+    try:
+        return fixpoint(mu.name, mu.params, mu.body, {})
+    except RecursionError:
+        return frozenset()
+
+
+def _paths(p: Pattern, budget: list[int]) -> tuple[int, int]:
+    """(code paths, pattern nodes) of the generated code for ``p``, roughly: each alternate
+    duplicates what follows it, so paths multiply along a sequence and add across an
+    alternate. Lets ``_generate`` give up before spending time on hopeless patterns."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _Unsupported("pattern too large to generate")
+    match p:
+        case PApp(_, args, _) | PFunVar(_, args, _, _):
+            paths, nodes = 1, 1
+            for a in args:
+                ap, an = _paths(a, budget)
+                paths, nodes = paths * ap, nodes + an
+            return paths, nodes
+        case PAlt(left, right):
+            lp, ln = _paths(left, budget)
+            rp, rn = _paths(right, budget)
+            return lp + rp, ln + rn + 1
+        case PConstr(pat, _, constraint):
+            pp, pn = _paths(pat, budget)
+            cp, cn = _paths(constraint, budget)
+            return pp * cp, pn + cn + 1
+        case PGuard(pat, _) | PExists(_, pat, _):
+            pp, pn = _paths(pat, budget)
+            return pp, pn + 1
+        case PMu():
+            return _mu_paths(p, budget)
+    return 1, 1
+
+
+# _paths of a definition depends on its body, name and parameters, and on which arguments
+# are operators (renaming turns F(...) into an application and fails on a term variable
+# bound to an operator), never on the names: (body, paths, nodes, budget spent) per such
+# key, so a definition used at many sites is unfolded and walked once.
+_MU_PATHS: dict[tuple, tuple[Pattern, int, int, int]] = {}
+
+
+def _mu_paths(mu: PMu, budget: list[int]) -> tuple[int, int]:
+    key = (id(mu.body), mu.name, mu.params, tuple(isinstance(a, Operator) for a in mu.args))
+    hit = _MU_PATHS.get(key)
+    if hit is not None and hit[0] is mu.body:
+        budget[0] -= hit[3]
+        if budget[0] < 0:  # where the walk would have run out
+            raise _Unsupported("pattern too large to generate")
+        return hit[1], hit[2]
+    before = budget[0]
+    if _calls_self(mu):  # a recursive definition: not unfolded (the machine runs it)
+        paths, nodes = 1, 1
+    else:
+        try:
+            paths, nodes = _paths(unfold(mu, FreshNames()), budget)
+        except TypeError:
+            paths, nodes = 1, 1
+    if len(_MU_PATHS) >= _CACHE_LIMIT:
+        _MU_PATHS.clear()
+    _MU_PATHS[key] = (mu.body, paths, nodes, before - budget[0])
+    return paths, nodes
+
+
+def _tabling(name: str, params: tuple, body: Pattern) -> tuple[bool, bool]:
+    """(may a call of this definition be tabled: it is recursive and closed; has it an ∃
+    anywhere, so that only the ``distinct`` mode tables it)."""
+    closed, free, has_exists, _ = _def_facts(name, params, body)
+    return closed and free == {name}, has_exists
+
+
+def _root_ops(p: Pattern, budget: list[int]) -> frozenset[Operator] | None:
+    """The operators a term matched by ``p`` can have at its root; None = any."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return None
+    match p:
+        case PApp(op, _, _):
+            return frozenset((op,))
+        case PConst():
+            return frozenset((CONST,))
+        case PAlt(left, right):
+            a = _root_ops(left, budget)
+            b = _root_ops(right, budget) if a is not None else None
+            return None if a is None or b is None else a | b
+        case PConstr(pat, var, constraint):
+            a = _root_ops(pat, budget)
+            if _root_var(pat) != var:
+                return a
+            # `x <= q` where x is the root itself: the root matches q too
+            b = _root_ops(constraint, budget)
+            return b if a is None else a if b is None else a & b
+        case PGuard(pat, _) | PExists(_, pat, _):
+            return _root_ops(pat, budget)
+        case PMu():
+            try:
+                return _root_ops(unfold(p, FreshNames()), budget)
+            except TypeError:
+                return None
+    return None  # PVar, PFunVar, PCall: anything
+
+
+def _root_var(p: Pattern) -> str | None:
+    """The variable that the first action of matching ``p`` binds to the root, if any."""
+    while True:
+        match p:
+            case PVar(name):
+                return name
+            case PGuard(pat, _) | PExists(_, pat, _) | PConstr(pat, _, _):
+                p = pat
+            case _:
+                return None
+
+
+def root_operators(pdef: PatternDef) -> frozenset[Operator] | None:
+    """Operators a match of ``pdef`` can be rooted at, or None when it can be any."""
+    try:
+        return _root_ops(pdef.body, [1000])
+    except RecursionError:  # a pattern too deep to walk this way: any root
+        return None
+
+
+def _error_free(body: Pattern) -> bool:
+    """Can matching ``body`` never raise (every recursive reference bound, no definition
+    instantiated with an operator)? Only then may a pre-check skip running it: the machine
+    must raise where the reference would."""
+    try:
+        return _unbound_calls(body) == frozenset()
+    except RecursionError:  # definitions nested too deep for the memo's recursion
+        return _error_free_walk(body)
+
+
+# The names of the recursive references a definition's body leaves unbound, or None when a
+# reference or definition in it takes an operator argument: per body object, so a body
+# shared by many call sites (a sub-pattern's definition) is walked once.
+_UNBOUND: dict[int, tuple[Pattern, frozenset[str] | None]] = {}
+
+
+def _unbound_calls(p: Pattern) -> frozenset[str] | None:
+    """What ``_error_free_walk`` checks, bottom-up: the reference names ``p`` leaves unbound
+    (None: some definition or reference in ``p`` takes an operator argument)."""
+    free: set[str] = set()
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        if isinstance(q, PMu | PCall):
+            if any(not isinstance(a, str) for a in q.args):
+                return None
+            if isinstance(q, PCall):
+                free.add(q.name)
+                continue
+            hit = _UNBOUND.get(id(q.body))
+            if hit is None or hit[0] is not q.body:
+                hit = (q.body, _unbound_calls(q.body))
+                if len(_UNBOUND) >= _CACHE_LIMIT:
+                    _UNBOUND.clear()
+                _UNBOUND[id(q.body)] = hit
+            if hit[1] is None:
+                return None
+            free |= hit[1] - {q.name}
+            continue
+        stack.extend(children(q))
+    return frozenset(free)
+
+
+def _error_free_walk(body: Pattern) -> bool:
+    stack: list[tuple[Pattern, frozenset[str]]] = [(body, frozenset())]
+    while stack:
+        q, defs = stack.pop()
+        if isinstance(q, PMu | PCall):
+            if any(not isinstance(a, str) for a in q.args):
+                return False
+            if isinstance(q, PCall) and q.name not in defs:
+                return False
+            if isinstance(q, PMu):
+                defs = defs | {q.name}
+        stack.extend((c, defs) for c in children(q))
+    return True

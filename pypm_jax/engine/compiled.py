@@ -1,0 +1,246 @@
+"""Compiled patterns: generated code where it can be made, else the machine behind its
+pre-check; and their summaries (what compiling decided, as JSON values).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CompiledPattern",
+    "compile_pattern",
+    "match_first",
+    "match_all",
+    "solutions",
+    "summary",
+    "from_summary",
+]
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..core.calculus import (
+    PApp,
+    Pattern,
+    PatternDef,
+    PCall,
+    PMu,
+    children,
+)
+from ..core.match import Match
+from ..core.terms import CONST, Operator
+from .analysis import _ByIdentity, _calls_self, _Unsupported, root_operators
+from .codegen import _generate
+from .machine import MatchRun, RawSolution, _trail_machine
+from .precheck import _SHAPE_DEPTH, _fits, _prefilter, _Shape
+
+
+class CompiledPattern:
+    """A pattern ready to match: ``first(t)`` and ``solutions(t)`` give raw solutions
+    ``(θ, φ, matched terms)``, the first one being the same in both.
+
+    ``backend`` says which engine runs it ("generated" or "machine"); ``source`` holds the
+    generated Python for inspection (empty for the machine).
+    """
+
+    __slots__ = ("pdef", "backend", "source", "root_ops", "unique", "_first", "_all", "_shape")
+
+    def __init__(self, pdef: PatternDef, *, backend: str | None = None):
+        self.pdef = pdef
+        self.root_ops = root_operators(pdef)
+        self.source = ""
+        self.backend = "machine"
+        self.unique = False  # True: at most one solution, so first() is all there is
+        body = pdef.body
+        if backend != "machine" and not (isinstance(body, PMu) and _calls_self(body)):
+            # (a pattern that is one recursive definition gains nothing from a wrapper)
+            try:
+                self._first, self._all, self.source, self.unique = _generate(body)
+                self.backend = "generated"
+            except _Unsupported:
+                if backend == "generated":
+                    raise
+            except RecursionError:  # too deep to compile: the machine runs it
+                if backend == "generated":
+                    raise _Unsupported("pattern too deep to generate") from None
+        if self.backend == "machine":
+            self._shape = _prefilter(body)
+            self._all = self._machine_all
+            self._first = self._machine_first
+
+    def _machine_first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:
+        if self._shape is not None and not _fits(self._shape, t):
+            return None
+        for sol in _trail_machine(self.pdef.body, t, run=run):
+            return sol
+        return None
+
+    def _machine_all(self, t: Any, run: MatchRun | None = None) -> Iterator[RawSolution]:
+        if self._shape is not None and not _fits(self._shape, t):
+            return iter(())
+        return _trail_machine(self.pdef.body, t, run=run)
+
+    def first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:
+        """The machine's first (θ, φ, matched terms) at ``t``, or None."""
+        return self._first(t, run)
+
+    def solutions(self, t: Any, run: MatchRun | None = None) -> Iterator[RawSolution]:
+        """Every (θ, φ, matched terms) in exploration order, repeats included.
+
+        The matched terms are those the pattern's applications and literals matched (the
+        match's structure, used by the rewrite driver to know which nodes a match covers).
+        ``run`` (a :class:`MatchRun`) bounds and observes the work; with
+        ``run.distinct`` repeats of a tabled call's answers are left out (the solutions'
+        parameters, deduplicated, are the same in the same order).
+        """
+        return self._all(t, run)
+
+    def __repr__(self) -> str:
+        return f"<CompiledPattern {self.pdef.name} ({self.backend})>"
+
+
+_compiled = _ByIdentity(CompiledPattern)
+
+
+# ------------------------------------------------------- summaries of compiled patterns
+#
+# What compiling a pattern for the machine decides (no generated code; its root operators;
+# its pre-check) is data: a summary in JSON values, operators by qualified name. Summaries
+# shipped with the package (the standard rules', pypm_jax.rules._prebuilt) let a new process
+# skip deciding again; they hold no code, and a summary that does not fit its pattern is
+# refused, so the pattern is compiled as usual.
+
+
+def summary(cp: CompiledPattern) -> dict[str, Any] | None:
+    """``cp``'s decisions as JSON values, or None for generated code (not summarized)."""
+    if cp.backend != "machine":
+        return None
+
+    def shape(sh: _Shape) -> Any:
+        if sh is None:
+            return None
+        return [
+            [
+                None if op is None else op.qualname,
+                n,
+                None if kids is None else [shape(k) for k in kids],
+            ]
+            for op, n, kids in sh
+        ]
+
+    roots = None if cp.root_ops is None else sorted(op.qualname for op in cp.root_ops)
+    return {"backend": "machine", "root_ops": roots, "shape": shape(cp._shape)}
+
+
+def _operators_of(p: Pattern) -> dict[str, Operator]:
+    """The operators a pattern names (applications, and operator arguments of definitions
+    and references), by qualified name."""
+    found: dict[str, Operator] = {}
+    seen: set[int] = set()
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        if id(q) in seen:
+            continue
+        seen.add(id(q))
+        if isinstance(q, PApp):
+            found[q.op.qualname] = q.op
+        elif isinstance(q, PMu | PCall):
+            for a in q.args:
+                if isinstance(a, Operator):
+                    found[a.qualname] = a
+        stack.extend(children(q))
+    return found
+
+
+def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
+    """The compiled form of ``pdef`` that ``data`` (from :func:`summary`) describes, made
+    the one ``compile_pattern(pdef)`` returns; None (nothing changed) when ``data`` is not a
+    well-formed summary naming only operators of ``pdef``."""
+    ops = _operators_of(pdef.body)
+    ops[CONST.qualname] = CONST
+
+    def op_of(name: Any) -> Operator | None:
+        if name is None:
+            return None
+        return ops[name]  # KeyError: an operator the pattern does not name
+
+    def shape(raw: Any, depth: int) -> _Shape:
+        if raw is None:
+            return None
+        if type(raw) is not list or not raw or depth > _SHAPE_DEPTH:
+            raise ValueError("not a shape")
+        out = []
+        for alt in raw:
+            if type(alt) is not list or len(alt) != 3:
+                raise ValueError("not a shape alternative")
+            name, n, kids = alt
+            if n is not None and (type(n) is not int or n < 0):
+                raise ValueError("not an arity")
+            if kids is not None:
+                if type(kids) is not list or n is None or len(kids) != n:
+                    raise ValueError("kids do not match the arity")
+                kids = tuple(shape(k, depth + 1) for k in kids)
+            out.append((op_of(name), n, kids))
+        return out
+
+    try:
+        if type(data) is not dict or data.get("backend") != "machine":
+            return None
+        roots = data.get("root_ops")
+        if roots is not None and type(roots) is not list:
+            return None
+        root_ops = None if roots is None else frozenset(op_of(n) for n in roots)
+        pre = shape(data.get("shape"), 0)
+    except (KeyError, ValueError, TypeError):
+        return None
+    if root_ops is not None and None in root_ops:
+        return None
+    cp = CompiledPattern.__new__(CompiledPattern)
+    cp.pdef = pdef
+    cp.root_ops = root_ops
+    cp.source = ""
+    cp.backend = "machine"
+    cp.unique = False
+    cp._shape = pre
+    cp._all = cp._machine_all
+    cp._first = cp._machine_first
+    return _compiled.put(pdef, cp)
+
+
+def compile_pattern(pdef: PatternDef) -> CompiledPattern:
+    """The compiled form of ``pdef``, built once per definition object.
+
+    Cached by identity, not by value: dataclass equality calls ``EConst(1)`` and
+    ``EConst(1.0)`` equal, yet a guard such as ``str(c) == "1"`` tells them apart, so two
+    equal-looking definitions may not share generated code.
+    """
+    return _compiled(pdef)
+
+
+# ------------------------------------------------------------------------- the public API
+
+
+def match_first(pdef: PatternDef, t: Any, *, budget: int | None = None) -> Match | None:
+    """The reference machine's first solution for ``pdef`` at ``t``, or None.
+
+    Its parameters are the reference's; θ leaves out the local variables bound inside
+    tabled recursive calls. ``budget``: raise ``MatchBudgetError`` past that many steps."""
+    sol = compile_pattern(pdef).first(t, MatchRun(budget, distinct=True))
+    return None if sol is None else Match(pdef, t, sol[0], sol[1], owned=True)
+
+
+def match_all(pdef: PatternDef, t: Any, *, budget: int | None = None) -> Iterator[Match]:
+    """Every solution in the machine's exploration order, dropping repeated parameters."""
+    seen: set[tuple[tuple[str, int], ...]] = set()
+    for theta, phi, _ in compile_pattern(pdef).solutions(t, MatchRun(budget, distinct=True)):
+        m = Match(pdef, t, theta, phi, owned=True)
+        key = m.key()
+        if key not in seen:
+            seen.add(key)
+            yield m
+
+
+def solutions(p: Pattern, t: Any) -> Iterator[tuple[dict[str, Any], dict[str, Operator]]]:
+    """Every (θ, φ) of a bare pattern in exploration order, as ``_machine.solutions``."""
+    cp = compile_pattern(PatternDef("<pattern>", (), p))
+    for theta, phi, _ in cp.solutions(t):
+        yield theta, phi
