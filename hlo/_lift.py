@@ -333,7 +333,7 @@ class _Lifter:
             source = None
             for file, line in loc.frames:
                 if not is_library_file(file):
-                    source = self._source(file, line)
+                    source = source_loc(file, line)
                     break
             name = next((n for n in loc.names if not n.endswith(":")), "")
             own = module_path(name)
@@ -343,9 +343,6 @@ class _Lifter:
                 path = own or site.path
             found = self.wheres[key] = (source or site.loc, path)
         return found
-
-    def _source(self, file: str, line: int) -> SourceLoc:
-        return source_loc(file, line)
 
     # ---------------------------------------------------------------- ops
 
