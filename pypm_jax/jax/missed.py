@@ -105,9 +105,9 @@ def _producers(n: Node) -> Iterator[Node]:
             yield v.node
 
 
-def _users(n: Node) -> Iterator[Node]:
+def _users(g: Graph, n: Node) -> Iterator[Node]:
     for v in n.outputs:
-        yield from list(v._users)  # (a list or a dict of readers)
+        yield from g.users(v)
 
 
 def _contraction(n: Node) -> bool:
@@ -141,13 +141,13 @@ def _softmax_source(d2: Node) -> Node | None:
     return None
 
 
-def _activation(d: Node) -> Node | None:
+def _activation(g: Graph, d: Node) -> Node | None:
     """The nonlinear pointwise op ``d``'s value reaches through a few elementwise ops."""
     frontier, seen = [d], {d.id}
     for _ in range(_ACT_HOPS):
         nxt = []
         for n in frontier:
-            for u in _users(n):
+            for u in _users(g, n):
                 if u.id in seen or u.op.name not in _THROUGH:
                     continue
                 if u.op.name in _NONLINEAR:
@@ -171,18 +171,18 @@ def _sites(g: Graph) -> list[tuple[str, Node, list[Node]]]:
             out.append(("attention", d2, [d2]))
             in_attention |= {d1.id, d2.id}
     for d in dots:
-        if d.id not in in_attention and (act := _activation(d)) is not None:
+        if d.id not in in_attention and (act := _activation(g, d)) is not None:
             out.append(("gemm", d, [act]))
     return sorted(out, key=lambda s: s[1].id)
 
 
-def _near(anchors: Sequence[Node]) -> list[Value]:
+def _near(g: Graph, anchors: Sequence[Node]) -> list[Value]:
     """The values a rule for the site may start at: the anchors and what reads them, up to
     a few elementwise ops away."""
     seen = {n.id: n for n in anchors}
     frontier = list(anchors)
     for _ in range(_NEAR):
-        frontier = [u for n in frontier for u in _users(n) if u.id not in seen]
+        frontier = [u for n in frontier for u in _users(g, n) if u.id not in seen]
         for u in frontier:
             seen[u.id] = u
     return [v for n in seen.values() for v in n.outputs]
@@ -198,7 +198,7 @@ def _rank(a: Attempt) -> tuple[int, int]:
 def _why(rules: Sequence[RuleDef], g: Graph, anchors: Sequence[Node]) -> tuple[Any, Attempt | None]:
     """The rule that got furthest near the site and its attempt (None: no rule can start)."""
     best: tuple[RuleDef, Attempt] | None = None
-    values = _near(anchors)
+    values = _near(g, anchors)
     for rule in rules:
         roots = root_operators(rule.pattern)
         for v in values:
@@ -254,7 +254,7 @@ def missed_sites(prog: LiftedProgram | Graph, rules: Iterable[RuleDef]) -> Misse
     for g in _graphs(prog):
         for kind, anchor, anchors in _sites(g):
             rule, a = _why(rules, g, anchors)
-            meta = anchor._meta or {}
+            meta = anchor.metadata
             out.append(
                 MissedSite(
                     kind=kind,
