@@ -293,6 +293,7 @@ class Graph:
         # ``_stale`` counts those; ``_purge`` drops them once they are many.
         self._cse: dict[tuple[int, tuple[Value, ...]], Node] = {}
         self._sigs: dict[tuple, tuple[int, tuple[TypeSpec, ...]]] = {}  # -> (it, the types)
+        self._sig_ids = itertools.count()
         self._stale = 0
         self._next_id = 0
         self._topo_ok = True
@@ -420,7 +421,8 @@ class Graph:
             sigs = self._sigs
             found = sigs.get(sig_key)
             if found is None:
-                found = sigs[sig_key] = (len(sigs), _type_lists.get(t) or _intern_types(t))
+                types = _type_lists.get(t) or _intern_types(t)
+                found = sigs[sig_key] = (next(self._sig_ids), types)
             sig, types = found
             key = (sig, ins)
             found = self._cse.get(key)
@@ -812,7 +814,9 @@ class Graph:
     def _purge(self) -> None:
         """Drop the hash-consing table's stale entries once they are many (see Graph._cse)."""
         if self._stale > max(_STALE_MIN, len(self._cse) // 2):
-            self._cse = {k: n for k, n in self._cse.items() if n.alive and n._key == k}
+            self._cse = cse = {k: n for k, n in self._cse.items() if n.alive and n._key == k}
+            used = {k[0] for k in cse}  # (and the signatures no live node has)
+            self._sigs = {k: sig for k, sig in self._sigs.items() if sig[0] in used}
             self._stale = 0
 
     def dce(self) -> int:
@@ -843,9 +847,11 @@ class Graph:
         """Record every change from now on, so that :meth:`rollback` can undo them.
 
         Costs nothing up front but a copy of the node order at the first removal; per
-        change, a copy of the changed node's inputs and of its inputs' readers (once per
-        node and value). Changes are recorded one run at a time: a second ``begin`` before
-        ``commit`` or ``rollback`` is a :class:`~pypm_jax.core.errors.PyPMError`.
+        change, one tuple in a log (what undoing it needs: the node's old inputs, where it
+        was in a reader list) -- and a copy of a value's readers, once, where a value has
+        too many to list (a dict of readers). Changes are recorded one run at a time: a
+        second ``begin`` before ``commit`` or ``rollback`` is a
+        :class:`~pypm_jax.core.errors.PyPMError`.
         """
         if self._journal is not None:
             raise PyPMError("changes to this graph are already being recorded")

@@ -483,3 +483,19 @@ def test_hash_consing_forgets_removed_and_changed_nodes():
     assert g.remove_dead([b, b2]) == [b, b2] and not b.alive
     a2 = g.add_node(G2, [a.outputs[0], y])
     assert a2 is not b and a2.alive and a2.inputs == [a.outputs[0], y]
+
+
+def test_stale_hash_consing_entries_are_dropped_and_live_nodes_still_found():
+    g = Graph()
+    x = g.add_input("x", (2, 3), "f32")
+    y = g.add_input("y", (2, 3), "f32")
+    nodes = [g.add_node(G2, [x, g.add_const(float(i), (2, 3), "f32")]) for i in range(3000)]
+    g.set_outputs([n.outputs[0] for n in nodes])
+    for n in nodes:  # each change leaves the node's old entry stale
+        g.set_input(n, 0, y)
+    g.set_outputs([n.outputs[0] for n in nodes[::2]])
+    g.remove_dead(nodes[1::2])  # and so does each removal (of a node and its constant)
+    assert len(g._cse) < 2 * len(g)  # purged: about one entry per live node
+    for n in nodes[::2]:
+        assert g.add_node(G2, [y, n.inputs[1]]) is n
+        assert g.add_node(G2, [x, n.inputs[1]]) is not n
