@@ -102,6 +102,12 @@ _type_texts: dict[tuple[Any, Any], str] = {}  # (types repeat all over a model)
 def _freeze_attrs(attrs: Mapping[str, Any]) -> tuple:
     """``freeze(attrs)`` (the attributes' part of a hash-consing key), with the common
     values (strings, numbers, None) frozen inline."""
+    if len(attrs) == 1:
+        ((k, v),) = attrs.items()
+        t = type(v)
+        if t is str or t is int or t is float or t is bool or v is None:
+            return ((k, (t.__name__, v)),)
+        return ((k, freeze(v)),)
     items = []
     for k, v in attrs.items():
         t = type(v)
@@ -119,29 +125,46 @@ def _freeze_attrs(attrs: Mapping[str, Any]) -> tuple:
 _FEW_USERS = 16
 
 
-def _use(v: Value, node: Node) -> None:
+def _use(v: Value, node: Node, journal: _Journal | None) -> None:
+    """``node`` reads ``v`` once more (logged in ``journal``, if any, as undo needs: a reader
+    list turned into a dict, or a dict's first change in the run, is kept whole)."""
     users = v._users
     if type(users) is list:
-        users.append(node)
-        if len(users) > _FEW_USERS:
+        if len(users) >= _FEW_USERS:
             counts: dict[Node, int] = {}
             for n in users:
                 counts[n] = counts.get(n, 0) + 1
+            counts[node] = counts.get(node, 0) + 1
             v._users = counts
+            if journal is not None:
+                journal.log.append((_READERS, v, users))
+                journal.kept.add(v)
+        else:
+            users.append(node)
     else:
+        if journal is not None and v not in journal.kept:
+            journal.log.append((_READERS, v, users.copy()))
+            journal.kept.add(v)
         users[node] = users.get(node, 0) + 1
 
 
-def _unuse(v: Value, node: Node) -> None:
+def _unuse(v: Value, node: Node, journal: _Journal | None) -> int:
+    """``node`` reads ``v`` once less; returns where it was in ``v``'s reader list (-1 for a
+    dict of readers: the journal keeps the dict whole)."""
     users = v._users
     if type(users) is list:
-        users.remove(node)
-        return
+        i = users.index(node)
+        del users[i]
+        return i
+    if journal is not None and v not in journal.kept:
+        journal.log.append((_READERS, v, users.copy()))
+        journal.kept.add(v)
     n = users[node]
     if n == 1:
         del users[node]
     else:
         users[node] = n - 1
+    return -1
 
 
 def _readers(v: Value) -> list[Node]:
@@ -262,11 +285,21 @@ class Graph:
         self._outputs: list[Value] = []  # replaced, never changed in place (see _Journal)
         self._output_ids: frozenset[int] = frozenset()  # id() of each output
         self._nodes: dict[int, Node] = {}  # live non-input nodes; topological when _topo_ok
-        self._cse: dict[Any, Node] = {}
+        # Hash-consing: (signature, inputs) -> the node, where a signature (an int) stands
+        # for an operator, attributes and output types (``_sigs``), so that re-keying a node
+        # whose inputs changed hashes its inputs and an int, not its attributes again. An
+        # entry holds only if its node is alive and still has that key (``node._key``):
+        # removing a node or changing its inputs leaves its old entry stale, not deleted, and
+        # ``_stale`` counts those; ``_purge`` drops them once they are many.
+        self._cse: dict[tuple[int, tuple[Value, ...]], Node] = {}
+        self._sigs: dict[tuple, tuple[int, tuple[TypeSpec, ...]]] = {}  # -> (it, the types)
+        self._sig_ids = itertools.count()
+        self._stale = 0
         self._next_id = 0
         self._topo_ok = True
         self._id_ordered = True  # node ids increase along the topological order
         self._journal: _Journal | None = None  # while changes are recorded (begin)
+        self._log: list[tuple] | None = None  # the journal's log (read on every change)
         if outputs is not None:
             self.set_outputs(self._from_terms(list(outputs)))
             self.compact()
@@ -297,13 +330,6 @@ class Graph:
         node.id = self._next_id
         self._next_id += 1
         node._graph, node._key, node.alive = self, key, True
-        journal = self._journal
-        if journal is not None:
-            journal.new.append(node)
-            readers = journal.readers
-            for v in inputs:
-                if v not in readers:
-                    readers[v] = v._users.copy()
         outs = []
         for i, (shape, dtype) in enumerate(types):
             v = object.__new__(Value)
@@ -322,7 +348,10 @@ class Graph:
             if type(users) is list and len(users) < _FEW_USERS:
                 users.append(node)  # (_use, inline: the common case)
             else:
-                _use(v, node)
+                _use(v, node, self._journal)
+        log = self._log
+        if log is not None:  # (after the reads it makes: undone before what they logged)
+            log.append((_NEW, node))
         return node
 
     def add_input(self, name: str, shape: Any = None, dtype: Any = None) -> Value:
@@ -363,7 +392,7 @@ class Graph:
         ``out_types``: one ``(shape, dtype)`` per output (default: :meth:`infer_types`);
         ``loc``: where the program wrote it; ``meta``: copied into the node's ``meta``.
         """
-        if not isinstance(op, Operator):
+        if type(op) is not Operator and not isinstance(op, Operator):
             raise TypeError(f"not an operator: {op!r}")
         ins = tuple(inputs)
         for v in ins:
@@ -385,19 +414,30 @@ class Graph:
             raise PyPMError(f"{op.name} takes {op.n_in} inputs, got {len(ins)}")
         if len(types) != op.n_out:
             raise PyPMError(f"{op.name} has {op.n_out} outputs, got {len(types)} output types")
-        t = tuple(types)  # (_intern_types, inline)
-        types = _type_lists.get(t) or _intern_types(t)
+        t = tuple(types)
         key = None
         if op.pure:
-            key = (op, ins, _freeze_attrs(attrs) if attrs else (), types)
+            sig_key = (op, _freeze_attrs(attrs) if attrs else (), t)
+            sigs = self._sigs
+            found = sigs.get(sig_key)
+            if found is None:
+                types = _type_lists.get(t) or _intern_types(t)
+                found = sigs[sig_key] = (next(self._sig_ids), types)
+            sig, types = found
+            key = (sig, ins)
             found = self._cse.get(key)
             if found is not None:
-                return found
+                if found.alive and found._key == key:
+                    return found
+            else:
+                found = _MISSING
+        else:
+            types = _type_lists.get(t) or _intern_types(t)
         node = self._new_node(op, ins, attrs, types, loc, meta, key)  # (it copies meta)
         if key is not None:
-            journal = self._journal
-            if journal is not None:
-                journal.cse.append((key, _MISSING))
+            log = self._log
+            if log is not None:
+                log.append((_CSE, key, found))
             self._cse[key] = node
         self._nodes[node.id] = node
         return node
@@ -610,59 +650,51 @@ class Graph:
         node it becomes equal to (hash-consing) is added to ``pending`` as a replacement to
         make. Inputs that stay keep their readers as they are (order included)."""
         old_inputs = node.inputs
-        key = node._key
-        cse = self._cse
-        journal = self._journal
-        if journal is not None:
-            nodes = journal.nodes
-            if node not in nodes:
-                vins = node.outputs[0].inputs if node.outputs else ()
-                nodes[node] = (old_inputs, key, node.alive, vins)
-            readers = journal.readers
+        log = self._log
+        where: list[int] | None = None if log is None else []
         for a, b in zip(old_inputs, new_inputs, strict=True):
             if a is b:
                 continue
-            if journal is not None:
-                if a not in readers:
-                    readers[a] = a._users.copy()
-                if b not in readers:
-                    readers[b] = b._users.copy()
             users = a._users
             if type(users) is list:
-                users.remove(node)  # (_unuse, inline: the common case)
+                i = users.index(node)  # (_unuse, inline: the common case)
+                del users[i]
             else:
-                _unuse(a, node)
+                i = _unuse(a, node, self._journal)
             users = b._users
             if type(users) is list and len(users) < _FEW_USERS:
                 users.append(node)  # (_use, inline)
             else:
-                _use(b, node)
-        if key is not None:
-            entry = cse.pop(key, _MISSING)
-            if entry is node:
-                if journal is not None:
-                    journal.cse.append((key, node))
-            elif entry is not _MISSING:
-                cse[key] = entry  # (a merged duplicate's key: another node's entry)
+                _use(b, node, self._journal)
+            if where is not None:
+                where.append(i)
+        outs = node.outputs
+        key = node._key
+        if log is not None:
+            log.append((_SETIN, node, old_inputs, key, outs[0].inputs if outs else (), where))
         ins = tuple(new_inputs)
-        node.inputs = new_inputs  # (never changed in place: a journal keeps the old list)
-        for v in node.outputs:
+        node.inputs = new_inputs  # (never changed in place: the journal keeps the old list)
+        for v in outs:
             v.inputs = ins
         self._topo_ok = False
         if key is None:
             return
-        key = (node.op, ins, key[2], key[3])
-        node._key = key
-        other = cse.setdefault(key, node)
-        if other is node:
-            if journal is not None:
-                journal.cse.append((key, _MISSING))
-        elif not other.alive:
-            if journal is not None:
-                journal.cse.append((key, other))
+        # (the entry under the old key goes stale: see _valid)
+        self._stale += 1
+        key = node._key = (key[0], ins)
+        cse = self._cse
+        other = cse.get(key)
+        if other is None:
             cse[key] = node
-        else:  # now equal to an existing node: merge into it
-            pending.extend(zip(node.outputs, other.outputs, strict=True))
+            if log is not None:
+                log.append((_CSE, key, _MISSING))
+        elif other is not node:
+            if other.alive and other._key == key:  # now equal to a live node: merge into it
+                pending.extend(zip(outs, other.outputs, strict=True))
+            else:
+                cse[key] = node
+                if log is not None:
+                    log.append((_CSE, key, other))
 
     def replace_all_uses(self, old: Value, new: Value, *, keep: Iterable[Node] = ()) -> list[Node]:
         """Every reader of ``old`` (nodes and graph outputs) reads ``new`` instead.
@@ -684,6 +716,7 @@ class Graph:
     ) -> list[Node]:
         touched: list[Node] = []
         merged: list[Node] = []
+        set_inputs = self._set_inputs
         i = 0
         while i < len(work):
             old, new = work[i]
@@ -701,52 +734,52 @@ class Graph:
             for node in readers:
                 if not node.alive or (i == 1 and node in kept):
                     continue
+                ins = node.inputs.copy()
+                ins[ins.index(old)] = new
+                while old in ins:  # (read more than once)
+                    ins[ins.index(old)] = new
                 before = len(work)
-                self._set_inputs(node, [new if v is old else v for v in node.inputs], work)
+                set_inputs(node, ins, work)
                 touched.append(node)
                 if len(work) > before:
                     merged.append(node)
                     # the node it merged into gains readers (and may be one a caller is
                     # replacing right now): report it, so a rewrite driver revisits it
                     touched.append(work[-1][1].node)
+        if not merged:
+            return touched
         for node in merged:
             if node.alive and not any(v._users for v in node.outputs):
                 if not any(id(v) in self._output_ids for v in node.outputs):
                     self._remove(node)
-        if merged:
-            return [n for n in touched if n.alive]
-        return touched
+        return [n for n in touched if n.alive]
 
     def _remove(self, node: Node) -> None:
         journal = self._journal
-        key = node._key
-        if journal is not None:
-            if journal.order is None:
-                journal.order = list(self._nodes.values())
-            nodes = journal.nodes
-            if node not in nodes:
-                vins = node.outputs[0].inputs if node.outputs else ()
-                nodes[node] = (node.inputs, key, node.alive, vins)
-            readers = journal.readers
-            for v in node.inputs:
-                if v not in readers:
-                    readers[v] = v._users.copy()
+        if journal is not None and journal.order is None:
+            journal.order = list(self._nodes.values())
         node.alive = False
         self._nodes.pop(node.id, None)
-        if key is not None:
-            cse = self._cse
-            entry = cse.pop(key, _MISSING)
-            if entry is node:
-                if journal is not None:
-                    journal.cse.append((key, node))
-            elif entry is not _MISSING:
-                cse[key] = entry  # (a merged duplicate's key: another node's entry)
+        if node._key is not None:
+            self._stale += 1  # (its entry in the hash-consing table goes stale: Graph._cse)
+        if journal is None:
+            for v in node.inputs:
+                users = v._users
+                if type(users) is list:
+                    users.remove(node)  # (_unuse, inline)
+                else:
+                    _unuse(v, node, None)
+            return
+        where = []
         for v in node.inputs:
             users = v._users
             if type(users) is list:
-                users.remove(node)  # (_unuse, inline)
+                i = users.index(node)  # (_unuse, inline)
+                del users[i]
+                where.append(i)
             else:
-                _unuse(v, node)
+                where.append(_unuse(v, node, journal))
+        journal.log.append((_REMOVE, node, where))
 
     def remove_dead(self, nodes: Iterable[Node]) -> list[Node]:
         """Remove the given nodes if nothing reads them, then their inputs likewise.
@@ -756,28 +789,35 @@ class Graph:
         removal order.
         """
         outs = self._output_ids
-        live = self._nodes  # graph inputs are not in it
         stack = list(nodes)
         stack.reverse()
         removed: list[Node] = []
         while stack:
             node = stack.pop()
-            if node.id not in live or not node.op.pure:
-                continue
-            read = False
+            op = node.op
+            if not node.alive or not op.pure or (op is LEAF and node.id not in self._nodes):
+                continue  # (dead, impure, or a graph input)
             for v in node.outputs:
                 if v._users or id(v) in outs:
-                    read = True
                     break
-            if read:
-                continue
-            self._remove(node)
-            removed.append(node)
-            ins = node.inputs
-            for i in range(len(ins) - 1, -1, -1):
-                if not ins[i]._users:  # (an input something else reads stays)
-                    stack.append(ins[i].node)
+            else:
+                self._remove(node)
+                removed.append(node)
+                ins = node.inputs
+                for i in range(len(ins) - 1, -1, -1):
+                    if not ins[i]._users:  # (an input something else reads stays)
+                        stack.append(ins[i].node)
+        if self._stale > _STALE_MIN and self._journal is None:
+            self._purge()
         return removed
+
+    def _purge(self) -> None:
+        """Drop the hash-consing table's stale entries once they are many (see Graph._cse)."""
+        if self._stale > max(_STALE_MIN, len(self._cse) // 2):
+            self._cse = cse = {k: n for k, n in self._cse.items() if n.alive and n._key == k}
+            used = {k[0] for k in cse}  # (and the signatures no live node has)
+            self._sigs = {k: sig for k, sig in self._sigs.items() if sig[0] in used}
+            self._stale = 0
 
     def dce(self) -> int:
         """Remove every pure node whose outputs nothing reads; returns how many."""
@@ -807,25 +847,29 @@ class Graph:
         """Record every change from now on, so that :meth:`rollback` can undo them.
 
         Costs nothing up front but a copy of the node order at the first removal; per
-        change, a copy of the changed node's inputs and of its inputs' readers (once per
-        node and value). Changes are recorded one run at a time: a second ``begin`` before
-        ``commit`` or ``rollback`` is a :class:`~pypm_jax.core.errors.PyPMError`.
+        change, one tuple in a log (what undoing it needs: the node's old inputs, where it
+        was in a reader list) -- and a copy of a value's readers, once, where a value has
+        too many to list (a dict of readers). Changes are recorded one run at a time: a
+        second ``begin`` before ``commit`` or ``rollback`` is a
+        :class:`~pypm_jax.core.errors.PyPMError`.
         """
         if self._journal is not None:
             raise PyPMError("changes to this graph are already being recorded")
         self._journal = _Journal(self)
+        self._log = self._journal.log
 
     def commit(self) -> None:
         """Keep the changes made since :meth:`begin`; stop recording."""
         if self._journal is None:
             raise PyPMError("nothing to commit: no change was being recorded")
-        self._journal = None
+        self._journal = self._log = None
+        self._purge()
 
     def rollback(self) -> None:
         """Restore the graph as it was at :meth:`begin` and stop recording: the nodes made
         since are dead (nothing reads them), the nodes changed or removed read what they
         read then, ids start where they did."""
-        journal, self._journal = self._journal, None
+        journal, self._journal, self._log = self._journal, None, None
         if journal is None:
             raise PyPMError("nothing to roll back: no change was being recorded")
         journal.restore(self)
@@ -870,6 +914,16 @@ class Graph:
 
 
 _MISSING = object()  # (a hash-consing key that had no entry)
+_STALE_MIN = 4096  # stale hash-consing entries kept before a purge is considered
+
+# What a journal's log records, one tuple per change, undone in reverse order:
+_NEW = 0  # (_NEW, node): made, reading its inputs (each appended to their reader lists)
+# (_SETIN, node, inputs, key, value inputs, where): the node's inputs before a change, and
+# for each input it changed, where the node was in the old input's reader list
+_SETIN = 1
+_REMOVE = 3  # (_REMOVE, node, where): removed; where it was in each input's reader list
+_CSE = 4  # (_CSE, key, entry): the hash-consing table's entry for key before a change
+_READERS = 5  # (_READERS, value, readers): a value's readers before its dict first changed
 
 
 class _Journal:
@@ -877,21 +931,13 @@ class _Journal:
 
     Nothing is copied up front: the graph's input list only grows and its output list is
     replaced, never changed in place, so their lengths and the old list suffice; the node
-    order is copied at the first removal; the hash-consing table's changes are logged; a
-    node's inputs and a value's readers are copied when first changed.
+    order is copied at the first removal. Every other change appends one tuple to ``log``
+    saying what undoing it needs (see ``_NEW`` and the other kinds); a reader list changes
+    by one entry at a known place, so it is logged as that place, except a dict of readers
+    (a value many nodes read), which is copied whole at its first change (``kept``).
     """
 
-    __slots__ = (
-        "n_inputs",
-        "outputs",
-        "next_id",
-        "topo",
-        "order",
-        "cse",
-        "nodes",
-        "readers",
-        "new",
-    )
+    __slots__ = ("n_inputs", "outputs", "next_id", "topo", "order", "log", "kept")
 
     def __init__(self, g: Graph):
         self.n_inputs = len(g._inputs)
@@ -899,27 +945,48 @@ class _Journal:
         self.next_id = g._next_id
         self.topo = (g._topo_ok, g._id_ordered)
         self.order: list[Node] | None = None  # the node order, once something is removed
-        self.cse: list[tuple[Any, Any]] = []  # (key, its entry before) per change
-        # (nodes and values hash by identity)
-        self.nodes: dict[Node, tuple[list[Value], Any, bool, tuple[Value, ...]]] = {}
-        self.readers: dict[Value, Any] = {}
-        self.new: list[Node] = []
+        self.log: list[tuple] = []
+        self.kept: set[Value] = set()  # values whose readers the log holds whole
 
     def restore(self, g: Graph) -> None:
-        for node, (inputs, key, alive, vins) in self.nodes.items():
-            node.inputs, node._key, node.alive = inputs, key, alive
-            for v in node.outputs:
-                v.inputs = vins
-        for v, users in self.readers.items():
-            v._users = users
-        for node in self.new:
-            node.alive = False
         cse = g._cse
-        for key, entry in reversed(self.cse):
-            if entry is _MISSING:
-                cse.pop(key, None)
-            else:
-                cse[key] = entry
+        for entry in reversed(self.log):
+            kind = entry[0]
+            if kind == _CSE:
+                _, key, old = entry
+                if old is _MISSING:
+                    cse.pop(key, None)
+                else:
+                    cse[key] = old
+            elif kind == _NEW:
+                node = entry[1]
+                node.alive = False
+                for v in reversed(node.inputs):
+                    users = v._users
+                    if type(users) is list:  # (else it is restored whole, later)
+                        users.pop()
+            elif kind == _SETIN:
+                _, node, inputs, key, vins, where = entry
+                moved = [(a, b) for a, b in zip(inputs, node.inputs, strict=True) if a is not b]
+                for (a, b), i in zip(reversed(moved), reversed(where), strict=True):
+                    users = b._users
+                    if type(users) is list:  # (else it is restored whole, later)
+                        users.pop()
+                    users = a._users
+                    if type(users) is list:
+                        users.insert(i, node)
+                node.inputs, node._key = inputs, key
+                for v in node.outputs:
+                    v.inputs = vins
+            elif kind == _REMOVE:
+                _, node, where = entry
+                node.alive = True
+                for v, i in zip(reversed(node.inputs), reversed(where), strict=True):
+                    users = v._users
+                    if type(users) is list:
+                        users.insert(i, node)
+            else:  # _READERS
+                entry[1]._users = entry[2]
         for v in g._inputs[self.n_inputs :]:
             del g._input_names[v.attrs["name"]]
         del g._inputs[self.n_inputs :]

@@ -54,8 +54,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.calculus import (
+    EAttr,
     ECall,
     EConst,
+    EOpAttr,
     PAlt,
     PApp,
     Pattern,
@@ -85,10 +87,10 @@ from ..core.errors import (
     SourceLoc,
 )
 from ..core.graph import Graph, Node, Value, show_type
-from ..core.terms import CONST, LEAF, Term
+from ..core.terms import CONST, LEAF, UNDEFINED, Term, term_attr
 from ..lang.registry import collect_guard_failures
 from ..semantics import machine as _reference
-from ..semantics.guards import Undefined, eval_expr, guard_holds
+from ..semantics.guards import Undefined, eval_expr, guard_holds, op_attr
 from ..semantics.subst import FreshNames, unfold
 from . import report as _report
 from .analysis import _ByIdentity, _expr_names, has_recursion
@@ -153,17 +155,41 @@ class RewriteRecord:
         )
 
 
-_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RewriteRecord))
-_RECORD_SETTERS = tuple(getattr(RewriteRecord, name).__set__ for name in _RECORD_FIELDS)
+_SET = {f.name: getattr(RewriteRecord, f.name).__set__ for f in dataclasses.fields(RewriteRecord)}
+_set_rule, _set_pattern, _set_root, _set_replaced, _set_source = (
+    _SET["rule"], _SET["pattern"], _SET["root"], _SET["replaced"], _SET["source"]
+)  # fmt: skip
+_set_module_path, _set_op, _set_created, _set_built, _set_detail = (
+    _SET["module_path"], _SET["op"], _SET["created"], _SET["built"], _SET["detail"]
+)  # fmt: skip
 
 
-def _record(*values: Any) -> RewriteRecord:
-    """``RewriteRecord(*values)`` (every field, in order), made at half the cost of the
-    frozen dataclass's ``__init__``: the driver makes one per rewrite."""
-    record = object.__new__(RewriteRecord)
-    for set_field, value in zip(_RECORD_SETTERS, values, strict=True):
-        set_field(record, value)
-    return record
+def _record(
+    rule: str,
+    pattern: str,
+    root: int,
+    replaced: tuple[int, ...],
+    source: SourceLoc | None,
+    module_path: str | None,
+    op: str,
+    created: tuple[int, ...],
+    built: tuple[Built, ...],
+    detail: str,
+) -> RewriteRecord:
+    """``RewriteRecord(...)`` made at a third of the cost of the frozen dataclass's
+    ``__init__`` (the driver makes one per rewrite): each slot set by its descriptor."""
+    r = object.__new__(RewriteRecord)
+    _set_rule(r, rule)
+    _set_pattern(r, pattern)
+    _set_root(r, root)
+    _set_replaced(r, replaced)
+    _set_source(r, source)
+    _set_module_path(r, module_path)
+    _set_op(r, op)
+    _set_created(r, created)
+    _set_built(r, built)
+    _set_detail(r, detail)
+    return r
 
 
 def _built(op: Any, attrs: Any, type_text: str) -> Built:
@@ -334,7 +360,9 @@ class _Driver:
         reaches = [_reach_of(r.pattern) for r in rules]
         self.reach = None if None in reaches else max(reaches, default=0)
         self.limit = limit
-        self.report = RewriteReport()
+        # per rewrite: (rule, root node, covered node ids, new nodes alive once it fired,
+        # module path); the report's records are made from these at the end of the run
+        self.records: list[tuple[RuleDef, Node, tuple[int, ...], list[Node], Any]] = []
         self.heap: list[tuple[int, int, int, Node]] = []
         self.minor = itertools.count(1)
         self.blocked: dict[int, Node] = {}  # roots a single-use rule skipped
@@ -359,6 +387,9 @@ class _Driver:
             match_budget, distinct=True, every=_PROGRESS_STEPS, on_check=self.progress
         )
         self.over_budget: set[tuple[int, int]] = set()  # (rule, node id) given up
+        # per rule: does its matcher go on from its first solution to the rest (the machine
+        # runs one enumeration; generated code finds the first solution more cheaply alone)
+        self.resumable = [self.fast and cp.backend == "machine" for cp in matcher.compiled]
         self.pos = 0
         self.started = self.last_log = time.monotonic()
 
@@ -369,7 +400,7 @@ class _Driver:
             self.last_log = now
             log.info(
                 "rewriting: %d of %d nodes swept, %d revisits queued, %d rewrites, %.0f s",
-                self.pos, len(self.order), len(self.heap), len(self.report), now - self.started,
+                self.pos, len(self.order), len(self.heap), len(self.records), now - self.started,
             )  # fmt: skip
 
     def give_up(self, ri: int, v: Value, exc: MatchBudgetError) -> None:
@@ -422,6 +453,7 @@ class _Driver:
         n_order = len(order)
         fast, is_read, try_rule = self.fast, g.is_read, self.try_rule
         rank_of = self.rank_of
+        resumable = self.resumable
         visits = pos = 0
         next_check = _PROGRESS_STRIDE
         mrun, over = self.mrun, self.over_budget
@@ -458,7 +490,12 @@ class _Driver:
                     continue
                 mrun.steps = 0
                 try:
-                    first = cp._first(v, mrun)
+                    if resumable[ri]:  # (the machine: its first solution, and the rest)
+                        rest = cp._all(v, mrun)
+                        first = next(rest, None)
+                    else:
+                        rest = None
+                        first = cp._first(v, mrun)
                 except MatchBudgetError as exc:
                     self.give_up(ri, v, exc)
                     continue
@@ -466,7 +503,7 @@ class _Driver:
                     if not is_read(v):
                         break  # nothing reads it: nothing to rewrite (asked only now, as
                         # reading a value's users is one more object to fetch per node)
-                    if try_rule(ri, cp, v, first, pos):
+                    if try_rule(ri, cp, v, first, pos, rest):
                         break
         self.visits = visits
 
@@ -515,23 +552,37 @@ class _Driver:
                         self.push(node, pos)
                     return
 
-    def try_rule(self, ri: int, cp: CompiledPattern, v: Value, first: tuple, pos: int) -> bool:
+    def try_rule(
+        self,
+        ri: int,
+        cp: CompiledPattern,
+        v: Value,
+        first: tuple,
+        pos: int,
+        rest: Iterator[tuple] | None = None,
+    ) -> bool:
         """The rule's branches on each solution of ``cp`` (the rule's guarded pattern; the
         first solution is ``first``), in order, repeated parameters dropped: the first
         branch whose guard holds fires (unless single use refuses that match; then the next
-        solution is tried)."""
-        if self.fire_branch(ri, v, first, pos):
+        solution is tried). ``rest``: the solutions after ``first``, where the matcher that
+        found it can go on (the machine); else they are found again from the start."""
+        theta, phi, struct = first
+        if self.checked[ri]:  # (``fire_branch``, inline: the matcher checked the guard)
+            branch, _, build = self.branches[ri][0]
+            if self.fire(self.rules[ri], v, theta, phi, branch, build, struct, pos):
+                return True
+        elif self.fire_branch(ri, v, first, pos):
             return True
         if cp.unique:
             return False
         params = self.params[ri]
-        theta, phi, _ = first
         seen = {tuple(id((phi if op else theta).get(name)) for name, op in params)}
-        mrun = self.mrun
-        mrun.steps = 0
-        rest = cp.solutions(v, mrun)
         try:
-            next(rest, None)  # the first solution again
+            if rest is None:
+                mrun = self.mrun
+                mrun.steps = 0
+                rest = cp.solutions(v, mrun)
+                next(rest, None)  # the first solution again
             for sol in rest:
                 theta, phi, _ = sol
                 key = tuple(id((phi if op else theta).get(name)) for name, op in params)
@@ -677,12 +728,18 @@ class _Driver:
         values its applications covered; ``build``: the branch's compiled result)."""
         g = self.g
         rnode = root.node
-        covered = self.covered(root, struct)
+        covered = {rnode.id: rnode}  # (``covered``, inline)
+        for v in struct:
+            n = v.node
+            if n.op is LEAF and not n.inputs:
+                continue  # a graph input is never replaced
+            if n.id not in covered:
+                covered[n.id] = n
         if rule.single_use and not self.unshared(root, covered):
             self.blocked[rnode.id] = rnode
             return False
-        report = self.report
-        if len(report) >= self.limit:
+        records = self.records
+        if len(records) >= self.limit:
             raise self.limit_error(rule, rnode)
         mark = g.next_id  # nodes with ids from here on are new
         built: dict[int, Node] = {}  # every node the result consists of, new or not
@@ -697,19 +754,26 @@ class _Driver:
         if self.check_types_on:
             self.check_types(rule, pairs)
         self.changed = False
-        for old, new in pairs:
-            if old is not new:
-                break
-        else:
-            return True  # the result is the root itself: nothing to do
-        created = [n for i, n in built.items() if i >= mark]
-        touched: list[Node] = []
-        outputs_changed = False
-        for old, new in pairs:  # the result's own nodes keep reading the root (x → f(x))
+        if len(pairs) == 1:
+            old, new = pairs[0]
             if old is new:
-                continue
-            outputs_changed = outputs_changed or g.is_output(old)
-            touched += g.replace_all_uses(old, new, keep=built.values())
+                return True  # the result is the root itself: nothing to do
+            outputs_changed = g.is_output(old)
+            touched = g.replace_all_uses(old, new, keep=built.values())
+        else:
+            for old, new in pairs:
+                if old is not new:
+                    break
+            else:
+                return True
+            touched = []
+            outputs_changed = False
+            for old, new in pairs:  # the result's own nodes keep reading the root (x → f(x))
+                if old is new:
+                    continue
+                outputs_changed = outputs_changed or g.is_output(old)
+                touched += g.replace_all_uses(old, new, keep=built.values())
+        created = [n for i, n in built.items() if i >= mark]
         if not touched and not outputs_changed:
             # x → f(x) where only f(x) itself reads x: the graph is the same; a rewrite
             # that changes nothing is no rewrite (and must not show in the report)
@@ -717,40 +781,41 @@ class _Driver:
             self.idle[rnode.id] = rnode  # until something else reads x again
             return True
         self.changed = True
-        removed = g.remove_dead([rnode])
-        self.const_memo.clear()  # inputs changed somewhere: recompute on demand
-        index = len(report)
-        ids: list[int] = []
-        kernels: list[Built] = []
-        described = False
-        for n in created:
-            if n.alive:
-                ids.append(n.id)
-                if n.outputs:
-                    out = n.outputs[0]
-                    kernels.append(_built(n.op, n.attrs, show_type(out.shape, out.dtype)))
-                described = described or n.op.describe is not None
-        detail = _detail(created) if described else ""
-        report.append(
-            _record(
-                rule.name, rule.pattern.name, rnode.id, tuple(covered), rnode.loc,
-                meta.get("module_path"), rnode.op.name, tuple(ids), tuple(kernels), detail,
-            )
-        )  # fmt: skip
-        self.parents.append(self.made_by.get(rnode.id))
+        removed = g.remove_dead((rnode,))
+        if self.const_memo:
+            self.const_memo.clear()  # inputs changed somewhere: recompute on demand
+        index = len(records)
+        # what the report needs, as it is now (the records are made at the end of the run)
+        live = [n for n in created if n.alive]
+        records.append((rule, rnode, tuple(covered), live, meta.get("module_path")))
+        made_by = self.made_by
+        self.parents.append(made_by.get(rnode.id))
         if created:
             # the new nodes: visited next (by rank), before the sweep goes on (``push``,
             # inline: nothing has queued a node this rewrite made)
-            major = self.major(rnode)
-            table, wild, new_rank, made_by = self.table, self.wild, self.new_rank, self.made_by
-            minor, queued, heap = self.minor, self.queued, self.heap
+            new_rank = self.new_rank
+            rank = new_rank.get(rnode.id)  # (``major``, inline)
+            if rank is not None:
+                major = rank[0]
+            else:
+                major = rnode.id if self.rank_of is None else self.rank_of[rnode.id]
+            table, wild, minor, queued, heap = (
+                self.table,
+                self.wild,
+                self.minor,
+                self.queued,
+                self.heap,
+            )
             for n in created:
-                rank = new_rank[n.id] = (major, next(minor))
-                made_by[n.id] = index
-                if (n.op in table or wild) and n.alive:  # (else no rule can start at it)
-                    queued.add(n.id)
-                    heapq.heappush(heap, (major, rank[1], n.id, n))
-        self.requeue(touched, pos)
+                nid = n.id
+                m = next(minor)
+                new_rank[nid] = (major, m)
+                made_by[nid] = index
+                if (wild or n.op in table) and n.alive:  # (else no rule can start at it)
+                    queued.add(nid)
+                    heapq.heappush(heap, (major, m, nid, n))
+        if touched:
+            self.requeue(touched, pos)
         if rnode.alive:  # x → f(x): x lives on, read by f(x) only
             self.idle[rnode.id] = rnode
         if self.idle:
@@ -760,6 +825,27 @@ class _Driver:
             for n in blocked:
                 self.push(n, pos)
         return True
+
+    def make_report(self) -> RewriteReport:
+        """The run's records as :class:`RewriteRecord` s, in firing order."""
+        report = RewriteReport()
+        append = report.append
+        for rule, rnode, covered, live, module_path in self.records:
+            kernels = []
+            described = False
+            for n in live:
+                if n.outputs:
+                    out = n.outputs[0]
+                    kernels.append(_built(n.op, n.attrs, show_type(out.shape, out.dtype)))
+                described = described or n.op.describe is not None
+            append(
+                _record(
+                    rule.name, rule.pattern.name, rnode.id, covered, rnode.loc, module_path,
+                    rnode.op.name, tuple([n.id for n in live]), tuple(kernels),
+                    _detail(live) if described else "",
+                )
+            )  # fmt: skip
+        return report
 
     def check_types(self, rule: RuleDef, pairs: list[tuple[Value, Value]]) -> None:
         """Each replacement has the type of the value it replaces, where both are known."""
@@ -835,10 +921,10 @@ class _Driver:
         names = {rule.name}
         index, steps = self.made_by.get(rnode.id), 0
         while index is not None and steps < 256:
-            names.add(self.report[index].rule)
+            names.add(self.records[index][0].name)
             index, steps = self.parents[index], steps + 1
         if steps < 2:
-            names.update(r.rule for r in self.report[-256:])
+            names.update(r[0].name for r in self.records[-256:])
         ordered = tuple(r.name for r in self.rules if r.name in names)
         return RewriteLimitError(
             f"rewriting reached no fixpoint within {self.limit} rewrites (last at %{rnode.id} "
@@ -859,6 +945,36 @@ def rule_error(rule: RuleDef, what: str) -> RuleError:
 # and every node the result consists of, new or not, by id). ``replaces`` is the value it
 # stands in for (its type fills in what the new value's own type leaves unknown).
 _Build = Callable[[Graph, dict, dict, Value | None, list], Value]
+
+
+def _compile_attr(e: Any) -> Callable[[dict, dict], Any]:
+    """``eval_expr(e, θ, φ)`` as a function of (θ, φ), direct for the common expressions (a
+    literal, an attribute of a bound value or operator)."""
+    match e:
+        case EConst(value):
+            return lambda theta, phi: value
+        case EOpAttr(var, attr):
+
+            def of_op(theta: dict, phi: dict) -> Any:
+                op = phi.get(var)
+                if op is None:
+                    raise Undefined(f"operator variable {var} is not bound")
+                return op_attr(op, attr)
+
+            return of_op
+        case EAttr(var, attr):
+
+            def of_value(theta: dict, phi: dict) -> Any:
+                term = theta.get(var)
+                if term is None:
+                    raise Undefined(f"{var} is not bound")
+                value = term_attr(term, attr)
+                if value is UNDEFINED:
+                    raise Undefined(f"{var} has no attribute {attr}")
+                return value
+
+            return of_value
+    return lambda theta, phi: eval_expr(e, theta, phi)
 
 
 def _compile_value(rule: RuleDef, rhs: Rhs) -> _Build:
@@ -886,6 +1002,7 @@ def _compile_value(rule: RuleDef, rhs: Rhs) -> _Build:
             # arguments that are variables of the match (the common case): read directly
             names = tuple(a.name for a in args) if all(type(a) is RVar for a in args) else None
             infer, n_out = op.infer, op.n_out
+            evals = tuple((name, e, _compile_attr(e)) for name, e in attrs)
 
             def app(g: Graph, theta: dict, phi: dict, replaces: Value | None, cx: list) -> Value:
                 if names is not None:
@@ -897,9 +1014,9 @@ def _compile_value(rule: RuleDef, rhs: Rhs) -> _Build:
                 else:
                     ins = tuple([f(g, theta, phi, None, cx) for f in fns])  # (live values of g)
                 values: dict[str, Any] = {}
-                for name, e in attrs:
+                for name, e, value_of in evals:
                     try:
-                        values[name] = eval_expr(e, theta, phi)
+                        values[name] = value_of(theta, phi)
                     except Undefined as exc:
                         raise PyPMError(
                             f"rule {rule.name}: attribute {name} = {show_expr(e)} has no "
@@ -963,12 +1080,13 @@ _results = _ByIdentity(lambda rule: tuple(_compile_result(rule, b.result) for b 
 
 
 def _detail(nodes: Iterable[Node]) -> str:
-    """What the operators of a rewrite's new nodes say about them (``Operator.describe``);
-    a describe that fails says so rather than failing the rewrite."""
+    """What the operators of a rewrite's new nodes (those alive once it fired) say about
+    them (``Operator.describe``); a describe that fails says so rather than failing the
+    rewrite."""
     texts = []
     for n in nodes:
         fn = getattr(n.op, "describe", None)
-        if fn is None or not n.alive:
+        if fn is None:
             continue
         try:
             texts.append(str(fn(**n.attrs)))
@@ -1028,7 +1146,7 @@ def rewrite(
             graph.commit()
     if failures:
         _warn_guard_failures(rules, failures)
-    return RewriteResult(graph, driver.report, driver.visits)
+    return RewriteResult(graph, driver.make_report(), driver.visits)
 
 
 def _warn_guard_failures(rules: Sequence[RuleDef], failures: list[tuple[str, Exception]]) -> None:

@@ -3,7 +3,11 @@ the API the rewrite driver uses (undoable changes, liveness, ids)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pypm_jax.core.dtypes import as_dtype
 from pypm_jax.core.errors import PyPMError, SourceLoc
@@ -348,3 +352,150 @@ def test_rollback_of_additions_only():
     g.rollback()
     assert _snapshot(g) == before
     assert g.add_const(3.0).node.id == before[-1]  # made anew, with the first free id
+
+
+# ------------------------------------------------ undo, exactly, under random changes
+
+
+def _raw(g: Graph):
+    """:func:`_snapshot`, plus each value's raw reader record (list order with repeats, or
+    the dict of counts in its order)."""
+    values = [v for n in g.nodes() for v in n.outputs] + g.inputs
+    readers = [
+        (v, type(v._users), list(v._users.items()) if type(v._users) is dict else list(v._users))
+        for v in values
+    ]
+    return _snapshot(g), readers
+
+
+def _found_by_hash_consing(g: Graph) -> list[tuple[Node, Node]]:
+    """(node, what add_node returns for an equal node) for each live pure node."""
+    pairs = []
+    for n in g.nodes():
+        if n.op.pure and n.op is not LEAF:
+            types = [(v.shape, v.dtype) for v in n.outputs]
+            pairs.append((n, g.add_node(n.op, list(n.inputs), n.attrs, types)))
+    return pairs
+
+
+def _descendants(g: Graph, node: Node) -> set[int]:
+    seen, stack = {node.id}, [node]
+    while stack:
+        for v in stack.pop().outputs:
+            for u in g.users(v):
+                if u.id not in seen:
+                    seen.add(u.id)
+                    stack.append(u)
+    return seen
+
+
+def _random_change(g: Graph, rnd: random.Random, k: int) -> None:
+    """One change of any kind the graph offers, on live values, never making a cycle."""
+    nodes = g.nodes()
+    values = g.inputs + [v for n in nodes for v in n.outputs]
+    kind = rnd.choice(["add", "add", "replace", "replace", "set", "dead", "outs", "input"])
+    if kind == "add":
+        op = rnd.choice([F1, F2, G2, RNG])
+        g.add_node(op, [rnd.choice(values) for _ in range(op.n_in)])
+    elif kind == "replace" and nodes:
+        old = rnd.choice([v for n in nodes for v in n.outputs])
+        below = _descendants(g, old.node)
+        g.replace_all_uses(old, rnd.choice([v for v in values if v.node.id not in below]))
+    elif kind == "set" and any(n.inputs for n in nodes):
+        node = rnd.choice([n for n in nodes if n.inputs])
+        below = _descendants(g, node)
+        new = rnd.choice([v for v in values if v.node.id not in below])
+        g.set_input(node, rnd.randrange(len(node.inputs)), new)
+    elif kind == "dead" and nodes:
+        g.remove_dead([rnd.choice(nodes)])
+    elif kind == "outs":
+        g.set_outputs([rnd.choice(values) for _ in range(rnd.randint(1, 3))])
+    elif kind == "input":
+        g.add_input(f"in{k}", (2, 3), "f32")
+
+
+def _wide_graph() -> Graph:
+    """A small graph with a value read by more nodes than a reader list holds (a dict of
+    readers), nodes that would be equal if their inputs were, a value read twice by one
+    node, and an impure node."""
+    g = Graph()
+    x = g.add_input("x", (2, 3), "f32")
+    c = g.add_const(1.0, (2, 3), "f32")
+    a = g.add_node(F1, [x]).outputs[0]
+    b = g.add_node(F2, [x]).outputs[0]
+    outs = [g.add_node(G2, [a, c]).outputs[0], g.add_node(G2, [b, c]).outputs[0]]
+    for _ in range(20):  # c read by 22 distinct G2 nodes
+        outs.append(g.add_node(G2, [outs[-1], c]).outputs[0])
+    sq = g.add_node(G2, [outs[3], outs[3]]).outputs[0]
+    rng = g.add_node(RNG, [sq]).outputs[0]
+    g.set_outputs([outs[-1], rng, g.add_node(F1, [b]).outputs[0]])
+    return g
+
+
+@settings(max_examples=80)
+@given(st.integers(0, 2**32), st.integers(1, 16))
+def test_rollback_restores_reader_records_and_hash_consing_exactly(seed, n):
+    g = _wide_graph()
+    before = _raw(g)
+    found = _found_by_hash_consing(g)
+    assert all(a is b for a, b in found)
+    rnd = random.Random(seed)
+    g.begin()
+    for k in range(n):
+        _random_change(g, rnd, k)
+    g.rollback()
+    assert _raw(g) == before
+    assert _found_by_hash_consing(g) == found
+
+
+@settings(max_examples=40)
+@given(st.integers(0, 2**32), st.integers(1, 16))
+def test_recording_changes_nothing_the_changes_do(seed, n):
+    """The same changes, recorded and committed or made plainly, give the same graph, and
+    hash-consing finds the same nodes in it."""
+    seen = []
+    for record in (False, True):
+        g = _wide_graph()
+        rnd = random.Random(seed)
+        if record:
+            g.begin()
+        for k in range(n):
+            _random_change(g, rnd, k)
+        if record:
+            g.commit()
+        found = [(a.id, b.id) for a, b in _found_by_hash_consing(g)]
+        seen.append((str(g), [(n.id, [v.name for v in n.inputs]) for n in g.nodes()], found))
+    assert seen[0] == seen[1]
+
+
+def test_hash_consing_forgets_removed_and_changed_nodes():
+    g = Graph()
+    x = g.add_input("x", (2, 3), "f32")
+    y = g.add_input("y", (2, 3), "f32")
+    a = g.add_node(F1, [x])
+    b = g.add_node(G2, [a.outputs[0], x])
+    g.set_outputs([b.outputs[0]])
+    g.set_input(b, 1, y)  # b = g2(a, y) now: g2(a, x) is another node
+    b2 = g.add_node(G2, [a.outputs[0], x])
+    assert b2 is not b and b2.alive
+    assert g.add_node(G2, [a.outputs[0], y]) is b  # found under its new inputs
+    g.set_outputs([a.outputs[0]])
+    assert g.remove_dead([b, b2]) == [b, b2] and not b.alive
+    a2 = g.add_node(G2, [a.outputs[0], y])
+    assert a2 is not b and a2.alive and a2.inputs == [a.outputs[0], y]
+
+
+def test_stale_hash_consing_entries_are_dropped_and_live_nodes_still_found():
+    g = Graph()
+    x = g.add_input("x", (2, 3), "f32")
+    y = g.add_input("y", (2, 3), "f32")
+    nodes = [g.add_node(G2, [x, g.add_const(float(i), (2, 3), "f32")]) for i in range(3000)]
+    g.set_outputs([n.outputs[0] for n in nodes])
+    for n in nodes:  # each change leaves the node's old entry stale
+        g.set_input(n, 0, y)
+    g.set_outputs([n.outputs[0] for n in nodes[::2]])
+    g.remove_dead(nodes[1::2])  # and so does each removal (of a node and its constant)
+    assert len(g._cse) < 2 * len(g)  # purged: about one entry per live node
+    for n in nodes[::2]:
+        assert g.add_node(G2, [y, n.inputs[1]]) is n
+        assert g.add_node(G2, [x, n.inputs[1]]) is not n

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -509,3 +510,14 @@ def test_guards_read_the_term_and_reports_show_what_built_nodes_describe():
     assert record.detail == "3 deep"  # x = Other(Other(a))
     assert str(result.report).splitlines()[-1] == "  3 deep"  # under its row
     assert str(record).endswith(": 3 deep")
+
+
+def test_the_drivers_record_maker_sets_every_field():
+    from pypm_jax.engine.rewrite import _record
+
+    values = ("r", "p", 3, (3, 1), SourceLoc("f.py", 2), "m", "add", (7,), (), "d")
+    fields = [f.name for f in dataclasses.fields(RewriteRecord)]
+    assert len(fields) == len(values)  # a new field must be added to _record too
+    made = _record(*values)
+    assert [getattr(made, f) for f in fields] == list(values)
+    assert made == RewriteRecord(*values)
