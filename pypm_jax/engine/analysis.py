@@ -10,14 +10,19 @@ wherever a construct's children are all that matters.
 
 from __future__ import annotations
 
-__all__ = ["has_recursion", "root_operators"]
+__all__ = ["Roots", "admits", "has_recursion", "root_operators", "root_set"]
 
 from collections.abc import Callable
 from typing import Any
 
 from ..core.calculus import (
+    EAnd,
     EAttr,
+    ECmp,
+    EConst,
     EOpAttr,
+    EOr,
+    ETuple,
     Expr,
     PAlt,
     PApp,
@@ -34,7 +39,7 @@ from ..core.calculus import (
     children,
     expr_children,
 )
-from ..core.terms import CONST, Operator
+from ..core.terms import CONST, OpClass, Operator
 from ..semantics.subst import FreshNames, unfold
 
 # Entries kept per compile cache (patterns, guards, μ-bodies) before it is cleared.
@@ -332,8 +337,32 @@ def _tabling(name: str, params: tuple, body: Pattern) -> tuple[bool, bool]:
     return closed and free == {name}, has_exists
 
 
-def _root_ops(p: Pattern, budget: list[int]) -> frozenset[Operator] | None:
-    """The operators a term matched by ``p`` can have at its root; None = any."""
+Roots = frozenset[Operator | OpClass]
+"""Where a pattern's matches can be rooted: a term whose operator is in it, or whose
+operator's class is (an :class:`OpClass` member stands for every operator of that class)."""
+
+
+def admits(roots: Roots | None, op: Operator) -> bool:
+    """Can a match rooted at a term of operator ``op`` exist (``roots`` None: any)?"""
+    return roots is None or op in roots or (op.op_class is not None and op.op_class in roots)
+
+
+def _meet(a: Roots | None, b: Roots | None) -> Roots | None:
+    """The roots both ``a`` and ``b`` admit (None admits any)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    both = {x for x in a if x in b}
+    both.update(x for x in a if isinstance(x, Operator) and x.op_class in b)
+    both.update(x for x in b if isinstance(x, Operator) and x.op_class in a)
+    return frozenset(both)
+
+
+def _root_ops(p: Pattern, budget: list[int], guards: bool) -> Roots | None:
+    """The operators (and op classes) a term matched by ``p`` can have at its root; None =
+    any. ``guards``: read a guard on the root's operator (``F.op_class == opclass(..)``,
+    ``x.op == op``...) as a constraint on the root too (see :func:`_guard_roots`)."""
     budget[0] -= 1
     if budget[0] < 0:
         return None
@@ -343,21 +372,25 @@ def _root_ops(p: Pattern, budget: list[int]) -> frozenset[Operator] | None:
         case PConst():
             return frozenset((CONST,))
         case PAlt(left, right):
-            a = _root_ops(left, budget)
-            b = _root_ops(right, budget) if a is not None else None
+            a = _root_ops(left, budget, guards)
+            b = _root_ops(right, budget, guards) if a is not None else None
             return None if a is None or b is None else a | b
         case PConstr(pat, var, constraint):
-            a = _root_ops(pat, budget)
+            a = _root_ops(pat, budget, guards)
             if _root_var(pat) != var:
                 return a
             # `x <= q` where x is the root itself: the root matches q too
-            b = _root_ops(constraint, budget)
-            return b if a is None else a if b is None else a & b
-        case PGuard(pat, _) | PExists(_, pat, _):
-            return _root_ops(pat, budget)
+            return _meet(a, _root_ops(constraint, budget, guards))
+        case PGuard(pat, guard):
+            a = _root_ops(pat, budget, guards)
+            if not guards:
+                return a
+            return _meet(a, _guard_roots(guard, _root_var(pat), _root_fun_var(pat)))
+        case PExists(_, pat, _):
+            return _root_ops(pat, budget, guards)
         case PMu():
             try:
-                return _root_ops(unfold(p, FreshNames()), budget)
+                return _root_ops(unfold(p, FreshNames()), budget, guards)
             except TypeError:
                 return None
     return None  # PVar, PFunVar, PCall: anything
@@ -370,15 +403,108 @@ def _root_var(p: Pattern) -> str | None:
             case PVar(name):
                 return name
             case PGuard(pat, _) | PExists(_, pat, _) | PConstr(pat, _, _):
+                p = pat  # (∃x.p reads x as the x around it: θ is global, see SEMANTICS)
+            case _:
+                return None
+
+
+def _root_fun_var(p: Pattern) -> str | None:
+    """The operator variable that matching ``p`` binds to the root's operator, if any."""
+    while True:
+        match p:
+            case PFunVar(var):
+                return var if isinstance(var, str) else None
+            case PGuard(pat, _) | PExists(_, pat, _) | PConstr(pat, _, _):
                 p = pat
             case _:
                 return None
 
 
+def _guard_roots(g: Expr, var: str | None, fun_var: str | None) -> Roots | None:
+    """The roots a guard that holds leaves possible, ``var`` being bound to the root and
+    ``fun_var`` to its operator when it is checked (None: the guard does not say).
+
+    It reads comparisons of ``F.op_class`` (``fun_var``) or ``x.op_class`` (``var``) with
+    op classes, and of ``x.op`` with operators: ``==`` and ``in`` a tuple of constants,
+    under ``and`` (every item holds) and ``or`` (one does). A guard that holds is True, so
+    each such comparison was True (an attribute without a value makes it undefined: not
+    True either)."""
+    match g:
+        case EAnd(items):
+            found = None
+            for item in items:
+                found = _meet(found, _guard_roots(item, var, fun_var))
+            return found
+        case EOr(items):
+            union: set[Operator | OpClass] = set()
+            for item in items:
+                r = _guard_roots(item, var, fun_var)
+                if r is None:
+                    return None
+                union |= r
+            return frozenset(union)
+        case ECmp("==", left, right):
+            attr = _root_attr(left, var, fun_var)
+            value = right
+            if attr is None:
+                attr, value = _root_attr(right, var, fun_var), left
+            if attr is None or not isinstance(value, EConst):
+                return None
+            return _roots_of(attr, (value.value,))
+        case ECmp("in", left, right):
+            attr = _root_attr(left, var, fun_var)
+            if attr is None:
+                return None
+            if isinstance(right, EConst) and type(right.value) is tuple:
+                return _roots_of(attr, right.value)
+            if isinstance(right, ETuple) and all(isinstance(i, EConst) for i in right.items):
+                return _roots_of(attr, tuple(i.value for i in right.items))  # type: ignore[union-attr]
+    return None
+
+
+def _root_attr(e: Expr, var: str | None, fun_var: str | None) -> str | None:
+    """``"op_class"`` or ``"op"`` where ``e`` reads that attribute of the root (``F.op_class``,
+    ``x.op_class``, ``x.op``), else None."""
+    if isinstance(e, EOpAttr) and e.var == fun_var and e.attr == "op_class":
+        return "op_class"
+    if isinstance(e, EAttr) and e.var == var and e.attr in ("op_class", "op"):
+        return e.attr
+    return None
+
+
+def _roots_of(attr: str, values: tuple[Any, ...]) -> Roots | None:
+    """The roots whose ``attr`` is one of ``values``; None where a value is not one this
+    reads (equality with anything else is left to the guard)."""
+    want = OpClass if attr == "op_class" else Operator
+    if not all(type(v) is want for v in values):
+        return None
+    return frozenset(values)
+
+
 def root_operators(pdef: PatternDef) -> frozenset[Operator] | None:
-    """Operators a match of ``pdef`` can be rooted at, or None when it can be any."""
+    """Operators a match of ``pdef`` can be rooted at, or None when it can be any (or
+    any of an op class: see :func:`root_set`)."""
+    roots = root_set(pdef)
+    if roots is None or any(isinstance(r, OpClass) for r in roots):
+        return None
+    return roots  # type: ignore[return-value]
+
+
+def root_set(pdef: PatternDef) -> Roots | None:
+    """The operators and op classes a match of ``pdef`` can be rooted at (see
+    :func:`admits`), or None when it can be any.
+
+    The structure at the root says so (an application, alternates, ``x <= q`` on the root
+    itself), and so do guards on the root's operator (the paper's ``UnaryOp``: an operator
+    variable ``F`` applied at the root and ``F.op_class == opclass("unary_pointwise")``):
+    a root of another class has no match. Such a guard is checked only after ``F``'s
+    operands are matched, which may raise (an unbound reference, a definition
+    instantiated with an operator) where skipping the pattern would not; so guards are read
+    only in patterns that cannot raise (:func:`_error_free`).
+    """
+    body = pdef.body
     try:
-        return _root_ops(pdef.body, [1000])
+        return _root_ops(body, [1000], _error_free(body))
     except RecursionError:  # a pattern too deep to walk this way: any root
         return None
 

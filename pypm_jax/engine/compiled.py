@@ -18,16 +18,19 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..core.calculus import (
+    EConst,
     PApp,
     Pattern,
     PatternDef,
     PCall,
+    PGuard,
     PMu,
     children,
+    expr_children,
 )
 from ..core.match import Match
-from ..core.terms import CONST, Operator
-from .analysis import _ByIdentity, _calls_self, _Unsupported, root_operators
+from ..core.terms import CONST, OpClass, Operator
+from .analysis import _ByIdentity, _calls_self, _Unsupported, root_set
 from .codegen import _generate
 from .machine import MatchRun, RawSolution, _trail_machine
 from .precheck import _SHAPE_DEPTH, _fits, _prefilter, _Shape
@@ -38,14 +41,16 @@ class CompiledPattern:
     ``(θ, φ, matched terms)``, the first one being the same in both.
 
     ``backend`` says which engine runs it ("generated" or "machine"); ``source`` holds the
-    generated Python for inspection (empty for the machine).
+    generated Python for inspection (empty for the machine). ``root_ops``: the operators
+    and op classes a match can be rooted at (:func:`~pypm_jax.engine.analysis.root_set`),
+    None for any.
     """
 
     __slots__ = ("pdef", "backend", "source", "root_ops", "unique", "_first", "_all", "_shape")
 
     def __init__(self, pdef: PatternDef, *, backend: str | None = None):
         self.pdef = pdef
-        self.root_ops = root_operators(pdef)
+        self.root_ops = root_set(pdef)
         self.source = ""
         self.backend = "machine"
         self.unique = False  # True: at most one solution, so first() is all there is
@@ -126,8 +131,14 @@ def summary(cp: CompiledPattern) -> dict[str, Any] | None:
             for op, n, kids in sh
         ]
 
-    roots = None if cp.root_ops is None else sorted(op.qualname for op in cp.root_ops)
-    return {"backend": "machine", "root_ops": roots, "shape": shape(cp._shape)}
+    data: dict[str, Any] = {"backend": "machine", "root_ops": None, "shape": shape(cp._shape)}
+    if cp.root_ops is not None:
+        ops = [r for r in cp.root_ops if isinstance(r, Operator)]
+        classes = [r for r in cp.root_ops if isinstance(r, OpClass)]
+        data["root_ops"] = sorted(op.qualname for op in ops)
+        if classes:  # (op classes: also roots of every operator of theirs)
+            data["root_classes"] = sorted(c.name for c in classes)
+    return data
 
 
 def _operators_of(p: Pattern) -> dict[str, Operator]:
@@ -151,10 +162,32 @@ def _operators_of(p: Pattern) -> dict[str, Operator]:
     return found
 
 
+def _classes_of(p: Pattern) -> dict[str, OpClass]:
+    """The op classes a pattern's guards name (constants), by name."""
+    found: dict[str, OpClass] = {}
+    seen: set[int] = set()
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        if id(q) in seen:
+            continue
+        seen.add(id(q))
+        if isinstance(q, PGuard):
+            exprs = [q.guard]
+            while exprs:
+                e = exprs.pop()
+                if isinstance(e, EConst):
+                    values = e.value if type(e.value) is tuple else (e.value,)
+                    found.update((v.name, v) for v in values if isinstance(v, OpClass))
+                exprs.extend(expr_children(e))
+        stack.extend(children(q))
+    return found
+
+
 def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
     """The compiled form of ``pdef`` that ``data`` (from :func:`summary`) describes, made
     the one ``compile_pattern(pdef)`` returns; None (nothing changed) when ``data`` is not a
-    well-formed summary naming only operators of ``pdef``."""
+    well-formed summary naming only operators and op classes of ``pdef``."""
     ops = _operators_of(pdef.body)
     ops[CONST.qualname] = CONST
 
@@ -188,7 +221,15 @@ def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
         roots = data.get("root_ops")
         if roots is not None and type(roots) is not list:
             return None
-        root_ops = None if roots is None else frozenset(op_of(n) for n in roots)
+        root_ops: frozenset[Operator | OpClass | None] | None = None
+        if roots is not None:
+            classes = data.get("root_classes", [])
+            if type(classes) is not list:
+                return None
+            named = _classes_of(pdef.body) if classes else {}
+            root_ops = frozenset([*(op_of(n) for n in roots), *(named[c] for c in classes)])
+        elif "root_classes" in data:
+            return None  # (classes narrow a set of roots; "any root" has none)
         pre = shape(data.get("shape"), 0)
     except (KeyError, ValueError, TypeError):
         return None
@@ -196,7 +237,7 @@ def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
         return None
     cp = CompiledPattern.__new__(CompiledPattern)
     cp.pdef = pdef
-    cp.root_ops = root_ops
+    cp.root_ops = root_ops  # type: ignore[assignment]
     cp.source = ""
     cp.backend = "machine"
     cp.unique = False

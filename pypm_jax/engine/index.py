@@ -9,8 +9,8 @@ from typing import Any
 
 from ..core.calculus import PatternDef
 from ..core.match import Match
-from ..core.terms import Operator
-from .analysis import root_operators
+from ..core.terms import OpClass, Operator
+from .analysis import root_set
 from .compiled import CompiledPattern, compile_pattern, match_all
 
 # ------------------------------------------------------------------------------ the index
@@ -19,17 +19,53 @@ Candidate = tuple[int, PatternDef, CompiledPattern | None]
 """(index, definition, compiled pattern: None in an index built with ``compiled=False``)."""
 
 
+def _order(e: Candidate) -> int:
+    return e[0]
+
+
+class _ByClass(dict):
+    """The index of a pattern set with roots given by op class: ``op -> candidates`` for
+    the operators the patterns name, and for every other operator the first time it is
+    looked up, from its class (so an operator made after the index, in a class a pattern's
+    root has, is a candidate too). ``get(op, default)`` and ``op in`` read as on a plain
+    index: ``default`` / False where the candidates are the wildcards alone.
+
+    An operator's class is read when the index first meets the operator."""
+
+    __slots__ = ("wild", "by_class")
+
+    def __init__(self, table: dict, wild: tuple, by_class: dict[OpClass, list[Candidate]]):
+        super().__init__(table)
+        self.wild = wild
+        self.by_class = by_class
+
+    def __missing__(self, op: Operator) -> tuple[Candidate, ...]:
+        more = self.by_class.get(op.op_class) if op.op_class is not None else None
+        cands = self.wild if not more else tuple(sorted(more + list(self.wild), key=_order))
+        self[op] = cands
+        return cands
+
+    def get(self, op: Operator, default: Any = None) -> Any:  # type: ignore[override]
+        cands = self[op]
+        return default if cands is self.wild else cands
+
+    def __contains__(self, op: object) -> bool:
+        return self[op] is not self.wild  # type: ignore[index]
+
+
 class Matcher:
     """Many patterns, indexed by the operator their root can have.
 
     ``candidates(op)`` lists, in pattern order, the patterns that can match a value whose
-    operator is ``op``: those rooted at ``op`` and those whose root can be anything (a
-    variable, an operator variable, or an alternate with such a branch). Finding that list
-    is one dict lookup, so values no pattern can match cost almost nothing.
+    operator is ``op``: those rooted at ``op`` or at ``op``'s op class (an operator
+    variable whose guard names the class, :func:`~pypm_jax.engine.analysis.root_set`), and
+    those whose root can be anything (a variable, an unguarded operator variable, or an
+    alternate with such a branch). Finding that list is one dict lookup, so values no
+    pattern can match cost almost nothing.
 
-    ``compiled=False`` builds the index alone (from :func:`root_operators`), for a caller
-    that matches with the reference machine; its candidates carry no compiled pattern, and
-    its ``match_first`` and ``scan`` are not for use.
+    ``compiled=False`` builds the index alone (from :func:`root_set`), for a caller that
+    matches with the reference machine; its candidates carry no compiled pattern, and its
+    ``match_first`` and ``scan`` are not for use.
     """
 
     __slots__ = ("patterns", "compiled", "_table", "_wild")
@@ -41,7 +77,7 @@ class Matcher:
             tuple(compile_pattern(p) for p in self.patterns) if compiled else (None,) * n
         )
         roots = [
-            root_operators(p) if c is None else c.root_ops
+            root_set(p) if c is None else c.root_ops
             for p, c in zip(self.patterns, self.compiled, strict=True)
         ]
         entries = [
@@ -51,12 +87,18 @@ class Matcher:
             e for e, r in zip(entries, roots, strict=True) if r is None
         )
         table: dict[Operator, list[Candidate]] = {}
+        by_class: dict[OpClass, list[Candidate]] = {}
         for e, r in zip(entries, roots, strict=True):
-            for op in r or ():
-                table.setdefault(op, []).append(e)
-        self._table: dict[Operator, tuple[Candidate, ...]] = {
-            op: tuple(sorted(es + list(self._wild), key=lambda e: e[0])) for op, es in table.items()
-        }
+            for x in r or ():
+                (by_class if isinstance(x, OpClass) else table).setdefault(x, []).append(e)  # type: ignore[arg-type]
+        for op, es in table.items():  # an operator named and in a class named: both
+            more = by_class.get(op.op_class) if op.op_class is not None else None
+            if more:
+                es.extend(e for e in more if e not in es)
+        index = {op: tuple(sorted(es + list(self._wild), key=_order)) for op, es in table.items()}
+        self._table: dict[Operator, tuple[Candidate, ...]] = (
+            _ByClass(index, self._wild, by_class) if by_class else index
+        )
 
     def candidates(self, op: Operator) -> tuple[Candidate, ...]:
         """Patterns (index, definition, compiled) that can match a value of operator ``op``."""
@@ -64,7 +106,9 @@ class Matcher:
 
     @property
     def table(self) -> dict[Operator, tuple[Candidate, ...]]:
-        """The index itself: operator -> candidates (operators not in it get the wildcards)."""
+        """The index itself: operator -> candidates; ``table.get(op, wildcards)`` is
+        ``candidates(op)``, and ``op in table`` says whether it holds more than the
+        wildcards."""
         return self._table
 
     @property

@@ -13,8 +13,27 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pypm_jax.core.calculus import (
+    EAnd,
+    EAttr,
+    ECmp,
+    EConst,
+    EOpAttr,
+    EOr,
+    Expr,
+    PAlt,
+    Pattern,
+    PatternDef,
+    PConstr,
+    PExists,
+    PFunVar,
+    PGuard,
+    PVar,
+)
 from pypm_jax.core.graph import Graph
+from pypm_jax.core.terms import OpClass
 from pypm_jax.engine import fast as _fast
+from pypm_jax.engine.analysis import admits, root_set
 from pypm_jax.engine.fast import CompiledPattern, Matcher, compile_guard
 from pypm_jax.semantics import machine as _machine
 from pypm_jax.semantics.guards import guard_holds
@@ -22,12 +41,14 @@ from pypm_testing.engine import (
     F1,
     LEAVES,
     OPS,
+    PARAMS,
     SPLIT,
     A,
     B,
     dags,
     guards,
     pattern_defs,
+    patterns,
     solution_key,
 )
 from pypm_testing.strategies import pattern_and_term
@@ -79,7 +100,69 @@ def test_graph_values_same_solutions_as_reference(pdef, pool, data):
     check_same(pdef, v)
 
 
-@given(st.lists(pattern_defs(depth=2), min_size=1, max_size=4), dags())
+@st.composite
+def root_atoms(draw, fun: bool) -> Expr:
+    """A comparison of the root's op class (``F``'s, ``fun``; else ``x``'s) or operator
+    (``x``'s) with constants; now and then one about the other variable."""
+    classes = st.sampled_from([OpClass("unary"), OpClass("binary")])
+    if draw(st.integers(0, 4)) == 0:
+        fun = not fun
+    if fun:
+        cls = EOpAttr("F", "op_class")
+        if draw(st.booleans()):
+            return ECmp("==", cls, EConst(draw(classes)))
+        return ECmp("in", cls, EConst(tuple(draw(st.sets(classes)))))
+    kind = draw(st.integers(0, 3))
+    if kind == 0:
+        return ECmp("==", EConst(draw(classes)), EAttr("x", "op_class"))
+    if kind == 1:
+        return ECmp("in", EAttr("x", "op_class"), EConst(tuple(draw(st.sets(classes)))))
+    if kind == 2:
+        return ECmp("==", EAttr("x", "op"), EConst(draw(st.sampled_from(OPS))))
+    return ECmp("in", EAttr("x", "op"), EConst(tuple(draw(st.sets(st.sampled_from(OPS))))))
+
+
+@st.composite
+def root_guarded(draw) -> PatternDef:
+    """A pattern whose root is an operator variable or a variable under guards on its op
+    class or operator (what the root index reads) combined with other guards, maybe behind
+    an ∃ of the same name (then the guard is not about the root) or in a constraint."""
+    if draw(st.booleans()):
+        n = draw(st.integers(0, 2))
+        root: Pattern = PFunVar("F", tuple(draw(patterns(1)) for _ in range(n)))
+        hidden = "F"
+    else:
+        root, hidden = PVar("x"), "x"
+    if draw(st.integers(0, 3)) == 0:
+        root = PExists(hidden, root, "op" if hidden == "F" else "term")
+    if draw(st.integers(0, 3)) == 0:
+        root = PConstr(root, "x", draw(patterns(1)))
+    fun = hidden == "F"
+    guard = draw(root_atoms(fun))
+    for _ in range(draw(st.integers(0, 3))):
+        other = draw(st.one_of(root_atoms(fun), guards(("x", "y"), ("F",))))
+        guard = EAnd((other, guard)) if draw(st.booleans()) else EOr((guard, other))
+    body: Pattern = PGuard(root, guard)
+    if draw(st.integers(0, 3)) == 0:
+        body = PAlt(body, draw(patterns(1)))
+    return PatternDef("P", PARAMS, body)
+
+
+@given(root_guarded(), dags(), st.data())
+def test_the_root_index_admits_every_root_with_a_match(pdef, pool, data):
+    """A value the index leaves out (its operator and op class not among the pattern's
+    roots) has no match: the reference machine finds none there."""
+    roots = root_set(pdef)
+    for t in pool[-4:]:
+        if not admits(roots, t.op):
+            assert next(_machine.solutions(pdef.body, t), None) is None, (roots, t)
+    check_same(pdef, data.draw(st.sampled_from(pool[-4:])))
+
+
+@given(
+    st.lists(st.one_of(pattern_defs(depth=2), root_guarded()), min_size=1, max_size=4),
+    dags(),
+)
 def test_matcher_index_finds_what_trying_every_pattern_finds(pdefs, pool):
     g = Graph(pool[-3:])
     matcher = Matcher(pdefs)

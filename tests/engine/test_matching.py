@@ -7,11 +7,13 @@ import tracemalloc
 import pytest
 
 from pypm_jax.core.calculus import (
+    EAnd,
     EAttr,
     ECall,
     ECmp,
     EConst,
     EOpAttr,
+    EOr,
     GuardFn,
     PAlt,
     PApp,
@@ -28,13 +30,14 @@ from pypm_jax.core.calculus import (
 )
 from pypm_jax.core.errors import PatternDefinitionError
 from pypm_jax.core.graph import Graph
-from pypm_jax.core.terms import Operator, const, leaf
+from pypm_jax.core.terms import OpClass, Operator, const, leaf
 from pypm_jax.engine import fast as _fast
 from pypm_jax.engine import machine as _trail
 from pypm_jax.engine import precheck as _precheck
+from pypm_jax.engine.analysis import root_set
 from pypm_jax.engine.fast import CompiledPattern, Matcher, compile_pattern
 from pypm_jax.engine.select import match_all, match_first
-from pypm_testing.engine import CAT, F1, F2, F32, G2, H2, SPLIT, A, B, C
+from pypm_testing.engine import CAT, F1, F2, F32, G2, H2, SPLIT, A, B, C, same_type
 
 X, Y, Z = PVar("x"), PVar("y"), PVar("z")
 STR = GuardFn("str", str)
@@ -370,6 +373,103 @@ def test_root_index_and_pre_check_see_constraints_on_the_root():
     assert cp.first(F1(A)) is None
     m = _fast.match_first(p, F1(F2(B)))
     assert m is not None and m["x"] is B
+
+
+UNARY, BINARY = OpClass("unary"), OpClass("binary")  # (F2's and H2's classes)
+
+
+def op_class_is(var: str, cls: OpClass) -> ECmp:
+    return ECmp("==", EOpAttr(var, "op_class"), EConst(cls))
+
+
+def test_an_operator_variable_guarded_by_its_op_class_is_indexed_by_the_class():
+    # the paper's UnaryOp: F(x) with F.op_class == unary; its root is a unary operator
+    p_cls = pdef(PGuard(PFunVar("F", (X,)), op_class_is("F", UNARY)), "x", ("F", "op"))
+    p_f1 = pdef(PApp(F1, (X,)), "x")
+    p_any = pdef(X, "x")
+    assert root_set(p_cls) == frozenset({UNARY})
+    assert _fast.root_operators(p_cls) is None  # (operators only: a class is any of them)
+    p_f2 = pdef(PApp(F2, (X,)), "x")
+    m = Matcher([p_cls, p_f1, p_any, p_f2])
+    assert [i for i, _, _ in m.candidates(F2)] == [0, 2, 3]  # (named, and of the class)
+    assert [i for i, _, _ in m.candidates(F1)] == [1, 2]
+    assert [i for i, _, _ in m.candidates(H2)] == [2]
+    assert F2 in m.table and H2 not in m.table  # (more than the wildcards, or not)
+    assert m.table.get(H2, "wild") == "wild"
+    # an operator made after the index, in the class: a candidate too
+    later = Operator("later", 1, op_class="unary")
+    assert [i for i, _, _ in m.candidates(later)] == [0, 2] and later in m.table
+    i, match = m.match_first(later(A))
+    assert i == 0 and match.phi["F"] is later
+    assert m.match_first(F1(A))[0] == 1
+
+
+def test_the_index_keeps_every_class_candidate_of_a_rewrite():
+    # the driver's sweep asks the index per node: a node of an operator made after the
+    # rule (in the rule's class) is rewritten, one of another class is not
+    rule_cls = pdef(PGuard(PFunVar("F", (X,)), op_class_is("F", UNARY)), "x", ("F", "op"))
+    later = Operator("later_too", 1, op_class="unary", infer=same_type)
+    g = Graph([G2(later(A), H2(F2(B), B))])
+    found = {v.op.name for v, _, _ in Matcher([rule_cls]).scan(g)}
+    assert found == {"later_too", "f2"}
+
+
+def test_root_guards_are_read_through_and_or_in_and_constraints():
+    x_op = EAttr("x", "op")
+    x_cls = EAttr("x", "op_class")
+    either = EOr((op_class_is("F", UNARY), op_class_is("F", BINARY)))
+    guard = EAnd((either, ECmp(">", EConst(2), EConst(1))))
+    assert root_set(pdef(PGuard(PFunVar("F", (X,)), guard), "x")) == frozenset({UNARY, BINARY})
+    # `or` with something else: any root
+    loose = EOr((op_class_is("F", UNARY), ECmp(">", EConst(2), EConst(1))))
+    assert root_set(pdef(PGuard(PFunVar("F", (X,)), loose), "x")) is None
+    # operators and classes meet: an operator stays where its class is admitted
+    both = EAnd((ECmp("==", x_cls, EConst(UNARY)), ECmp("in", x_op, EConst((F1, F2, H2)))))
+    assert root_set(pdef(PGuard(X, both), "x")) == frozenset({F2})
+    flipped = EAnd((ECmp("in", x_op, EConst((F1, F2, H2))), ECmp("==", EConst(UNARY), x_cls)))
+    assert root_set(pdef(PGuard(X, flipped), "x")) == frozenset({F2})
+    # a constraint on the root and a class guard: the constraint's operators of the class
+    body = PGuard(
+        PConstr(X, "x", PAlt(PApp(F1, (Y,)), PApp(F2, (Y,)))), ECmp("==", x_cls, EConst(UNARY))
+    )
+    assert root_set(pdef(body, "x")) == frozenset({F2})
+    # a guard on another variable says nothing about the root
+    assert root_set(
+        pdef(PGuard(PApp(G2, (X, Y)), ECmp("==", EAttr("y", "op"), EConst(F1))), "x")
+    ) == frozenset({G2})
+
+
+def test_a_class_guard_beside_an_exists_reads_the_same_variable():
+    # ∃F.F(y) checks that F is bound, and F is the F around it (θ and φ are global); in a
+    # definition's body an unfolding renames F (and the guards inside the ∃) afresh
+    body = PGuard(PExists("F", PFunVar("F", (Y,)), "op"), op_class_is("F", UNARY))
+    p = pdef(body, "y", ("F", "op"))
+    assert root_set(p) == frozenset({UNARY})
+    assert _fast.match_first(p, F2(A)) is not None and _fast.match_first(p, F1(A)) is None
+    inner = PMu("S", (Param("z"),), ("y",), PExists("F", PFunVar("F", (PVar("z"),)), "op"))
+    q = pdef(PGuard(inner, op_class_is("F", UNARY)), "y", ("F", "op"))
+    assert root_set(q) is None  # (the guard's F is not the ∃'s, renamed by the unfolding)
+    assert _fast.match_first(q, F2(A)) is None  # (F is never bound: the guard is undefined)
+
+
+def test_a_class_guard_is_not_read_where_the_pattern_can_raise():
+    # F's operands are matched before its guard; a reference outside its definition raises
+    # there, so the pattern stays a candidate everywhere (it must raise where it did)
+    p = pdef(PGuard(PFunVar("F", (PCall("Nowhere", ("x",)),)), op_class_is("F", UNARY)), "x")
+    assert root_set(p) is None
+
+
+def test_summaries_carry_op_class_roots():
+    from pypm_jax.engine.compiled import from_summary, summary
+
+    p = pdef(PGuard(PFunVar("F", (PApp(F1, (X,)),)), op_class_is("F", UNARY)), "x")
+    data = summary(CompiledPattern(p, backend="machine"))
+    assert data["root_ops"] == [] and data["root_classes"] == ["unary"]
+    fresh = pdef(p.body, "x")
+    assert from_summary(fresh, data).root_ops == frozenset({UNARY})
+    # a class the pattern does not name: refused (compiled as usual)
+    assert from_summary(pdef(p.body, "x"), {**data, "root_classes": ["binary"]}) is None
+    assert from_summary(pdef(p.body, "x"), {**data, "root_ops": None}) is None
 
 
 def test_machine_unfolds_bodies_whose_existential_nodes_are_shared():

@@ -2,10 +2,11 @@
 
 The strategies draw random DAGs (hash-consed terms with sharing, multi-output and variadic
 operators, literals, typed and untyped leaves) and random patterns that use every construct
-of the calculus — alternates, guards (true, false and undefined ones), existentials, match
-constraints, operator variables, calls of sub-patterns with term and operator arguments,
-and recursion that consumes structure (directly and through a match constraint, with
-existentials that force fresh names at each unfolding).
+of the calculus — alternates, guards (true, false and undefined ones; comparisons of op
+classes and operators, which the root index reads), existentials, match constraints,
+operator variables, calls of sub-patterns with term and operator arguments, and recursion
+that consumes structure (directly and through a match constraint, with existentials that
+force fresh names at each unfolding).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from pypm_jax.core.calculus import (
     PVar,
 )
 from pypm_jax.core.dtypes import as_dtype
-from pypm_jax.core.terms import Operator, Term, const, leaf
+from pypm_jax.core.terms import OpClass, Operator, Term, const, leaf
 from pypm_jax.lang.registry import GUARD_FNS
 
 F32, I8 = as_dtype("f32"), as_dtype("i8")
@@ -106,7 +107,7 @@ def guards(draw: Any, names: tuple[str, ...], op_names: tuple[str, ...]) -> Expr
 
     def atom() -> Expr:
         v = draw(st.sampled_from(names))
-        kind = draw(st.integers(0, 7))
+        kind = draw(st.integers(0, 10))
         if kind == 0:
             return ECmp("==", EAttr(v, "rank"), EConst(draw(st.integers(0, 2))))
         if kind == 1:
@@ -121,7 +122,15 @@ def guards(draw: Any, names: tuple[str, ...], op_names: tuple[str, ...]) -> Expr
             return ECmp("==", EOpAttr(draw(st.sampled_from(op_names)), "name"), EConst("f1"))
         if kind == 6:
             return EConst(True)
-        return EConst(1.5)  # not a truth value: undefined
+        if kind == 7:
+            return EConst(1.5)  # not a truth value: undefined
+        # op classes and operators (what the root index reads; F1, G2 have no class)
+        cls = EConst(OpClass(draw(st.sampled_from(["unary", "binary"]))))
+        if kind == 8:
+            return ECmp("==", EOpAttr(draw(st.sampled_from(op_names)), "op_class"), cls)
+        if kind == 9:
+            return ECmp("==", cls, EAttr(v, "op_class"))
+        return ECmp("in", EAttr(v, "op"), EConst(tuple(draw(st.sets(st.sampled_from(OPS))))))
 
     combine = draw(st.integers(0, 5))
     if combine == 0:
