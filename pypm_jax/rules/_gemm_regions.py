@@ -150,8 +150,14 @@ def experts_gemm(term: Any) -> int | None:
 
 
 def _is_gemm(t: Any) -> bool:
-    cls = t.op.op_class
-    return (cls is not None and cls.name == "gemm") or _dense_dot(t) or _experts(t) is not None
+    op = t.op
+    cls = op.op_class
+    if cls is not None and cls.name == "gemm":
+        return True
+    name = op.name  # (what _dense_dot and _experts look at first)
+    if name == "dot_general":
+        return _dense_dot(t)
+    return name == "transpose" and _experts(t) is not None
 
 
 def _pointwise(t: Any) -> bool:
@@ -165,7 +171,10 @@ def reads_gemm(term: Any) -> bool:
     dense ``dot_general`` or a GEMM kernel node), literals and at most one operand applied
     to the GEMM directly? A linear walk (each value once, at most :data:`MAX_STEPS` deep)
     before the region pattern explores ``term``'s inputs with backtracking."""
-    if getattr(term, "op", None) is None or not _pointwise(term) or computed_from_literals(term):
+    if getattr(term, "op", None) is None or not _pointwise(term):
+        return False
+    blocked: dict[int, bool] = {}  # (this walk's memo for _from_literals: the graph is fixed)
+    if _from_literals(term, blocked):
         return False
     gemms: set[int] = set()
     operands: set[int] = set()
@@ -180,14 +189,16 @@ def reads_gemm(term: Any) -> bool:
         if _is_gemm(t):
             gemms.add(id(t))
             continue
-        if computed_from_literals(t):
-            continue
         if not _pointwise(t):
-            return False
+            if _number(t) is None:  # (else a literal; nothing else but a step is one)
+                return False
+            continue
+        if _from_literals(t, blocked):
+            continue
         ins = t.inputs
         if len(ins) == 2 and ins[0] is not ins[1] and any(_is_gemm(i) for i in ins):
             other = ins[1] if _is_gemm(ins[0]) else ins[0]
-            if not computed_from_literals(other):
+            if not _from_literals(other, blocked):
                 # the operand candidate (or, in ``y * logistic(y)``, part of the region):
                 # not walked, so a permissive test; the pattern decides
                 operands.add(id(other))
@@ -239,6 +250,7 @@ def beyond_linear(term: Any) -> bool:
     if shape is None:
         return True
     out_shape = tuple(shape)
+    blocked: dict[int, bool] = {}  # (this walk's memo for _from_literals)
     stack, seen = [term], set()
     while stack:
         t = stack.pop()
@@ -260,13 +272,13 @@ def beyond_linear(term: Any) -> bool:
             if ins and _one_element(ins[0]):
                 stack.append(ins[0])  # (steps broadcast like numbers)
             continue
-        if name not in PRIMS or computed_from_literals(t):
+        if name not in PRIMS or _from_literals(t, blocked):
             continue  # no step, or a constant one
         if name in ("convert_element_type", "copy"):
             stack.extend(ins)
-        elif name in ("mul", "div") and len(ins) == 2 and computed_from_literals(ins[1]):
+        elif name in ("mul", "div") and len(ins) == 2 and _from_literals(ins[1], blocked):
             stack.append(ins[0])
-        elif name == "mul" and len(ins) == 2 and computed_from_literals(ins[0]):
+        elif name == "mul" and len(ins) == 2 and _from_literals(ins[0], blocked):
             stack.append(ins[1])
         elif name == "add" and len(ins) == 2 and _linear_operand(ins[1], out_shape):
             stack.append(ins[0])
@@ -303,7 +315,43 @@ def _number(term: Any) -> Any:
 def computed_from_literals(term: Any) -> bool:
     """Is ``term`` computed from literals alone (``0.5``, ``float32(sqrt(32.0))``, a
     broadcast ``0.0``), so that a region computes it in its steps?"""
-    return _Walk((), None, ("acc",), {}).ref(term) is not None
+    return _from_literals(term, {})
+
+
+def _from_literals(term: Any, blocked: dict[int, bool]) -> bool:
+    """:func:`computed_from_literals`, ``blocked`` remembering :func:`_blocked` across the
+    calls of one walk over a graph that does not change meanwhile."""
+    return not _blocked(term, blocked, 0) and _Walk((), None, ("acc",), {}).ref(term) is not None
+
+
+def _blocked(term: Any, memo: dict[int, bool], depth: int) -> bool:
+    """Does ``_Walk.ref``'s recursion from ``term`` reach a value whose reference is None
+    wherever it is reached (not a literal, not a step: a GEMM, an input, a reshape...)?
+    Then no walk computes ``term`` from literals, so ``computed_from_literals`` is False
+    without building steps; False says nothing (the walk decides: its step and depth
+    limits too). The same recursion as ``_Walk.ref``, each value once (``memo``, by id), at
+    most ``MAX_STEPS + 1`` levels (deeper: False), so a chain of pointwise operators is
+    walked once, not once per value of it."""
+    known = memo.get(id(term))
+    if known is not None:
+        return known
+    if _number(term) is not None:
+        return False
+    op = getattr(term, "op", None)
+    if op is None or not is_table_op(op):
+        found = True
+    elif depth > MAX_STEPS or op.name in ("broadcast_in_dim", "copy") and not term.inputs:
+        return False  # (not looked at: the walk decides, or raises as before)
+    elif op.name == "broadcast_in_dim" and _one_element(term.inputs[0]):
+        found = _blocked(term.inputs[0], memo, depth + 1)
+    elif op.name not in PRIMS:
+        found = True
+    elif op.name == "copy":
+        found = not _plain_params(term) or _blocked(term.inputs[0], memo, depth + 1)
+    else:
+        found = any(_blocked(t, memo, depth + 1) for t in term.inputs) or not _plain_params(term)
+    memo[id(term)] = found
+    return found
 
 
 # -------------------------------------------------------------------------- operands
@@ -363,6 +411,17 @@ def _params(term: Any) -> tuple[tuple[str, Any], ...] | None:
         elif name not in _NEUTRAL or (value is not None and value is not False):
             return None
     return tuple(sorted(out.items()))
+
+
+def _plain_params(term: Any) -> bool:
+    """``_params(term) is not None``, without building the params."""
+    kept = _KEPT.get(term.op.name, ())
+    for name, value in term.attrs.items():
+        if name not in kept and (
+            name not in _NEUTRAL or (value is not None and value is not False)
+        ):
+            return False
+    return True
 
 
 def _one_element(term: Any) -> bool:

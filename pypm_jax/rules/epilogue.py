@@ -187,10 +187,36 @@ def FedByGemm(v):
 
 
 @pm.pattern
+def RegionStep(v):
+    """A step a region can end with: a unary or binary operator the epilogue lowers, a
+    ``select_n`` or a ``clamp`` (what ``PwRegion`` matches, the GEMM and literals aside).
+    Its operator variables' op-class guards give the pattern's root index: only values of
+    those classes and operators are tried (:func:`pypm_jax.engine.analysis.root_set`)."""
+    return UnaryOp(pm.var())
+
+
+@pm.pattern
+def RegionStep(v):  # noqa: F811
+    return BinaryOp(pm.var(), pm.var())
+
+
+@pm.pattern
+def RegionStep(v):  # noqa: F811
+    return P.select_n(pm.var(), pm.var(), pm.var())
+
+
+@pm.pattern
+def RegionStep(v):  # noqa: F811
+    return P.clamp(pm.var(), pm.var(), pm.var())
+
+
+@pm.pattern
 def GemmEpilogueRegion(r, y, x, w, u, o):
     """A region's root; ``FedByGemm`` first, so the recursion only explores values a GEMM
-    feeds."""
+    feeds. A value ``FedByGemm`` lets in is no GEMM and no literal, so a region there ends
+    with a step (``RegionStep``)."""
     r <= FedByGemm(r)
+    r <= RegionStep(r)
     r <= PwRegion(y, x, w, u, o)
     return r
 
