@@ -90,7 +90,17 @@ def Gemm(x, w, u):  # noqa: F811
 
 
 @pm.pattern
+def GemmRoot(v):
+    """What a ``Gemm`` can be rooted at: a ``dot_general``, a ``transpose`` or an
+    operator of class ``gemm`` (one guard, so that the many values a region's recursion
+    meets that are none of these are turned away before ``Gemm``'s alternates are tried)."""
+    assert v.op == P.dot_general or v.op == P.transpose or v.op_class == pm.opclass("gemm")
+    return v
+
+
+@pm.pattern
 def GemmValue(y, x, w, u):
+    y <= GemmRoot(y)
     y <= Gemm(x, w, u)
     return y
 
