@@ -741,12 +741,13 @@ class _Reader:
                 "counted at each use); refusing the blob as too large"
             )
         budget = _Budget(MAX_EXPANDED)  # a second line of defence: the walks count, too
+        needs = _Needs(budget)  # shared by the walks: the tables' entries are alive meanwhile
         for i, d in enumerate(self.t["defs"]):
             self.where = f"defs[{i}]"
-            _check_pattern_def(d, f"pattern {_short(d.name)} (defs[{i}])", budget)
+            _check_pattern_def(d, f"pattern {_short(d.name)} (defs[{i}])", budget, needs)
         for i, r in enumerate(self.t["rules"]):
             self.where = f"rules[{i}]"
-            _check_rule(r, f"rule {_short(r.name)} (rules[{i}])", budget)
+            _check_rule(r, f"rule {_short(r.name)} (rules[{i}])", budget, needs)
         items: list[Item] = []
         for n, raw in enumerate(self._list(doc, "items")):
             self.where = f"items[{n}]"
@@ -1181,9 +1182,138 @@ def _check_distinct(params: tuple[Param, ...], fail: Any) -> None:
 # ------------------------------------------------------------------ scoping and recursion
 
 
-def _check_pattern_def(d: PatternDef, owner: str, budget: _Budget) -> None:
+class _Needs:
+    """What each sub-structure needs of the scope it is checked in, worked out once per
+    object: the variables it reads, as ``("term", x)``, ``("op", F)`` or ``("any", x)`` (a
+    guard's read, which a binder of either kind satisfies); None for a pattern holding a
+    recursive reference (or a defect inside a μ), whose checks depend on more than the scope.
+
+    Definitions share sub-structures (the writer stores equal ones once), so walking each
+    definition's expanded tree visits a shared part at every use; the walks below skip a
+    part whose needs the scope meets -- the walk would find nothing wrong in it and leave the
+    scope as it found it -- and walk the rest as before, so a defect is reported exactly as
+    the full walk reports it. The objects must stay alive while this is used (keyed by id).
+    """
+
+    __slots__ = ("memo", "budget")
+
+    def __init__(self, budget: _Budget | None = None) -> None:
+        self.memo: dict[int, frozenset[tuple[str, str]] | None] = {}
+        self.budget = _Budget(MAX_EXPANDED) if budget is None else budget
+
+    @staticmethod
+    def met(needs: frozenset[tuple[str, str]], frame: Mapping[tuple[str, str], int]) -> bool:
+        for kind, name in needs:
+            if kind == "any":
+                if ("term", name) not in frame and ("op", name) not in frame:
+                    return False
+            elif (kind, name) not in frame:
+                return False
+        return True
+
+    def of(self, root: Any) -> frozenset[tuple[str, str]] | None:
+        """The needs of a pattern, expression or rule result (children first, no recursion)."""
+        memo = self.memo
+        found = memo.get(id(root), False)
+        if found is not False:
+            return found
+        stack: list[tuple[Any, bool]] = [(root, False)]
+        while stack:
+            x, ready = stack.pop()
+            if id(x) in memo:
+                continue
+            kids = self._parts(x)
+            if kids is None:  # a μ or a recursive reference
+                memo[id(x)] = None
+                continue
+            if not ready:
+                stack.append((x, True))
+                stack.extend((k, False) for k in kids if id(k) not in memo)
+                continue
+            memo[id(x)] = None  # (while a μ is checked on its own, it is walked)
+            memo[id(x)] = self._combine(x, kids)
+        return memo[id(root)]
+
+    @staticmethod
+    def _parts(x: Any) -> tuple[Any, ...] | None:
+        match x:
+            case PCall():
+                return None
+            case PMu(_, _, _, body):
+                return (body,)
+            case PGuard(pat, guard):
+                return (pat, guard)
+            case PVar() | PConst() | RVar() | RConst():
+                return ()
+            case PApp(_, args) | PFunVar(_, args):
+                return args
+            case PAlt(left, right):
+                return (left, right)
+            case PExists(_, body):
+                return (body,)
+            case PConstr(pat, _, constraint):
+                return (pat, constraint)
+            case RApp(_, args, attrs):
+                return (*args, *(value for _, value in attrs))
+            case RTuple(items):
+                return items
+        return expr_children(x)  # TypeError for anything else: the caller's walk reports it
+
+    def _combine(self, x: Any, kids: tuple[Any, ...]) -> frozenset[tuple[str, str]] | None:
+        memo = self.memo
+        if type(x) is PMu:  # its body is checked in a scope of its own: its parameters
+            body = memo[id(kids[0])]
+            if body is None:
+                # recursive: check it once on its own, with what its arguments name bound;
+                # it fails where it holds a defect or calls an enclosing μ (then the walks
+                # of the definitions holding it go through it)
+                reads = tuple(
+                    Param(a, p.kind)
+                    for p, a in zip(x.params, x.args, strict=True)
+                    if not isinstance(a, Operator)
+                )
+                try:
+                    _check_pattern_def(PatternDef(x.name, reads, x), "μ", self.budget, self)
+                except FormatError:
+                    return None
+            elif not self.met(body, {(p.kind, p.name): 1 for p in x.params}):
+                return None
+            needs = set()
+            for p, a in zip(x.params, x.args, strict=True):
+                if isinstance(a, Operator):
+                    if p.kind != "op":
+                        return None
+                else:
+                    needs.add((p.kind, a))
+            return frozenset(needs)
+        needs: set[tuple[str, str]] = set()
+        for k in kids:
+            sub = memo[id(k)]
+            if sub is None:
+                return None
+            needs |= sub
+        match x:
+            case PVar(name) | RVar(name):
+                needs.add(("term", name))
+            case PFunVar(var):
+                needs.add(("op", var))
+            case PConstr(_, var):
+                needs.add(("term", var))
+            case PExists(var, _, kind):
+                needs.discard((kind, var))
+                needs.discard(("any", var))
+            case EAttr(var) | EOpAttr(var):
+                needs.add(("any", var))
+        return frozenset(needs)
+
+
+def _check_pattern_def(
+    d: PatternDef, owner: str, budget: _Budget, needs: _Needs | None = None
+) -> None:
     """A definition must be closed: free variables are its parameters (of the right kind),
-    ``P(..)`` only inside ``μP`` and under an operator application, μ bodies closed."""
+    ``P(..)`` only inside ``μP`` and under an operator application, μ bodies closed. (A
+    part whose ``needs`` the scope meets is not walked: it holds no defect.)"""
+    needs = _Needs(budget) if needs is None else needs
 
     def fail(message: str) -> FormatError:
         return FormatError(f"{owner}: {message}")
@@ -1223,6 +1353,12 @@ def _check_pattern_def(d: PatternDef, owner: str, budget: _Budget) -> None:
             else:  # "app"
                 apps -= 1
             continue
+        try:
+            wants = needs.of(item)
+        except TypeError:  # not a pattern: the walk says so
+            wants = None
+        if wants is not None and needs.met(wants, frames[-1]):
+            continue
         budget.spend(owner)
         match item:
             case PVar(name):
@@ -1241,7 +1377,7 @@ def _check_pattern_def(d: PatternDef, owner: str, budget: _Budget) -> None:
             case PAlt(left, right):
                 stack += [right, left]
             case PGuard(pat, guard):
-                _check_expr(guard, frames[-1], owner, budget)
+                _check_expr(guard, frames[-1], owner, budget, needs)
                 stack.append(pat)
             case PExists(var, body, kind):
                 key = (kind, var)
@@ -1280,9 +1416,22 @@ def _check_pattern_def(d: PatternDef, owner: str, budget: _Budget) -> None:
                 raise fail(f"not a pattern: {type(item).__name__}")
 
 
-def _check_expr(e: Expr, frame: Mapping[tuple[str, str], int], owner: str, budget: _Budget) -> None:
+def _check_expr(
+    e: Expr,
+    frame: Mapping[tuple[str, str], int],
+    owner: str,
+    budget: _Budget,
+    needs: _Needs | None = None,
+) -> None:
     """Every variable a guard reads must be in scope (of either kind: reading a term
     attribute of an operator variable is merely undefined, as in ``_guards``)."""
+    if needs is not None:
+        try:
+            wants = needs.of(e)
+        except TypeError:  # not an expression: the walk says so
+            wants = None
+        if wants is not None and needs.met(wants, frame):
+            return
     stack: list[Expr] = [e]
     while stack:
         x = stack.pop()
@@ -1300,11 +1449,18 @@ def _check_expr(e: Expr, frame: Mapping[tuple[str, str], int], owner: str, budge
             raise FormatError(f"{owner}: not an expression: {type(x).__name__}") from None
 
 
-def _check_rule(r: RuleDef, owner: str, budget: _Budget) -> None:
+def _check_rule(r: RuleDef, owner: str, budget: _Budget, needs: _Needs | None = None) -> None:
     """A rule's guards and results may use only its pattern's parameters."""
+    needs = _Needs(budget) if needs is None else needs
     frame = {(p.kind, p.name): 1 for p in r.pattern.params}
     for b in r.branches:
-        _check_expr(b.guard, frame, owner, budget)
+        _check_expr(b.guard, frame, owner, budget, needs)
+        try:
+            wants = needs.of(b.result)
+        except TypeError:  # not a rule result: the walk says so
+            wants = None
+        if wants is not None and needs.met(wants, frame):
+            continue
         stack: list[Rhs] = [b.result]
         while stack:
             x = stack.pop()
@@ -1320,7 +1476,7 @@ def _check_rule(r: RuleDef, owner: str, budget: _Budget) -> None:
                     pass
                 case RApp(_, args, attrs):
                     for _, value in attrs:
-                        _check_expr(value, frame, owner, budget)
+                        _check_expr(value, frame, owner, budget, needs)
                     stack.extend(reversed(args))
                 case RTuple(items):
                     stack.extend(reversed(items))
