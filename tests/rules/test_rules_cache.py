@@ -24,6 +24,7 @@ import pypm_jax as pm
 import pypm_jax.rules as R
 from pypm_jax.engine import compiled as _compiled
 from pypm_jax.engine import fast as _fast
+from pypm_jax.engine import rewrite as _rewrite
 from pypm_jax.engine.rewrite import guarded_pattern
 from pypm_jax.jax import lift, prims
 from pypm_jax.jax.optimize import rewrite_nested
@@ -108,6 +109,9 @@ def test_a_load_gives_what_the_frontend_builds(frontend_runs):
         primed = _fast.compile_pattern(pdef)
         assert primed.backend == "machine"
         assert (primed.root_ops, primed._shape) == (fresh.root_ops, fresh._shape)
+        # and the driver's reach of the pattern, as it would work it out
+        reach = _rewrite._reach_of.entries[id(b.definition.pattern)]
+        assert reach == (b.definition.pattern, _rewrite._reach(a.definition.pattern.body, [500]))
 
 
 def test_loaded_rules_rewrite_identically():
