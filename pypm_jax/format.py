@@ -197,6 +197,18 @@ _KIND_OF: dict[str, dict[type, tuple[str, Fields]]] = {
     table: {cls: (kind, fields) for kind, (cls, fields) in kinds.items()}
     for table, kinds in _KINDED.items()
 }
+# Per node table, per kind (None for the unkinded tables): an entry's keys, and as a set.
+_ENTRY_KEYS: dict[str, dict[str | None, tuple[tuple[str, ...], frozenset[str]]]] = {
+    table: {
+        k: (keys, frozenset(keys))
+        for k, keys in (
+            ((k, ("k", *(name for name, _ in fields))) for k, (_, fields) in _KINDED[table].items())
+            if table in _KINDED
+            else [(None, tuple(name for name, _ in _SINGLE[table][1]))]
+        )
+    }
+    for table in ("exprs", "patterns", "rhs", "defs", "rules")
+}
 _ITEM_TABLES = {"op": "ops", "pattern": "defs", "rule": "rules"}
 _WHAT = {
     "ops": "an operator",
@@ -1020,6 +1032,9 @@ class _Reader:
     def _read_table(self, table: str, rows: list[Any]) -> None:
         out = self.t[table]
         kinds = _KINDED.get(table)
+        keys_of = _ENTRY_KEYS[table]
+        get = self._get
+        tables = self.t
         for i, raw in enumerate(rows):
             self.where = f"{table}[{i}]"
             if kinds is not None:
@@ -1030,13 +1045,26 @@ class _Reader:
                     what = _WHAT[table].split(" ", 1)[1]
                     raise self.fail(f"unknown {what} kind {_short(k)}")
                 cls, fields = kinds[k]
-                e = self._record(raw, ("k", *(name for name, _ in fields)))
             else:
+                k = None
                 cls, fields = _SINGLE[table]
-                e = self._record(raw, tuple(name for name, _ in fields))
-            args = {name: self._get(ftype, e[name], name, table, i) for name, ftype in fields}
-            obj = cls(**args)
-            self._check_local(obj)
+            keys, keyset = keys_of[k]
+            e = raw if type(raw) is dict and raw.keys() == keyset else self._record(raw, keys)
+            # the fields in the dataclass's order (tests/format/test_validation.py checks);
+            # an index into an earlier table (or entry) is taken here, anything else is
+            # decoded (or refused, with its message) by _get
+            args = []
+            for name, ftype in fields:
+                v = e[name]
+                if ftype[0] == "ref" and type(v) is int:
+                    t = tables[ftype[1]]
+                    if 0 <= v < (i if ftype[1] == table else len(t)):
+                        args.append(t[v])
+                        continue
+                args.append(get(ftype, v, name, table, i))
+            obj = cls(*args)
+            if cls in _LOCALLY_CHECKED:
+                self._check_local(obj)
             out.append(obj)
             # the indices are valid now: account for the expanded size
             if table == "exprs":
@@ -1135,7 +1163,8 @@ class _Reader:
         return raw
 
     def _check_local(self, obj: Any) -> None:
-        """What one entry must satisfy beyond its field types (arity, distinct names)."""
+        """What one entry must satisfy beyond its field types (arity, distinct names), for
+        the classes of :data:`_LOCALLY_CHECKED`."""
         match obj:
             case PApp(op, args, index) | RApp(op, args, _, index):
                 if op.n_in is not None and len(args) != op.n_in:
@@ -1171,6 +1200,10 @@ class _Reader:
                 _check_distinct(params, self.fail)
             case PatternDef(_, params):
                 _check_distinct(params, self.fail)
+
+
+# The entry classes _Reader._check_local has something to check for.
+_LOCALLY_CHECKED = frozenset({PApp, RApp, PFunVar, EBin, PMu, PatternDef})
 
 
 def _check_distinct(params: tuple[Param, ...], fail: Any) -> None:
