@@ -197,6 +197,18 @@ _KIND_OF: dict[str, dict[type, tuple[str, Fields]]] = {
     table: {cls: (kind, fields) for kind, (cls, fields) in kinds.items()}
     for table, kinds in _KINDED.items()
 }
+# Per node table, per kind (None for the unkinded tables): an entry's keys, and as a set.
+_ENTRY_KEYS: dict[str, dict[str | None, tuple[tuple[str, ...], frozenset[str]]]] = {
+    table: {
+        k: (keys, frozenset(keys))
+        for k, keys in (
+            ((k, ("k", *(name for name, _ in fields))) for k, (_, fields) in _KINDED[table].items())
+            if table in _KINDED
+            else [(None, tuple(name for name, _ in _SINGLE[table][1]))]
+        )
+    }
+    for table in ("exprs", "patterns", "rhs", "defs", "rules")
+}
 _ITEM_TABLES = {"op": "ops", "pattern": "defs", "rule": "rules"}
 _WHAT = {
     "ops": "an operator",
@@ -741,12 +753,13 @@ class _Reader:
                 "counted at each use); refusing the blob as too large"
             )
         budget = _Budget(MAX_EXPANDED)  # a second line of defence: the walks count, too
+        needs = _Needs(budget)  # shared by the walks: the tables' entries are alive meanwhile
         for i, d in enumerate(self.t["defs"]):
             self.where = f"defs[{i}]"
-            _check_pattern_def(d, f"pattern {_short(d.name)} (defs[{i}])", budget)
+            _check_pattern_def(d, f"pattern {_short(d.name)} (defs[{i}])", budget, needs)
         for i, r in enumerate(self.t["rules"]):
             self.where = f"rules[{i}]"
-            _check_rule(r, f"rule {_short(r.name)} (rules[{i}])", budget)
+            _check_rule(r, f"rule {_short(r.name)} (rules[{i}])", budget, needs)
         items: list[Item] = []
         for n, raw in enumerate(self._list(doc, "items")):
             self.where = f"items[{n}]"
@@ -1019,6 +1032,9 @@ class _Reader:
     def _read_table(self, table: str, rows: list[Any]) -> None:
         out = self.t[table]
         kinds = _KINDED.get(table)
+        keys_of = _ENTRY_KEYS[table]
+        get = self._get
+        tables = self.t
         for i, raw in enumerate(rows):
             self.where = f"{table}[{i}]"
             if kinds is not None:
@@ -1029,13 +1045,26 @@ class _Reader:
                     what = _WHAT[table].split(" ", 1)[1]
                     raise self.fail(f"unknown {what} kind {_short(k)}")
                 cls, fields = kinds[k]
-                e = self._record(raw, ("k", *(name for name, _ in fields)))
             else:
+                k = None
                 cls, fields = _SINGLE[table]
-                e = self._record(raw, tuple(name for name, _ in fields))
-            args = {name: self._get(ftype, e[name], name, table, i) for name, ftype in fields}
-            obj = cls(**args)
-            self._check_local(obj)
+            keys, keyset = keys_of[k]
+            e = raw if type(raw) is dict and raw.keys() == keyset else self._record(raw, keys)
+            # the fields in the dataclass's order (tests/format/test_validation.py checks);
+            # an index into an earlier table (or entry) is taken here, anything else is
+            # decoded (or refused, with its message) by _get
+            args = []
+            for name, ftype in fields:
+                v = e[name]
+                if ftype[0] == "ref" and type(v) is int:
+                    t = tables[ftype[1]]
+                    if 0 <= v < (i if ftype[1] == table else len(t)):
+                        args.append(t[v])
+                        continue
+                args.append(get(ftype, v, name, table, i))
+            obj = cls(*args)
+            if cls in _LOCALLY_CHECKED:
+                self._check_local(obj)
             out.append(obj)
             # the indices are valid now: account for the expanded size
             if table == "exprs":
@@ -1134,7 +1163,8 @@ class _Reader:
         return raw
 
     def _check_local(self, obj: Any) -> None:
-        """What one entry must satisfy beyond its field types (arity, distinct names)."""
+        """What one entry must satisfy beyond its field types (arity, distinct names), for
+        the classes of :data:`_LOCALLY_CHECKED`."""
         match obj:
             case PApp(op, args, index) | RApp(op, args, _, index):
                 if op.n_in is not None and len(args) != op.n_in:
@@ -1172,6 +1202,10 @@ class _Reader:
                 _check_distinct(params, self.fail)
 
 
+# The entry classes _Reader._check_local has something to check for.
+_LOCALLY_CHECKED = frozenset({PApp, RApp, PFunVar, EBin, PMu, PatternDef})
+
+
 def _check_distinct(params: tuple[Param, ...], fail: Any) -> None:
     names = [p.name for p in params]
     if len(set(names)) != len(names):
@@ -1181,9 +1215,138 @@ def _check_distinct(params: tuple[Param, ...], fail: Any) -> None:
 # ------------------------------------------------------------------ scoping and recursion
 
 
-def _check_pattern_def(d: PatternDef, owner: str, budget: _Budget) -> None:
+class _Needs:
+    """What each sub-structure needs of the scope it is checked in, worked out once per
+    object: the variables it reads, as ``("term", x)``, ``("op", F)`` or ``("any", x)`` (a
+    guard's read, which a binder of either kind satisfies); None for a pattern holding a
+    recursive reference (or a defect inside a μ), whose checks depend on more than the scope.
+
+    Definitions share sub-structures (the writer stores equal ones once), so walking each
+    definition's expanded tree visits a shared part at every use; the walks below skip a
+    part whose needs the scope meets -- the walk would find nothing wrong in it and leave the
+    scope as it found it -- and walk the rest as before, so a defect is reported exactly as
+    the full walk reports it. The objects must stay alive while this is used (keyed by id).
+    """
+
+    __slots__ = ("memo", "budget")
+
+    def __init__(self, budget: _Budget | None = None) -> None:
+        self.memo: dict[int, frozenset[tuple[str, str]] | None] = {}
+        self.budget = _Budget(MAX_EXPANDED) if budget is None else budget
+
+    @staticmethod
+    def met(needs: frozenset[tuple[str, str]], frame: Mapping[tuple[str, str], int]) -> bool:
+        for kind, name in needs:
+            if kind == "any":
+                if ("term", name) not in frame and ("op", name) not in frame:
+                    return False
+            elif (kind, name) not in frame:
+                return False
+        return True
+
+    def of(self, root: Any) -> frozenset[tuple[str, str]] | None:
+        """The needs of a pattern, expression or rule result (children first, no recursion)."""
+        memo = self.memo
+        found = memo.get(id(root), False)
+        if found is not False:
+            return found
+        stack: list[tuple[Any, bool]] = [(root, False)]
+        while stack:
+            x, ready = stack.pop()
+            if id(x) in memo:
+                continue
+            kids = self._parts(x)
+            if kids is None:  # a μ or a recursive reference
+                memo[id(x)] = None
+                continue
+            if not ready:
+                stack.append((x, True))
+                stack.extend((k, False) for k in kids if id(k) not in memo)
+                continue
+            memo[id(x)] = None  # (while a μ is checked on its own, it is walked)
+            memo[id(x)] = self._combine(x, kids)
+        return memo[id(root)]
+
+    @staticmethod
+    def _parts(x: Any) -> tuple[Any, ...] | None:
+        match x:
+            case PCall():
+                return None
+            case PMu(_, _, _, body):
+                return (body,)
+            case PGuard(pat, guard):
+                return (pat, guard)
+            case PVar() | PConst() | RVar() | RConst():
+                return ()
+            case PApp(_, args) | PFunVar(_, args):
+                return args
+            case PAlt(left, right):
+                return (left, right)
+            case PExists(_, body):
+                return (body,)
+            case PConstr(pat, _, constraint):
+                return (pat, constraint)
+            case RApp(_, args, attrs):
+                return (*args, *(value for _, value in attrs))
+            case RTuple(items):
+                return items
+        return expr_children(x)  # TypeError for anything else: the caller's walk reports it
+
+    def _combine(self, x: Any, kids: tuple[Any, ...]) -> frozenset[tuple[str, str]] | None:
+        memo = self.memo
+        if type(x) is PMu:  # its body is checked in a scope of its own: its parameters
+            body = memo[id(kids[0])]
+            if body is None:
+                # recursive: check it once on its own, with what its arguments name bound;
+                # it fails where it holds a defect or calls an enclosing μ (then the walks
+                # of the definitions holding it go through it)
+                reads = tuple(
+                    Param(a, p.kind)
+                    for p, a in zip(x.params, x.args, strict=True)
+                    if not isinstance(a, Operator)
+                )
+                try:
+                    _check_pattern_def(PatternDef(x.name, reads, x), "μ", self.budget, self)
+                except FormatError:
+                    return None
+            elif not self.met(body, {(p.kind, p.name): 1 for p in x.params}):
+                return None
+            needs = set()
+            for p, a in zip(x.params, x.args, strict=True):
+                if isinstance(a, Operator):
+                    if p.kind != "op":
+                        return None
+                else:
+                    needs.add((p.kind, a))
+            return frozenset(needs)
+        needs: set[tuple[str, str]] = set()
+        for k in kids:
+            sub = memo[id(k)]
+            if sub is None:
+                return None
+            needs |= sub
+        match x:
+            case PVar(name) | RVar(name):
+                needs.add(("term", name))
+            case PFunVar(var):
+                needs.add(("op", var))
+            case PConstr(_, var):
+                needs.add(("term", var))
+            case PExists(var, _, kind):
+                needs.discard((kind, var))
+                needs.discard(("any", var))
+            case EAttr(var) | EOpAttr(var):
+                needs.add(("any", var))
+        return frozenset(needs)
+
+
+def _check_pattern_def(
+    d: PatternDef, owner: str, budget: _Budget, needs: _Needs | None = None
+) -> None:
     """A definition must be closed: free variables are its parameters (of the right kind),
-    ``P(..)`` only inside ``μP`` and under an operator application, μ bodies closed."""
+    ``P(..)`` only inside ``μP`` and under an operator application, μ bodies closed. (A
+    part whose ``needs`` the scope meets is not walked: it holds no defect.)"""
+    needs = _Needs(budget) if needs is None else needs
 
     def fail(message: str) -> FormatError:
         return FormatError(f"{owner}: {message}")
@@ -1223,6 +1386,12 @@ def _check_pattern_def(d: PatternDef, owner: str, budget: _Budget) -> None:
             else:  # "app"
                 apps -= 1
             continue
+        try:
+            wants = needs.of(item)
+        except TypeError:  # not a pattern: the walk says so
+            wants = None
+        if wants is not None and needs.met(wants, frames[-1]):
+            continue
         budget.spend(owner)
         match item:
             case PVar(name):
@@ -1241,7 +1410,7 @@ def _check_pattern_def(d: PatternDef, owner: str, budget: _Budget) -> None:
             case PAlt(left, right):
                 stack += [right, left]
             case PGuard(pat, guard):
-                _check_expr(guard, frames[-1], owner, budget)
+                _check_expr(guard, frames[-1], owner, budget, needs)
                 stack.append(pat)
             case PExists(var, body, kind):
                 key = (kind, var)
@@ -1280,9 +1449,22 @@ def _check_pattern_def(d: PatternDef, owner: str, budget: _Budget) -> None:
                 raise fail(f"not a pattern: {type(item).__name__}")
 
 
-def _check_expr(e: Expr, frame: Mapping[tuple[str, str], int], owner: str, budget: _Budget) -> None:
+def _check_expr(
+    e: Expr,
+    frame: Mapping[tuple[str, str], int],
+    owner: str,
+    budget: _Budget,
+    needs: _Needs | None = None,
+) -> None:
     """Every variable a guard reads must be in scope (of either kind: reading a term
     attribute of an operator variable is merely undefined, as in ``_guards``)."""
+    if needs is not None:
+        try:
+            wants = needs.of(e)
+        except TypeError:  # not an expression: the walk says so
+            wants = None
+        if wants is not None and needs.met(wants, frame):
+            return
     stack: list[Expr] = [e]
     while stack:
         x = stack.pop()
@@ -1300,11 +1482,18 @@ def _check_expr(e: Expr, frame: Mapping[tuple[str, str], int], owner: str, budge
             raise FormatError(f"{owner}: not an expression: {type(x).__name__}") from None
 
 
-def _check_rule(r: RuleDef, owner: str, budget: _Budget) -> None:
+def _check_rule(r: RuleDef, owner: str, budget: _Budget, needs: _Needs | None = None) -> None:
     """A rule's guards and results may use only its pattern's parameters."""
+    needs = _Needs(budget) if needs is None else needs
     frame = {(p.kind, p.name): 1 for p in r.pattern.params}
     for b in r.branches:
-        _check_expr(b.guard, frame, owner, budget)
+        _check_expr(b.guard, frame, owner, budget, needs)
+        try:
+            wants = needs.of(b.result)
+        except TypeError:  # not a rule result: the walk says so
+            wants = None
+        if wants is not None and needs.met(wants, frame):
+            continue
         stack: list[Rhs] = [b.result]
         while stack:
             x = stack.pop()
@@ -1320,7 +1509,7 @@ def _check_rule(r: RuleDef, owner: str, budget: _Budget) -> None:
                     pass
                 case RApp(_, args, attrs):
                     for _, value in attrs:
-                        _check_expr(value, frame, owner, budget)
+                        _check_expr(value, frame, owner, budget, needs)
                     stack.extend(reversed(args))
                 case RTuple(items):
                     stack.extend(reversed(items))

@@ -143,23 +143,50 @@ def summary(cp: CompiledPattern) -> dict[str, Any] | None:
 
 def _operators_of(p: Pattern) -> dict[str, Operator]:
     """The operators a pattern names (applications, and operator arguments of definitions
-    and references), by qualified name."""
-    found: dict[str, Operator] = {}
-    seen: set[int] = set()
-    stack = [p]
+    and references), by qualified name.
+
+    Worked out once per sub-pattern and kept (:data:`_OPS_BELOW`): the standard rules'
+    patterns share most of their sub-patterns (7,449 nodes across the 81 patterns, 1,413
+    distinct), and each pattern's summary asks."""
+    memo = _OPS_BELOW
+    hit = memo.get(id(p))
+    if hit is not None and hit[0] is p:
+        return hit[1]
+    if len(memo) >= _OPS_BELOW_LIMIT:
+        memo.clear()
+    stack: list[tuple[Pattern, bool]] = [(p, False)]
     while stack:
-        q = stack.pop()
-        if id(q) in seen:
+        q, ready = stack.pop()
+        hit = memo.get(id(q))
+        if hit is not None and hit[0] is q:
             continue
-        seen.add(id(q))
+        kids = children(q)
+        if not ready:
+            stack.append((q, True))
+            stack.extend((k, False) for k in kids)
+            continue
+        own: dict[str, Operator] = {}
         if isinstance(q, PApp):
-            found[q.op.qualname] = q.op
+            own[q.op.qualname] = q.op
         elif isinstance(q, PMu | PCall):
             for a in q.args:
                 if isinstance(a, Operator):
-                    found[a.qualname] = a
-        stack.extend(children(q))
-    return found
+                    own[a.qualname] = a
+        below = [memo[id(k)][1] for k in kids]
+        if not own and len(below) == 1:
+            found = below[0]  # shared, never changed
+        else:
+            found = own
+            for b in below:
+                found.update(b)
+        memo[id(q)] = (q, found)
+    return memo[id(p)][1]
+
+
+# id(sub-pattern) -> (the sub-pattern, its operators): it holds the key object, so its id is
+# not reused while its entry lives; cleared when full
+_OPS_BELOW: dict[int, tuple[Pattern, dict[str, Operator]]] = {}
+_OPS_BELOW_LIMIT = 1 << 16
 
 
 def _classes_of(p: Pattern) -> dict[str, OpClass]:
@@ -189,11 +216,12 @@ def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
     the one ``compile_pattern(pdef)`` returns; None (nothing changed) when ``data`` is not a
     well-formed summary naming only operators and op classes of ``pdef``."""
     ops = _operators_of(pdef.body)
-    ops[CONST.qualname] = CONST
 
     def op_of(name: Any) -> Operator | None:
         if name is None:
             return None
+        if name == CONST.qualname:
+            return CONST
         return ops[name]  # KeyError: an operator the pattern does not name
 
     def shape(raw: Any, depth: int) -> _Shape:

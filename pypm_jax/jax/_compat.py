@@ -153,13 +153,24 @@ def user_frame(source_info: Any) -> SourceLoc | None:
                 return source_loc(frame.file_name, frame.start_line)
         return None
     # JAX's user_frames, with the filenames tested before any frame's line is computed:
-    # only the frame chosen needs one (a model's traceback has dozens of frames)
+    # only the frame chosen needs one (a model's traceback has dozens of frames, and a
+    # model's equations share most of them: each file is classified once)
+    user = _USER_FILES
     for code, lasti in zip(codes, lastis, strict=True):
         fname = code.co_filename
-        if is_library_file(fname) or not _siu.is_user_filename(fname):
-            continue
-        return source_loc(fname, _siu.raw_frame_to_frame(code, lasti).start_line)
+        mine = user.get(fname)
+        if mine is None:
+            mine = not is_library_file(fname) and _siu.is_user_filename(fname)
+            if len(user) >= 4096:
+                user.clear()
+            user[fname] = mine
+        if mine:
+            return source_loc(fname, _siu.raw_frame_to_frame(code, lasti).start_line)
     return None
+
+
+# file name -> is it the user's (neither a library's nor JAX's notion of one)
+_USER_FILES: dict[str, bool] = {}
 
 
 def name_stack(source_info: Any) -> Any:

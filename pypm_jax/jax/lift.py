@@ -196,7 +196,7 @@ def _type(aval: Any) -> tuple[tuple[int, ...] | None, DType | None]:
     shape = getattr(aval, "shape", None)
     dtype = getattr(aval, "dtype", None)
     return (
-        None if shape is None else tuple(int(d) for d in shape),
+        None if shape is None else tuple(map(int, shape)),
         None if dtype is None else pm_dtype(dtype),
     )
 

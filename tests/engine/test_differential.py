@@ -202,3 +202,17 @@ def test_shared_strategies_graph_values(pt, data):
 )
 def test_compiled_guards_hold_exactly_when_interpreted_ones_do(g, theta, phi):
     assert compile_guard(g)(theta, phi) is guard_holds(g, theta, phi)
+
+
+def test_guards_are_generated_at_their_first_evaluation():
+    """A rewrite run asks for every rule's guard; only those evaluated are generated."""
+    from pypm_jax.core.calculus import EAttr, ECmp, EConst
+    from pypm_jax.engine.guard_code import _compiled_guards
+
+    g = ECmp("==", EAttr("x", "rank"), EConst(2))
+    holds = compile_guard(g)
+    assert id(g) not in _compiled_guards.entries
+    theta = {"x": TARGETS[0]}
+    assert holds(theta, {}) is guard_holds(g, theta, {})
+    assert _compiled_guards.entries[id(g)][0] is g
+    assert compile_guard(g) is _compiled_guards(g)  # generated already: no indirection

@@ -512,3 +512,14 @@ def test_literal_float_specials_load_as_floats():
     assert got[0] == math.inf and got[1] == -math.inf and math.isnan(got[2]) and got[3] == 1e308
     assert got[2] is math.nan
     _ = Split  # imported for the operator table above
+
+
+def test_the_schema_lists_each_entry_class_fields_in_order():
+    """The reader builds entries positionally from the schema's fields."""
+    import dataclasses
+
+    from pypm_jax.format import _KINDED, _SINGLE
+
+    classes = [c for kinds in _KINDED.values() for c in kinds.values()] + list(_SINGLE.values())
+    for cls, fields in classes:
+        assert [f.name for f in dataclasses.fields(cls)] == [name for name, _ in fields], cls

@@ -24,6 +24,7 @@ import pypm_jax as pm
 import pypm_jax.rules as R
 from pypm_jax.engine import compiled as _compiled
 from pypm_jax.engine import fast as _fast
+from pypm_jax.engine import rewrite as _rewrite
 from pypm_jax.engine.rewrite import guarded_pattern
 from pypm_jax.jax import lift, prims
 from pypm_jax.jax.optimize import rewrite_nested
@@ -108,6 +109,9 @@ def test_a_load_gives_what_the_frontend_builds(frontend_runs):
         primed = _fast.compile_pattern(pdef)
         assert primed.backend == "machine"
         assert (primed.root_ops, primed._shape) == (fresh.root_ops, fresh._shape)
+        # and the driver's reach of the pattern, as it would work it out
+        reach = _rewrite._reach_of.entries[id(b.definition.pattern)]
+        assert reach == (b.definition.pattern, _rewrite._reach(a.definition.pattern.body, [500]))
 
 
 def test_loaded_rules_rewrite_identically():
@@ -294,8 +298,9 @@ def test_the_shipped_file_is_read_without_blocking_and_bounded(monkeypatch):
         opened.append((path, flags))
         return real_open(path, flags, *args, **kw)
 
+    rules = fresh_rules()  # (priming the library's own rules, when this test runs first)
     monkeypatch.setattr(os, "open", spy)
-    _prebuilt.prime(fresh_rules())
+    _prebuilt.prime(rules)
     assert [p for p, _ in opened] == [_prebuilt.DATA_PATH]
     assert opened[0][1] & os.O_NONBLOCK
     assert os.path.getsize(_prebuilt.DATA_PATH) < _prebuilt.MAX_BYTES
