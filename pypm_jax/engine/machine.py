@@ -5,7 +5,9 @@ code for, and the recursive sub-patterns of generated code. Backtracking costs t
 bindings it undoes (a trail instead of copied substitutions); an explicit continuation
 and stack keep a 100 000-deep chain off the Python stack; entering a definition makes an
 environment instead of copying its body; tabled recursive calls compute their answers
-once (``docs/SEMANTICS.md``, "Tabling").
+once (``docs/SEMANTICS.md``, "Tabling"). Where a pattern constrains a variable on its
+spine (``x <= q`` outside alternates), binding x to a term that cannot match q's structure
+ends the branch at once (``_early_shapes``): no solution is lost or moved.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ..core.calculus import (
 from ..core.errors import PatternDefinitionError
 from ..core.terms import Operator, const_equal
 from ..semantics.subst import unfold
-from .analysis import _ByIdentity, _tabling
+from .analysis import _ByIdentity, _error_free, _root_var, _tabling
 from .guard_code import _env_guard
 
 
@@ -336,6 +338,76 @@ def _outputs(params: tuple, args: tuple, env: Mapping, theta: dict, phi: dict) -
     return tuple(out)
 
 
+# Early refusals: a constraint ``x <= q`` on the spine of a pattern (outside alternates and
+# definitions) is checked by every solution, on the term x is bound to. So when the machine
+# binds x, a term that cannot match q (by the structural pre-check's shape of q, read
+# through the other spine constraints) ends that branch at once: no solution is lost, the
+# solutions keep their order, and the search below the binding (a softmax explored before
+# its input's spelling is checked) is skipped.
+_EARLY_DEPTH = 3
+_EARLY_BUDGET = 2000
+
+
+def _spine_constraints(body: Pattern) -> list[tuple[str, Pattern]]:
+    """The constraints ``(x, q)`` every solution of ``body`` checks, with x a name of the
+    top level (not renamed by an unfolding)."""
+    found: list[tuple[str, Pattern]] = []
+    stack = [body]
+    while stack:
+        q = stack.pop()
+        cls = type(q)
+        if cls is PConstr:
+            found.append((q.var, q.constraint))
+            stack.append(q.constraint)
+            stack.append(q.pat)
+        elif cls is PGuard or cls is PExists or cls is PApp or cls is PFunVar:
+            stack.extend(children(q))
+        # PAlt: not every solution; PMu, PCall: names renamed inside
+    return found
+
+
+def _find_early_shapes(body: Pattern) -> dict[str, list] | None:
+    """Per top-level variable with a spine constraint (the root's aside), the structural
+    shape (:mod:`pypm_jax.engine.precheck`) every term it is bound to in a solution has
+    (None: none worth checking). Only for patterns whose matching never raises: the
+    machine must raise where the reference does, so no branch may be cut that would."""
+    from .precheck import _shape  # (precheck builds on this module)
+
+    try:
+        found = _spine_constraints(body)
+        if not found or not _error_free(body):
+            return None
+        cons = None
+        for var, q in found:
+            cons = (var, (q, _TOP_CTX), cons)
+        root = _root_var(body)
+        shapes: dict[str, list] = {}
+        for var, q in found:
+            if var == root or var in shapes:
+                continue
+            shape = _shape(q, _EARLY_DEPTH, [_EARLY_BUDGET], cons, [1], _TOP_CTX)
+            if shape is not None:
+                shapes[var] = shape
+    except RecursionError:
+        return None
+    return shapes or None
+
+
+_early_shapes = _ByIdentity(_find_early_shapes)
+
+
+def _make_early_checks(body: Pattern) -> dict[str, Callable[[Any], bool]] | None:
+    from .precheck import _fits
+
+    shapes = _early_shapes(body)
+    if shapes is None:
+        return None
+    return {var: functools.partial(_fits, shape) for var, shape in shapes.items()}
+
+
+_early = _ByIdentity(_make_early_checks)
+
+
 def _machine(
     body: Pattern,
     t0: Any,
@@ -388,6 +460,9 @@ def _machine(
     frames: list[tuple] = []
     steps = run.steps
     limit = run.limit()
+    # early refusals at the top of a pattern (not where generated code runs a recursive
+    # sub-pattern, a μ); none where explain watches the reference's transitions
+    early = None if _OBSERVED or type(body) is PMu else _early(body)
 
     while True:
         steps += 1
@@ -411,8 +486,13 @@ def _machine(
                     name = ctx[0].get(a.name, a.name)
                     bound = theta.get(name)
                     if bound is None:
-                        theta[name] = t
-                        trail.append((theta, name))
+                        if early is not None:
+                            check = early.get(name)
+                            if check is not None and not check(t):
+                                ok = False
+                        if ok:
+                            theta[name] = t
+                            trail.append((theta, name))
                         if _OBSERVED:
                             observer.step("bind", a, t, theta, phi)
                     elif bound is not t:

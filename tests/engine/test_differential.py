@@ -9,6 +9,7 @@ of unfolded existentials. Targets are hash-consed terms and graph values.
 from __future__ import annotations
 
 import itertools
+from unittest import mock
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -32,6 +33,7 @@ from pypm_jax.core.calculus import (
 )
 from pypm_jax.core.graph import Graph
 from pypm_jax.core.terms import OpClass
+from pypm_jax.engine import codegen as _codegen
 from pypm_jax.engine import fast as _fast
 from pypm_jax.engine.analysis import admits, root_set
 from pypm_jax.engine.fast import CompiledPattern, Matcher, compile_guard
@@ -45,6 +47,7 @@ from pypm_testing.engine import (
     SPLIT,
     A,
     B,
+    branchy_defs,
     dags,
     guards,
     pattern_defs,
@@ -157,6 +160,32 @@ def test_the_root_index_admits_every_root_with_a_match(pdef, pool, data):
         if not admits(roots, t.op):
             assert next(_machine.solutions(pdef.body, t), None) is None, (roots, t)
     check_same(pdef, data.draw(st.sampled_from(pool[-4:])))
+
+
+# Branchy patterns are generated with a generator function per definition that has
+# alternates of its own; forcing that form on every pattern checks it the same way.
+
+
+@given(branchy_defs(), dags(), st.data())
+def test_generator_functions_same_solutions_as_reference(pdef, pool, data):
+    t = data.draw(st.sampled_from(pool[-4:]))
+    with mock.patch.object(_codegen, "_INLINE_PATHS", 0):
+        check_same(pdef, t)
+
+
+@given(pattern_defs(), dags(), st.data())
+def test_generator_functions_on_graph_values(pdef, pool, data):
+    g = Graph(pool[-3:])
+    v = data.draw(st.sampled_from(g.values()))
+    with mock.patch.object(_codegen, "_INLINE_PATHS", 0):
+        check_same(pdef, v)
+
+
+@given(pattern_and_term(well_moded=False))
+def test_generator_functions_shared_strategies(pt):
+    pdef, t = pt
+    with mock.patch.object(_codegen, "_INLINE_PATHS", 0):
+        check_same(pdef, t)
 
 
 @given(

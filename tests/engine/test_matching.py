@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tracemalloc
+from unittest import mock
 
 import pytest
 
@@ -31,11 +32,12 @@ from pypm_jax.core.calculus import (
 from pypm_jax.core.errors import PatternDefinitionError
 from pypm_jax.core.graph import Graph
 from pypm_jax.core.terms import OpClass, Operator, const, leaf
+from pypm_jax.engine import codegen as _codegen
 from pypm_jax.engine import fast as _fast
 from pypm_jax.engine import machine as _trail
 from pypm_jax.engine import precheck as _precheck
 from pypm_jax.engine.analysis import root_set
-from pypm_jax.engine.fast import CompiledPattern, Matcher, compile_pattern
+from pypm_jax.engine.fast import CompiledPattern, Matcher, MatchRun, compile_pattern
 from pypm_jax.engine.select import match_all, match_first
 from pypm_testing.engine import CAT, F1, F2, F32, G2, H2, SPLIT, A, B, C, same_type
 
@@ -485,3 +487,123 @@ def test_machine_unfolds_bodies_whose_existential_nodes_are_shared():
     for t in (G2(F1(A), F2(F1(B))), G2(F1(A), B), F2(F1(C))):
         got = [(th, ph) for th, ph, _ in cp.solutions(t)]
         assert got == list(_machine.solutions(p.body, t)) and got
+
+
+# ------------------------------------------------------------- early refusals, branchy code
+
+
+def spine_pattern() -> PatternDef:
+    """``W(x, y) ; (x ≈ F1(z))`` with ``W(p, q) = G2(F1⁴(p), U(q)) ‖ G2(U(q), F1⁴(p))``, U a chain of F2 (with
+    an alternate at each level): x is bound before the chain is explored (deeper than the
+    pre-check at the root looks), its constraint is checked after."""
+    chain = PMu(
+        "U",
+        (Param("r"),),
+        ("q",),
+        PAlt(PApp(F2, (PCall("U", ("r",)),)), PApp(F2, (PVar("r"),))),
+    )
+    under = PVar("p")
+    for _ in range(4):
+        under = PApp(F1, (under,))
+    body = PAlt(PApp(G2, (under, chain)), PApp(G2, (chain, under)))
+    w = PMu("W", (Param("p"), Param("q")), ("x", "y"), body)
+    return pdef(PConstr(w, "x", PApp(F1, (Z,))), "x", "y", "z")
+
+
+def _reference(p: PatternDef, t) -> list:
+    from pypm_jax.semantics import machine as _machine
+
+    return [(th, ph) for th, ph in _machine.solutions(p.body, t)]
+
+
+def test_early_refusal_cuts_the_search_the_solutions_stay():
+    p = spine_pattern()
+    deep = A
+    for _ in range(12):
+        deep = F2(deep)
+    no_early = _trail._ByIdentity(lambda body: None)
+    for x, found in ((B, 0), (F1(A), 12)):
+        t = G2(F1(F1(F1(F1(x)))), deep)
+        steps = {}
+        for name, early in (("early", _trail._early), ("none", no_early)):
+            run = MatchRun()
+            with mock.patch.object(_trail, "_early", early):
+                cp = CompiledPattern(p, backend="machine")
+                sols = [(th, ph) for th, ph, _ in cp.solutions(t, run)]
+            assert sols == _reference(p, t) and len(sols) == found
+            steps[name] = run.steps
+        if found:
+            assert steps["early"] == steps["none"]  # (nothing to cut)
+        else:  # refused where x is bound, before the chain
+            assert 2 * steps["early"] < steps["none"], steps
+
+
+def test_branchy_patterns_run_generator_functions_with_early_refusals():
+    p = spine_pattern()
+    with mock.patch.object(_codegen, "_INLINE_PATHS", 0):
+        cp = CompiledPattern(p)
+    assert cp.backend == "generated"
+    # W a generator function; U (linear: one reference) one calling itself, the machine
+    # past _MAX_GEN_DEPTH nested calls
+    assert "def _d" in cp.source and f"if D > {_codegen._MAX_GEN_DEPTH}:" in cp.source
+    for n in (5, _codegen._MAX_GEN_DEPTH + 20):
+        deep = A
+        for _ in range(n):
+            deep = F2(deep)
+        for x in (B, F1(A)):
+            t = G2(F1(F1(F1(F1(x)))), deep)
+            got = [(th, ph) for th, ph, _ in cp.solutions(t)]
+            assert got == _reference(p, t) and len(got) == (n if x is not B else 0)
+            first = cp.first(t)
+            assert (first is None and not got) or first[:2] == got[0]
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2])
+def test_generated_recursion_hands_over_to_the_machine_with_the_same_solutions(limit):
+    p = spine_pattern()
+    with (
+        mock.patch.object(_codegen, "_INLINE_PATHS", 0),
+        mock.patch.object(_codegen, "_MAX_GEN_DEPTH", limit),
+    ):
+        cp = CompiledPattern(p)
+    for n in range(1, 6):
+        deep = A
+        for _ in range(n):
+            deep = F2(deep)
+        for x in (B, F1(A)):
+            t = G2(F1(F1(F1(F1(x)))), deep)
+            got = [(th, ph) for th, ph, _ in cp.solutions(t)]
+            assert got == _reference(p, t)
+    # the recursion's argument bound before the call: G2(x, U(x)) ‖ G2(U(x), x)
+    chain = PMu(
+        "U",
+        (Param("r"),),
+        ("p",),
+        PAlt(PApp(F2, (PCall("U", ("r",)),)), PApp(F2, (PVar("r"),))),
+    )
+    body = PAlt(PApp(G2, (PVar("p"), chain)), PApp(G2, (chain, PVar("p"))))
+    q = pdef(PMu("W", (Param("p"),), ("x",), body), "x")
+    with (
+        mock.patch.object(_codegen, "_INLINE_PATHS", 0),
+        mock.patch.object(_codegen, "_MAX_GEN_DEPTH", limit),
+    ):
+        cq = CompiledPattern(q)
+    assert cq.backend == "generated"
+    found = 0
+    for t in (G2(A, F2(F2(A))), G2(F2(F2(F2(B))), B), G2(A, F2(F2(B))), G2(B, F2(A))):
+        got = [(th, ph) for th, ph, _ in cq.solutions(t)]
+        assert got == _reference(q, t)
+        found += len(got)
+    assert found >= 2
+
+
+def test_generated_recursion_hands_a_deep_chain_to_the_machine():
+    p = spine_pattern()
+    with mock.patch.object(_codegen, "_INLINE_PATHS", 0):
+        cp = CompiledPattern(p)
+    deep = A
+    for _ in range(20_000):
+        deep = F2(deep)
+    t = G2(F1(F1(F1(F1(F1(A))))), deep)
+    first = cp.first(t)  # no RecursionError: the machine keeps the chain off the stack
+    assert first is not None and first[0]["x"].op is F1 and first[0]["y"] is A  # the deepest

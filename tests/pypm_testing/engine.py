@@ -207,6 +207,78 @@ def patterns(
 
 
 @st.composite
+def branchy_patterns(draw: Any, depth: int = 3, names: tuple[str, ...] = TERM_VARS) -> Pattern:
+    """Patterns that call definitions with alternates of their own, nested in applications,
+    match constraints and each other, with arguments bound before the call or by it, the
+    same variable passed twice, and operators as arguments: what generated code runs as a
+    generator function per definition. Each alternate binds the definition's term
+    parameters (as definitions written in the DSL do), or not (then the machine runs it)."""
+    sub = lambda d=depth - 1, ns=names: branchy_patterns(d, ns)  # noqa: E731
+    if depth <= 0:
+        return draw(st.sampled_from([PVar(n) for n in names] + [PConst(2.0)]))
+    kind = draw(st.sampled_from(["def", "def", "def", "app", "constr", "guard", "leaf"]))
+    if kind == "leaf":
+        return draw(patterns(1, names))
+    if kind == "app":
+        op = draw(st.sampled_from([F1, F2, G2]))
+        return PApp(op, tuple(draw(sub()) for _ in range(op.n_in)))
+    if kind == "constr":
+        return PConstr(draw(sub()), draw(st.sampled_from(names)), draw(sub()))
+    if kind == "guard":
+        return PGuard(draw(sub()), draw(guards(names, OP_VARS)))
+    name = f"D{next(_mu_names)}"
+    params = (Param("p"), Param("q"), Param("H", "op"))
+
+    def alternate() -> Pattern:
+        pq = ("p", "q")
+        form = draw(st.integers(0, 7))
+        if form == 0:
+            return PApp(G2, (PVar("p"), PVar("q")))
+        if form == 1:  # a constraint reaching nested definitions
+            return PConstr(PApp(G2, (PVar("p"), PVar("q"))), "p", draw(sub(depth - 1, pq)))
+        if form == 2:  # through a constraint on an existential: fresh names
+            return PExists(
+                "e",
+                PConstr(
+                    PApp(G2, (PVar("e"), PVar("q"))),
+                    "e",
+                    PAlt(PApp(F1, (PVar("p"),)), draw(sub(depth - 1, pq))),
+                ),
+            )
+        if form == 3:
+            return PGuard(PFunVar("H", (PVar("p"), PVar("q"))), draw(guards(pq, ("H",))))
+        if form == 4:
+            return PApp(F1, (PApp(G2, (draw(sub(depth - 1, pq)), PVar("q"))),))
+        if form == 5:  # q left unbound
+            return PVar("p")
+        if form == 6:  # a recursive definition inside (a machine run from the code)
+            rec = f"R{next(_mu_names)}"
+            step = PExists("e", PConstr(PApp(F1, (PVar("e"),)), "e", PCall(rec, ("u",))))
+            chain = PMu(rec, (Param("u"),), ("q",), PAlt(step, PVar("u")))
+            return PApp(G2, (chain, PVar("p")))
+        return draw(sub(depth - 1, pq))
+
+    body: Pattern = alternate()
+    for _ in range(draw(st.integers(1, 3))):
+        body = PAlt(body, alternate()) if draw(st.booleans()) else PAlt(alternate(), body)
+    args = (
+        draw(st.sampled_from(names)),
+        draw(st.sampled_from(names)),
+        draw(st.sampled_from([*OP_VARS, *OPS[:3]])),
+    )
+    call = PMu(name, params, args, body)
+    return PApp(G2, (call, draw(sub()))) if draw(st.booleans()) else call
+
+
+@st.composite
+def branchy_defs(draw: Any) -> PatternDef:
+    body = draw(branchy_patterns(3))
+    if draw(st.booleans()):
+        body = PGuard(body, draw(guards(TERM_VARS, OP_VARS)))
+    return PatternDef("P", PARAMS, body)
+
+
+@st.composite
 def pattern_defs(draw: Any, depth: int = 3) -> PatternDef:
     body = draw(patterns(depth))
     if draw(st.booleans()):
