@@ -50,6 +50,7 @@ from ._plans import (
 
 __all__ = [
     "ATTENTION_RULES",
+    "Moved",
     "Splat",
     "Expand",
     "Cast",
@@ -81,21 +82,29 @@ MASK_FILL_MAX = -1e9
 
 
 @pm.pattern
-def Splat(c):
-    """A value every element of which is the literal c: c moved by layout ops, cast, copied."""
+def Moved(x):
+    """x moved by one layout operator, cast or copied. Its own pattern, so that the operator
+    is checked before a caller explores x (a guard comes after every constraint), and one
+    call of ``Splat`` below it, so that generated code runs ``Splat``."""
     f = pm.Op(1, 1)
     assert f.op_class == LAYOUT
-    return f(Splat(c))
+    return f(x)
 
 
 @pm.pattern
-def Splat(c):  # noqa: F811 (alternates share a name)
-    return P.convert_element_type(Splat(c))
+def Moved(x):  # noqa: F811 (alternates share a name)
+    return P.convert_element_type(x)
 
 
 @pm.pattern
-def Splat(c):  # noqa: F811
-    return P.copy(Splat(c))
+def Moved(x):  # noqa: F811
+    return P.copy(x)
+
+
+@pm.pattern
+def Splat(c):
+    """A value every element of which is the literal c: c moved by layout ops, cast, copied."""
+    return Moved(Splat(c))
 
 
 @pm.pattern
