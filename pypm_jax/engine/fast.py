@@ -4,24 +4,31 @@ It returns exactly what the reference machine (:mod:`pypm_jax.semantics.machine`
 first solution, the same ``match_all`` order, the same θ and φ (fresh names included). It
 gets there by running that machine ahead of time instead of at match time:
 
-* **Generated code** (patterns without recursion, i.e. without ``PCall``). The compiler
-  executes the machine *symbolically*: the continuation is known statically, so every match
-  action becomes a line of straight Python (``if t3.op is not MatMul: break``) and every
-  alternate becomes a ``while True:`` block that a failure leaves with ``break`` — which is
-  exactly "pop the backtrack stack". Along each generated path it is statically known which
-  variables are bound, so a binding is a Python local, a nonlinear check is ``is``, and
-  backtracking undoes nothing. Calls to other patterns (non-recursive ``PMu``) are unfolded
-  at compile time with :func:`pypm_jax.semantics.subst.unfold`; the fresh-name counter the machine
-  keeps at run time becomes a local integer, so fresh names match the reference exactly.
-  Guards are inlined where "undefined" and "false" coincide (a conjunction of rank, dtype
-  and constant comparisons at the top of a guard); anything else becomes a small generated
-  function with the evaluation rules of :mod:`pypm_jax.semantics.guards`.
-  A recursive sub-pattern inside a generated pattern becomes a ``for`` loop over the
-  solutions of the iterative machine run from it (``_sub``): a failure after it resumes the
-  machine, which is the reference machine's backtracking into the recursion. Both share one
-  fresh-name counter, so names still match the reference.
-* **An iterative machine** (patterns that are one recursive definition, and patterns too
-  branchy to generate): the paper's machine with a trail instead of copied substitutions,
+* **Generated code** (most patterns). The compiler executes the machine *symbolically*:
+  the continuation is known statically, so every match action becomes a line of straight
+  Python (``if t3.op is not MatMul: break``) and every alternate becomes a ``while True:``
+  block that a failure leaves with ``break`` — which is exactly "pop the backtrack stack".
+  Along each generated path it is statically known which variables are bound, so a binding
+  is a Python local, a nonlinear check is ``is``, and backtracking undoes nothing. Calls to
+  other patterns (non-recursive ``PMu``) are unfolded at compile time with
+  :func:`pypm_jax.semantics.subst.unfold`; the fresh-name counter the machine keeps at run
+  time becomes a local integer, so fresh names match the reference exactly. A definition
+  with alternates of its own becomes a generator function (shared by the patterns that
+  call it), and the caller writes what follows it once, in a ``for`` loop over its
+  solutions; a definition that calls itself once, with nothing before the call that can
+  match a term two ways, becomes a generator function that calls itself and hands the rest
+  to the machine past 48 nested calls. Guards are inlined where "undefined" and "false"
+  coincide (a conjunction of rank, dtype and constant comparisons at the top of a guard);
+  anything else becomes a small function with the evaluation rules of
+  :mod:`pypm_jax.semantics.guards`, generated at its first evaluation. Any other recursive
+  sub-pattern becomes a ``for`` loop over the solutions of the iterative machine run from
+  it (``_sub``): a failure after it resumes the machine, which is the reference machine's
+  backtracking into the recursion. Both share one fresh-name counter, so names still
+  match the reference. A constraint ``x <= q`` that every solution meets refuses as soon as
+  ``x`` is bound to a term whose structure ``q`` cannot match (patterns that cannot raise).
+* **An iterative machine** (patterns that are one recursive definition the generator
+  cannot write, patterns loaded from shipped summaries, and ``pm.explain``'s observed
+  runs): the paper's machine with a trail instead of copied substitutions,
   so backtracking costs the bindings it undoes, and an explicit continuation and stack, so
   a 100 000-deep chain never touches the Python stack. It never copies a μ-body: entering
   a definition makes an environment (parameters -> arguments, each ∃ -> its fresh name),
@@ -32,9 +39,10 @@ gets there by running that machine ahead of time instead of at match time:
   computed once per pattern; a term that fails it has no match, so the machine is not
   started.
 
-:class:`Matcher` indexes many patterns by the operators their root can have; a value is only
-tried against the patterns of its operator (plus those whose root can be anything), and most
-values of a graph cost one dict lookup.
+:class:`Matcher` indexes many patterns by the operators their root can have, read from the
+pattern and from op-class and operator guards on its root (``F.op_class == C``); a value is
+only tried against the patterns of its operator (plus those whose root can be anything), and
+most values of a graph cost one dict lookup.
 
 The engine's modules, one per concept: :mod:`.analysis` (static analyses of patterns),
 :mod:`.guard_code` (guards as generated Python), :mod:`.codegen` (patterns as generated
