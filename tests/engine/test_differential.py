@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pypm_jax.core.graph import Graph
@@ -18,6 +18,7 @@ from pypm_jax.engine import fast as _fast
 from pypm_jax.engine.fast import CompiledPattern, Matcher, compile_guard
 from pypm_jax.semantics import machine as _machine
 from pypm_jax.semantics.guards import guard_holds
+from pypm_testing import budget
 from pypm_testing.engine import (
     F1,
     LEAVES,
@@ -33,6 +34,9 @@ from pypm_testing.engine import (
 from pypm_testing.strategies import pattern_and_term
 
 MAX_SOLUTIONS = 50
+# Examples per property at CI's budget: 1,000 (2,000 before, the profile's default) for the
+# five properties that compare whole solution sequences; the guard compiler keeps 2,000.
+SEQUENCES = settings(max_examples=budget.examples(ci=1000, dev=200, fast=20))
 TARGETS = [*LEAVES, F1(A), SPLIT(B)[1]]
 
 
@@ -65,12 +69,14 @@ def check_same(pdef, t):
     return expected
 
 
+@SEQUENCES
 @given(pattern_defs(), dags(), st.data())
 def test_terms_same_solutions_as_reference(pdef, pool, data):
     t = data.draw(st.sampled_from(pool[-4:]))
     check_same(pdef, t)
 
 
+@SEQUENCES
 @given(pattern_defs(), dags(), st.data())
 def test_graph_values_same_solutions_as_reference(pdef, pool, data):
     g = Graph(pool[-3:])
@@ -79,6 +85,7 @@ def test_graph_values_same_solutions_as_reference(pdef, pool, data):
     check_same(pdef, v)
 
 
+@SEQUENCES
 @given(st.lists(pattern_defs(depth=2), min_size=1, max_size=4), dags())
 def test_matcher_index_finds_what_trying_every_pattern_finds(pdefs, pool):
     g = Graph(pool[-3:])
@@ -98,12 +105,14 @@ def test_matcher_index_finds_what_trying_every_pattern_finds(pdefs, pool):
 # often several times), well-moded or not; checked here on full θ/φ and on both back ends.
 
 
+@SEQUENCES
 @given(pattern_and_term(well_moded=False))
 def test_shared_strategies_terms(pt):
     pdef, t = pt
     check_same(pdef, t)
 
 
+@SEQUENCES
 @given(pattern_and_term(), st.data())
 def test_shared_strategies_graph_values(pt, data):
     pdef, t = pt
