@@ -23,7 +23,10 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+# 8 host devices; the LLVM optimization level the suite compiles at (tests/conftest.py)
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 
 import functools  # noqa: E402
 import json  # noqa: E402

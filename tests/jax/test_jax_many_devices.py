@@ -158,7 +158,9 @@ def test_the_many_processes_example_runs_as_two_processes():
     for pid in range(2):
         env = dict(os.environ)
         env.update(
-            XLA_FLAGS="--xla_force_host_platform_device_count=2",
+            XLA_FLAGS=(
+                env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+            ).strip(),
             PYTHONPATH=ROOT,
             JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
             NUM_PROCESSES="2",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -21,6 +22,7 @@ from pypm_testing.kernels import (
     attention_inputs,
     differentiable_args,
     hf_padding_bias,
+    jitted,
     left_padding_mask,
     modifier_case,
     padding_mask,
@@ -162,8 +164,8 @@ def _params(cases, slow):
 def test_forward_matches_reference(c: Case) -> None:
     q, k, v, bias, mask = _operands(c)
     kw = dict(scale=c.scale, causal=c.causal, layout=c.layout)
-    out = flash_attention(q, k, v, bias, mask, impl="interpret", **kw)
-    ref = attention_reference(q, k, v, bias, mask, **kw)
+    out = jitted(flash_attention, impl="interpret", **kw)(q, k, v, bias, mask)
+    ref = jitted(attention_reference, **kw)(q, k, v, bias, mask)
     assert out.dtype == q.dtype and out.shape == q.shape
     assert bool(jnp.all(jnp.isfinite(out.astype(jnp.float32))))
     assert_close(out, ref, c.dtype, what=c.name)
@@ -189,8 +191,10 @@ def test_gpu_block_defaults_in_interpret() -> None:
     c = Case("gpu_blocks", sq=70, skv=130, hq=4, hkv=2, d=64, causal=True, mask="pad")
     q, k, v, bias, mask = _operands(c)
     blocks = AttentionBlocks(128, 64, 4, 3, 64, 64, 4, 2)
-    out = flash_attention(q, k, v, bias, mask, causal=True, impl="interpret", _blocks=blocks)
-    ref = attention_reference(q, k, v, bias, mask, causal=True)
+    out = jitted(flash_attention, causal=True, impl="interpret", _blocks=blocks)(
+        q, k, v, bias, mask
+    )
+    ref = jitted(attention_reference, causal=True)(q, k, v, bias, mask)
     assert_close(out, ref, c.dtype)
 
 
@@ -254,9 +258,9 @@ def test_gradients_match_reference(c: Case) -> None:
         return flash_attention(*a, impl="interpret", **k_)
 
     argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
-    got = jax.grad(lambda *a: loss(kernel, *a), argnums=argnums)(q, k, v, bias)
+    got = jax.jit(jax.grad(lambda *a: loss(kernel, *a), argnums=argnums))(q, k, v, bias)
     # Ground truth: reference gradients in f32 from the same (possibly rounded) inputs.
-    want = jax.grad(lambda *a: loss(attention_reference, *a), argnums=argnums)(
+    want = jax.jit(jax.grad(lambda *a: loss(attention_reference, *a), argnums=argnums))(
         _f32(q), _f32(k), _f32(v), _f32(bias)
     )
     for name, g, w in zip("q k v bias".split(), got, want, strict=False):
@@ -269,9 +273,9 @@ def test_jit_and_vmap_compose() -> None:
     c = Case("compose", sq=20, skv=20, causal=True)
     q, k, v, _, _ = _operands(c)
     f = jax.jit(lambda q, k, v: flash_attention(q, k, v, causal=True, impl="interpret"))
-    assert_close(f(q, k, v), attention_reference(q, k, v, causal=True), "float32")
+    assert_close(f(q, k, v), jitted(attention_reference, causal=True)(q, k, v), "float32")
     vm = jax.vmap(lambda q, k, v: flash_attention(q, k, v, causal=True, impl="interpret"))
-    ref = jax.vmap(lambda q, k, v: attention_reference(q, k, v, causal=True))
+    ref = jax.jit(jax.vmap(lambda q, k, v: attention_reference(q, k, v, causal=True)))
     qs, ks, vs = (jnp.stack([x, x * 0.5]) for x in (q, k, v))
     assert_close(vm(qs, ks, vs), ref(qs, ks, vs), "float32")
 
@@ -312,19 +316,22 @@ CAUSAL_PROMISES = [
 @pytest.mark.parametrize("kind, sq, skv, dtype", CAUSAL_PROMISES)
 def test_mask_is_causal_forward_and_gradients_are_the_reference(kind, sq, skv, dtype):
     q, k, v, bias, mask = _causal_operands(kind, sq, skv, dtype)
-    out = flash_attention(q, k, v, bias, mask, mask_is_causal=True, impl="interpret")
-    assert_close(out, attention_reference(q, k, v, bias, mask), dtype, what="forward")
+    out = jitted(flash_attention, mask_is_causal=True, impl="interpret")(q, k, v, bias, mask)
+    want_out = jitted(attention_reference)(q, k, v, bias, mask)
+    assert_close(out, want_out, dtype, what="forward")
     cot = rnd(7, q.shape, jnp.float32)
     argnums = (0, 1, 2) if bias is None else (0, 1, 2, 3)
 
     def loss(fn, q, k, v, bias, **kw):
         return jnp.sum(fn(q, k, v, bias, mask, **kw).astype(jnp.float32) * cot)
 
-    got = jax.grad(
-        lambda *a: loss(flash_attention, *a, mask_is_causal=True, impl="interpret"),
-        argnums=argnums,
+    got = jax.jit(
+        jax.grad(
+            lambda *a: loss(flash_attention, *a, mask_is_causal=True, impl="interpret"),
+            argnums=argnums,
+        )
     )(q, k, v, bias)
-    want = jax.grad(lambda *a: loss(attention_reference, *a), argnums=argnums)(
+    want = jax.jit(jax.grad(lambda *a: loss(attention_reference, *a), argnums=argnums))(
         _f32(q), _f32(k), _f32(v), _f32(bias)
     )
     for name, g, w in zip("q k v bias".split(), got, want, strict=False):
@@ -339,11 +346,11 @@ def test_mask_is_causal_skips_blocks():
     q, k, v = attention_inputs(1, "BSHD", 1, 48, 48, 2, 2, 32, "float32")
     everything = jnp.ones((1, 1, 48, 48), bool)
     out = flash_attention(q, k, v, mask=everything, mask_is_causal=True, impl="interpret")
-    full = attention_reference(q, k, v, mask=everything)
-    causal = attention_reference(q, k, v, causal=True)
+    full = jitted(attention_reference)(q, k, v, mask=everything)
+    causal = jitted(attention_reference, causal=True)(q, k, v)
     assert not np.allclose(out, full, atol=1e-3) and not np.allclose(out, causal, atol=1e-3)
     # the first block row (queries 0..15) sees keys 0..15 only
-    blockwise = attention_reference(q[:, :16], k[:, :16], v[:, :16])
+    blockwise = jitted(attention_reference)(q[:, :16], k[:, :16], v[:, :16])
     np.testing.assert_allclose(out[:, :16], blockwise, rtol=1e-5, atol=1e-5)
 
 
@@ -378,9 +385,11 @@ def test_reference_score_mod_is_applied_before_bias_and_masks():
     def mask_mod(b, h, qi, ki, cap):  # every modifier receives every capture
         return ki <= qi + 4
 
-    out = attention_reference(q, k, v, bias, score_mod=_softcap, mask_mod=mask_mod, captures=(cap,))
+    out = jitted(attention_reference, score_mod=_softcap, mask_mod=mask_mod)(
+        q, k, v, bias, captures=(cap,)
+    )
     keep = jnp.arange(20)[None, :] <= jnp.arange(12)[:, None] + 4
-    want = _plain_attention(
+    want = jax.jit(_plain_attention, static_argnums=3)(
         q, k, v, lambda s: jnp.where(keep, jnp.tanh(s / cap) * cap + bias, MASK_VALUE)
     )
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
@@ -390,12 +399,17 @@ def test_reference_sinks_equal_a_concatenated_sink_logit():
     """GPT-OSS spelling: a per-head logit concatenated before the softmax, sliced off after."""
     q, k, v = attention_inputs(4, "BSHD", 1, 9, 9, 3, 3, 8, "float32")
     sinks = jnp.asarray([0.5, -1.0, 3.0])
-    out = attention_reference(q, k, v, causal=True, sinks=sinks)
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(8)
-    s = jnp.where(jnp.tril(jnp.ones((9, 9), bool)), s, MASK_VALUE)
-    sink_col = jnp.broadcast_to(sinks[None, :, None, None], s.shape[:3] + (1,))
-    p = jax.nn.softmax(jnp.concatenate([s, sink_col], axis=-1), axis=-1)[..., :-1]
-    np.testing.assert_allclose(out, jnp.einsum("bhqk,bkhd->bqhd", p, v), rtol=1e-5, atol=1e-5)
+    out = jitted(attention_reference, causal=True)(q, k, v, sinks=sinks)
+
+    @jax.jit
+    def concatenated(q, k, v, sinks):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(8)
+        s = jnp.where(jnp.tril(jnp.ones((9, 9), bool)), s, MASK_VALUE)
+        sink_col = jnp.broadcast_to(sinks[None, :, None, None], s.shape[:3] + (1,))
+        p = jax.nn.softmax(jnp.concatenate([s, sink_col], axis=-1), axis=-1)[..., :-1]
+        return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+    np.testing.assert_allclose(out, concatenated(q, k, v, sinks), rtol=1e-5, atol=1e-5)
 
 
 def test_reference_zero_rows_are_keras_rezeroing():
@@ -403,12 +417,17 @@ def test_reference_zero_rows_are_keras_rezeroing():
     change (to 0)."""
     c = Case("left", sq=12, skv=12, causal=True, mask="left")
     q, k, v, _, mask = _operands(c)
-    uniform = attention_reference(q, k, v, mask=mask, causal=True)
-    zero = attention_reference(q, k, v, mask=mask, causal=True, masked_rows="zero")
-    keep = jnp.logical_and(mask, jnp.tril(jnp.ones((12, 12), bool)))
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
-    p = jnp.where(keep, jax.nn.softmax(jnp.where(keep, s, MASK_VALUE), axis=-1), 0.0)
-    np.testing.assert_allclose(zero, jnp.einsum("bhqk,bkhd->bqhd", p, v), atol=1e-6)
+    uniform = jitted(attention_reference, causal=True)(q, k, v, mask=mask)
+    zero = jitted(attention_reference, causal=True, masked_rows="zero")(q, k, v, mask=mask)
+
+    @jax.jit
+    def rezeroed(q, k, v, mask):
+        keep = jnp.logical_and(mask, jnp.tril(jnp.ones((12, 12), bool)))
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+        p = jnp.where(keep, jax.nn.softmax(jnp.where(keep, s, MASK_VALUE), axis=-1), 0.0)
+        return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+    np.testing.assert_allclose(zero, rezeroed(q, k, v, mask), atol=1e-6)
     assert float(jnp.max(jnp.abs(zero[0, :5]))) == 0.0 and float(jnp.max(jnp.abs(zero[1]))) == 0.0
     np.testing.assert_allclose(zero[0, 5:], uniform[0, 5:], rtol=1e-6, atol=1e-6)
 
@@ -439,11 +458,23 @@ def test_modifier_arguments_are_validated(kwargs, match):
 
 def _out_and_grads(fn, q, k, v, kwargs, cot):
     """Output and the gradients of ``sum(out * cot)`` w.r.t. q, k, v and every float
-    keyword argument (bias, float captures, sinks)."""
+    keyword argument (bias, float captures, sinks), as one compiled program per function,
+    static keywords and shapes."""
     diff = {name: kwargs[name] for name in differentiable_args(kwargs)}
+    arrays = {n: a for n, a in kwargs.items() if n not in diff and _is_arrays(a)}
+    static = tuple(sorted((n, a) for n, a in kwargs.items() if n not in diff and n not in arrays))
+    return _compiled_out_and_grads(q, k, v, arrays, diff, cot, fn=fn, static=static)
 
+
+def _is_arrays(x) -> bool:
+    leaves = jax.tree.leaves(x)
+    return bool(leaves) and all(isinstance(a, jax.Array | np.ndarray) for a in leaves)
+
+
+@functools.partial(jax.jit, static_argnames=("fn", "static"))
+def _compiled_out_and_grads(q, k, v, arrays, diff, cot, *, fn, static):
     def loss(q, k, v, diff):
-        out = fn(q, k, v, **{**kwargs, **diff})
+        out = fn(q, k, v, **arrays, **diff, **dict(static))
         return jnp.sum(out.astype(jnp.float32) * cot), out
 
     (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, diff)
@@ -508,7 +539,7 @@ def test_band_skips_the_blocks_outside_it():
     cot = rnd(12, q.shape)
     out, grads = _out_and_grads(_interpret, q, k, v, dict(mask=everything, band=(-20, 3)), cot)
     want_out, want = _out_and_grads(attention_reference, q, k, v, dict(mask=visited), cot)
-    full = attention_reference(q, k, v)
+    full = jitted(attention_reference)(q, k, v)
     assert not np.allclose(out, full, atol=1e-3)
     assert_close(out, want_out, "float32", what="forward")
     for name, g, w in zip("qkv", grads[:3], want[:3], strict=True):
@@ -525,7 +556,7 @@ def test_any_head_dim_by_padding(d):
     kwargs = dict(bias=bias, causal=True)
     _assert_kernel_is_reference(q, k, v, kwargs, "float32", f"d={d}")
     out, _ = _out_and_grads(_interpret, q, k, v, kwargs, cot)
-    explicit = attention_reference(q, k, v, bias=bias, causal=True, scale=1 / np.sqrt(d))
+    explicit = jitted(attention_reference, causal=True, scale=1 / np.sqrt(d))(q, k, v, bias=bias)
     np.testing.assert_allclose(out, explicit, rtol=1e-5, atol=1e-5)
 
 
@@ -617,7 +648,9 @@ def test_query_blocks_with_offsets_are_the_whole_call(name):
         out = attention_reference(q, k, v, **floats, **masks, **static)
         return jnp.sum(out * cot), out
 
-    (_, want_out), want = jax.value_and_grad(loss, (0, 1, 2, 3), has_aux=True)(q, k, v, floats)
+    (_, want_out), want = jax.jit(jax.value_and_grad(loss, (0, 1, 2, 3), has_aux=True))(
+        q, k, v, floats
+    )
     for fn in (_interpret, attention_reference):
         out, grads = _in_blocks(fn, q, k, v, floats, masks, static, cot)
         assert_close(out, want_out, "float32", what=f"{name}: forward")

@@ -20,7 +20,7 @@ from pallas_kernels import (
     supports_gemm_experts,
 )
 from pallas_kernels._gemm import GemmBlocks, erf
-from pypm_testing.kernels import GRAD_TOL, assert_close, rnd
+from pypm_testing.kernels import GRAD_TOL, assert_close, jitted, rnd
 
 # M=37, K=50, N=45: none divides the 16-wide interpret tiles.
 RAGGED = ((3, 37 // 3 + 1, 50), (50, 45))
@@ -31,8 +31,8 @@ def test_every_activation_with_bias_ragged_batched(activation: str) -> None:
     x = rnd(0, (3, 13, 50), scale=0.5)
     w = rnd(1, (50, 45), scale=0.3)
     b = rnd(2, (45,))
-    out = gemm_epilogue(x, w, b, activation=activation, impl="interpret")
-    ref = gemm_epilogue_reference(x, w, b, activation=activation)
+    out = jitted(gemm_epilogue, activation=activation, impl="interpret")(x, w, b)
+    ref = jitted(gemm_epilogue_reference, activation=activation)(x, w, b)
     assert out.shape == (3, 13, 45) and out.dtype == x.dtype
     assert_close(out, ref, "float32", what=activation)
 
@@ -51,8 +51,8 @@ def test_dtypes_accumulate_in_f32(dtype: str, activation: str, with_bias: bool) 
     x = rnd(3, (37, 70), dtype)
     w = rnd(4, (70, 33), dtype, scale=0.2)
     b = rnd(5, (33,), dtype) if with_bias else None
-    out = gemm_epilogue(x, w, b, activation=activation, impl="interpret")
-    ref = gemm_epilogue_reference(x, w, b, activation=activation)
+    out = jitted(gemm_epilogue, activation=activation, impl="interpret")(x, w, b)
+    ref = jitted(gemm_epilogue_reference, activation=activation)(x, w, b)
     assert out.dtype == jnp.dtype(dtype)
     assert_close(out, ref, dtype, what=f"{dtype}/{activation}")
 
@@ -90,8 +90,13 @@ def test_templated_epilogue_custom_chains() -> None:
         return jnp.exp(-a * a) + jnp.sqrt(jnp.abs(a))
 
     for fn, cols in ((chain, (b,)), (affine_leaky, (s, b)), (no_cols, ())):
-        out = gemm_fused(x, w, fn, *cols, impl="interpret")
-        assert_close(out, gemm_fused_reference(x, w, fn, *cols), "float32", what=fn.__name__)
+        out = jax.jit(lambda x, w, *cols, fn=fn: gemm_fused(x, w, fn, *cols, impl="interpret"))(
+            x, w, *cols
+        )
+        want = jax.jit(lambda x, w, *cols, fn=fn: gemm_fused_reference(x, w, fn, *cols))(
+            x, w, *cols
+        )
+        assert_close(out, want, "float32", what=fn.__name__)
 
 
 def test_templated_epilogue_bf16_output_cast_and_f32_tiles() -> None:
@@ -121,10 +126,9 @@ def test_non_elementwise_epilogue_is_rejected() -> None:
 
 def test_larger_tiles_and_k_loop() -> None:
     x, w, b = rnd(19, (100, 200)), rnd(20, (200, 70), scale=0.1), rnd(21, (70,))
-    out = gemm_epilogue(
-        x, w, b, activation="gelu", impl="interpret", _blocks=GemmBlocks(32, 32, 64, 2, 4, 2)
-    )
-    assert_close(out, gemm_epilogue_reference(x, w, b, activation="gelu"), "float32")
+    blocks = GemmBlocks(32, 32, 64, 2, 4, 2)
+    out = jitted(gemm_epilogue, activation="gelu", impl="interpret", _blocks=blocks)(x, w, b)
+    assert_close(out, jitted(gemm_epilogue_reference, activation="gelu")(x, w, b), "float32")
 
 
 @pytest.mark.slow
@@ -132,15 +136,21 @@ def test_gradients_through_gemm_epilogue() -> None:
     x, w, b = rnd(22, (2, 19, 30)), rnd(23, (30, 21), scale=0.3), rnd(24, (21,))
     cot = rnd(25, (2, 19, 21))
     for act in ("gelu", "silu"):
-        got = jax.grad(
-            lambda x, w, b, a=act: jnp.sum(
-                gemm_epilogue(x, w, b, activation=a, impl="interpret") * cot
-            ),
-            argnums=(0, 1, 2),
+        got = jax.jit(
+            jax.grad(
+                lambda x, w, b, a=act: jnp.sum(
+                    gemm_epilogue(x, w, b, activation=a, impl="interpret") * cot
+                ),
+                argnums=(0, 1, 2),
+            )
         )(x, w, b)
-        want = jax.grad(
-            lambda x, w, b, a=act: jnp.sum(gemm_epilogue_reference(x, w, b, activation=a) * cot),
-            argnums=(0, 1, 2),
+        want = jax.jit(
+            jax.grad(
+                lambda x, w, b, a=act: jnp.sum(
+                    gemm_epilogue_reference(x, w, b, activation=a) * cot
+                ),
+                argnums=(0, 1, 2),
+            )
         )(x, w, b)
         for name, g, r in zip("xwb", got, want, strict=True):
             assert_close(g, r, "float32", tol_table=GRAD_TOL, what=f"{act} d{name}")
@@ -182,13 +192,14 @@ def test_operand_kinds_values_and_gradients(shapes: str) -> None:
     def plain(x, w, *ops):
         return _every_kind(x @ w, *ops)
 
-    out = kernel(x, w, *ops)
+    out = jax.jit(kernel)(x, w, *ops)
     assert out.shape == (3, 13, 45)
-    assert_close(out, plain(x, w, *ops), "float32", what=shapes)
-    assert_close(out, gemm_fused_reference(x, w, _every_kind, *ops), "float32", what=shapes)
+    assert_close(out, jax.jit(plain)(x, w, *ops), "float32", what=shapes)
+    reference = jax.jit(lambda x, w, *ops: gemm_fused_reference(x, w, _every_kind, *ops))
+    assert_close(out, reference(x, w, *ops), "float32", what=shapes)
     argnums = tuple(range(2 + len(ops)))
-    got = jax.grad(lambda *a: jnp.sum(kernel(*a) * cot), argnums)(x, w, *ops)
-    want = jax.grad(lambda *a: jnp.sum(plain(*a) * cot), argnums)(x, w, *ops)
+    got = jax.jit(jax.grad(lambda *a: jnp.sum(kernel(*a) * cot), argnums))(x, w, *ops)
+    want = jax.jit(jax.grad(lambda *a: jnp.sum(plain(*a) * cot), argnums))(x, w, *ops)
     for name, g, r in zip(("dx", "dw", *OPERAND_SHAPES[shapes]), got, want, strict=True):
         assert g.shape == r.shape, (shapes, name)
         assert_close(g, r, "float32", tol_table=GRAD_TOL, what=f"{shapes} d{name}")
@@ -202,9 +213,13 @@ def test_mixed_operands_and_out_dtype() -> None:
     def epi(acc, b, s, res):
         return jax.nn.relu(acc + b) * s + res
 
-    out = gemm_fused(x, w, epi, b, s, res, impl="interpret", out_dtype=jnp.float32)
+    out = jax.jit(
+        lambda *a: gemm_fused(*a[:2], epi, *a[2:], impl="interpret", out_dtype=jnp.float32)
+    )(x, w, b, s, res)
     assert out.dtype == jnp.float32
-    want = gemm_fused_reference(x, w, epi, b, s, res, out_dtype=jnp.float32)
+    want = jax.jit(lambda *a: gemm_fused_reference(*a[:2], epi, *a[2:], out_dtype=jnp.float32))(
+        x, w, b, s, res
+    )
     assert_close(out, want, "float32")
     assert_close(out, epi(jnp.dot(x, w, preferred_element_type=jnp.float32), b, s, res), "bfloat16")
 
@@ -269,14 +284,16 @@ def test_experts_values_and_gradients(operand: str, x_batched: bool) -> None:
         spec = "e...k,ekn->e...n" if x_batched else "...k,ekn->e...n"
         return epi(jnp.einsum(spec, x, w), c)
 
-    out = kernel(x, w, c)
+    out = jax.jit(kernel)(x, w, c)
     assert out.shape == (e, *lead, 45)
     assert str(jax.make_jaxpr(kernel)(x, w, c)).count("pallas_call") == 1
-    assert_close(out, plain(x, w, c), "float32", what=operand)
-    ref = gemm_fused_experts_reference(x, w, epi, c, x_batched=x_batched)
-    assert_close(out, ref, "float32", what=operand)
-    got = jax.grad(lambda *a: jnp.sum(kernel(*a) * cot), (0, 1, 2))(x, w, c)
-    want = jax.grad(lambda *a: jnp.sum(plain(*a) * cot), (0, 1, 2))(x, w, c)
+    assert_close(out, jax.jit(plain)(x, w, c), "float32", what=operand)
+    reference = jax.jit(
+        lambda x, w, c: gemm_fused_experts_reference(x, w, epi, c, x_batched=x_batched)
+    )
+    assert_close(out, reference(x, w, c), "float32", what=operand)
+    got = jax.jit(jax.grad(lambda *a: jnp.sum(kernel(*a) * cot), (0, 1, 2)))(x, w, c)
+    want = jax.jit(jax.grad(lambda *a: jnp.sum(plain(*a) * cot), (0, 1, 2)))(x, w, c)
     for name, g, r in zip(("dx", "dw", "dc"), got, want, strict=True):
         assert g.shape == r.shape, (operand, name)
         assert_close(g, r, "float32", tol_table=GRAD_TOL, what=f"{operand} {name}")
@@ -312,13 +329,13 @@ def test_gated_pair_values_and_gradients(pair_at: int) -> None:
     def plain(x, w, w2, b):
         return jax.nn.silu(x @ w + b) * (x @ w2)
 
-    out = kernel(x, w, w2, b)
+    out = jax.jit(kernel)(x, w, w2, b)
     assert str(jax.make_jaxpr(kernel)(x, w, w2, b)).count("pallas_call") == 1
-    assert_close(out, plain(x, w, w2, b), "float32")
-    ref = gemm_fused_pair_reference(x, w, w2, epi, b, pair_at=pair_at)
-    assert_close(out, ref, "float32")
-    got = jax.grad(lambda *a: jnp.sum(kernel(*a) * cot), (0, 1, 2, 3))(x, w, w2, b)
-    want = jax.grad(lambda *a: jnp.sum(plain(*a) * cot), (0, 1, 2, 3))(x, w, w2, b)
+    assert_close(out, jax.jit(plain)(x, w, w2, b), "float32")
+    ref = jax.jit(lambda x, w, w2, b: gemm_fused_pair_reference(x, w, w2, epi, b, pair_at=pair_at))
+    assert_close(out, ref(x, w, w2, b), "float32")
+    got = jax.jit(jax.grad(lambda *a: jnp.sum(kernel(*a) * cot), (0, 1, 2, 3)))(x, w, w2, b)
+    want = jax.jit(jax.grad(lambda *a: jnp.sum(plain(*a) * cot), (0, 1, 2, 3)))(x, w, w2, b)
     for name, g, r in zip(("dx", "dw", "dw2", "db"), got, want, strict=True):
         assert g.shape == r.shape, name
         assert_close(g, r, "float32", tol_table=GRAD_TOL, what=name)

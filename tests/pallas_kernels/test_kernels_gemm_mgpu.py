@@ -20,22 +20,27 @@ from pallas_kernels import (
 from pallas_kernels import _dispatch as dsp
 from pallas_kernels import _gemm as g
 from pallas_kernels import _gemm_mgpu as gm
-from pypm_testing.kernels import GRAD_TOL, assert_close, rnd
+from pypm_testing.kernels import GRAD_TOL, assert_close, jitted, rnd
 
 # M=100, K=96, N=200 against the interpreted 64x(2x64) CTA tiles and tile_k=64: two row
 # tiles, two column tiles, two K steps, all padded; two programs share the four tiles.
 X_SHAPE, W_SHAPE = (100, 96), (96, 200)
+# The interpreter's time grows with the tiles: each activation's epilogue runs on one CTA
+# tile (M=40 of 64 rows, padded; K=64; N=128, the tile's two 64-column halves). The tests
+# below run the four tiles of X_SHAPE (the tiling, the K loop and the padding of every edge).
+ONE_TILE_X, ONE_TILE_W = (40, 64), (64, 128)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_every_activation_with_bias_bf16(activation: str) -> None:
-    x = rnd(0, X_SHAPE, "bfloat16")
-    w = rnd(1, W_SHAPE, "bfloat16", scale=0.2)
-    b = rnd(2, (200,), "bfloat16")
-    out = gemm_epilogue(x, w, b, activation=activation, impl="interpret", _backend="mosaic")
-    ref = gemm_epilogue_reference(x, w, b, activation=activation)
-    assert out.shape == (100, 200) and out.dtype == jnp.bfloat16
+    x = rnd(0, ONE_TILE_X, "bfloat16")
+    w = rnd(1, ONE_TILE_W, "bfloat16", scale=0.2)
+    b = rnd(2, (128,), "bfloat16")
+    kernel = jitted(gemm_epilogue, activation=activation, impl="interpret", _backend="mosaic")
+    out = kernel(x, w, b)
+    ref = jitted(gemm_epilogue_reference, activation=activation)(x, w, b)
+    assert out.shape == (40, 128) and out.dtype == jnp.bfloat16
     assert_close(out, ref, "bfloat16", what=activation)
 
 
@@ -43,8 +48,8 @@ def test_every_activation_with_bias_bf16(activation: str) -> None:
 def test_f16_no_bias_batched_leading_dims() -> None:
     x = rnd(3, (2, 3, 21, 96), "float16")
     w = rnd(4, W_SHAPE, "float16", scale=0.2)
-    out = gemm_epilogue(x, w, activation="gelu", impl="interpret", _backend="mosaic")
-    ref = gemm_epilogue_reference(x, w, activation="gelu")
+    out = jitted(gemm_epilogue, activation="gelu", impl="interpret", _backend="mosaic")(x, w)
+    ref = jitted(gemm_epilogue_reference, activation="gelu")(x, w)
     assert out.shape == (2, 3, 21, 200) and out.dtype == jnp.float16
     assert_close(out, ref, "float16")
 
@@ -59,8 +64,11 @@ def test_templated_epilogue_two_columns() -> None:
         y = a * s + t
         return jnp.where(y > 0, y, 0.1 * y)
 
-    out = gemm_fused(x, w, affine_leaky, s, t, impl="interpret", _backend="mosaic")
-    assert_close(out, gemm_fused_reference(x, w, affine_leaky, s, t), "bfloat16")
+    out = jax.jit(
+        lambda x, w, s, t: gemm_fused(x, w, affine_leaky, s, t, impl="interpret", _backend="mosaic")
+    )(x, w, s, t)
+    ref = jax.jit(lambda x, w, s, t: gemm_fused_reference(x, w, affine_leaky, s, t))(x, w, s, t)
+    assert_close(out, ref, "bfloat16")
 
 
 @pytest.mark.slow
@@ -70,8 +78,8 @@ def test_exact_values_when_products_are_exact() -> None:
     x = jax.random.randint(jax.random.PRNGKey(9), X_SHAPE, -3, 4).astype(jnp.bfloat16)
     w = jax.random.randint(jax.random.PRNGKey(10), W_SHAPE, -3, 4).astype(jnp.bfloat16)
     b = jnp.arange(200, dtype=jnp.float32).astype(jnp.bfloat16)
-    out = gemm_epilogue(x, w, b, activation="relu", impl="interpret", _backend="mosaic")
-    ref = gemm_epilogue_reference(x, w, b, activation="relu")
+    out = jitted(gemm_epilogue, activation="relu", impl="interpret", _backend="mosaic")(x, w, b)
+    ref = jitted(gemm_epilogue_reference, activation="relu")(x, w, b)
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(ref, np.float32))
 
 
@@ -81,8 +89,8 @@ def test_columns_loaded_in_the_epilogue_instead_of_before_the_loop() -> None:
     w = rnd(21, W_SHAPE, "bfloat16", scale=0.2)
     b = rnd(22, (200,), "bfloat16")
     cfg = gm.MosaicGemmConfig(64, 64, 64, 2, 64, 64, "m", 2, "n", preload_columns=False)
-    out = gemm_epilogue(x, w, b, activation="gelu_tanh", impl="interpret", _blocks=cfg)
-    ref = gemm_epilogue_reference(x, w, b, activation="gelu_tanh")
+    out = jitted(gemm_epilogue, activation="gelu_tanh", impl="interpret", _blocks=cfg)(x, w, b)
+    ref = jitted(gemm_epilogue_reference, activation="gelu_tanh")(x, w, b)
     assert_close(out, ref, "bfloat16")
 
 
@@ -95,17 +103,21 @@ def test_gradients_through_the_mosaic_forward() -> None:
     def loss(fn):
         return lambda x, w, b: jnp.sum(fn(x, w, b).astype(jnp.float32) ** 2)
 
-    got = jax.grad(
-        loss(
-            lambda x, w, b: gemm_epilogue(
-                x, w, b, activation="silu", impl="interpret", _backend="mosaic"
-            )
-        ),
-        argnums=(0, 1, 2),
+    got = jax.jit(
+        jax.grad(
+            loss(
+                lambda x, w, b: gemm_epilogue(
+                    x, w, b, activation="silu", impl="interpret", _backend="mosaic"
+                )
+            ),
+            argnums=(0, 1, 2),
+        )
     )(x, w, b)
-    want = jax.grad(
-        loss(lambda x, w, b: gemm_epilogue_reference(x, w, b, activation="silu")),
-        argnums=(0, 1, 2),
+    want = jax.jit(
+        jax.grad(
+            loss(lambda x, w, b: gemm_epilogue_reference(x, w, b, activation="silu")),
+            argnums=(0, 1, 2),
+        )
     )(x, w, b)
     for a, e in zip(got, want, strict=True):
         assert_close(a, e, "bfloat16", tol_table=GRAD_TOL)

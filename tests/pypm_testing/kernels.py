@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +30,14 @@ def assert_close(actual, expected, dtype, *, tol_table=TOL, what: str = "") -> N
     bound = tol * max(1.0, float(np.max(np.abs(e))) if e.size else 1.0)
     err = float(np.max(np.abs(a - e))) if e.size else 0.0
     assert err <= bound, f"{what}: max abs error {err:.3g} > {bound:.3g} ({jnp.dtype(dtype).name})"
+
+
+def jitted(fn: Callable[..., Any], **static: Any) -> Callable[..., Any]:
+    """``fn`` with the ``static`` keyword arguments bound, under ``jax.jit``: one compiled
+    program per call. Called eagerly, the plain-JAX references compile each of their dozens
+    of operations on its own (most of an interpret-mode test's CPU time); results are the
+    same within the dtype's tolerance."""
+    return jax.jit(functools.partial(fn, **static))
 
 
 def has_pallas_call(fn, *args) -> bool:

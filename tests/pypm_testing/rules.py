@@ -49,19 +49,30 @@ def loss(out: Any) -> Any:
     return sum(jnp.mean(x.astype(jnp.float32) ** 2) for x in leaves)
 
 
-def grads_close(fn: Any, fast: Any, args: tuple[Any, ...], what: str, rtol: float = 2e-3) -> None:
+def grads_close(fn: Any, fast: Any, args: tuple[Any, ...], what: str, rtol: float = 2e-3) -> Any:
     """jax.grad of a loss w.r.t. the first argument matches: elementwise to ``rtol`` of the
     value or of the largest gradient (gradients that should be 0, like a key bias's, are
-    rounding noise on both sides)."""
+    rounding noise on both sides); so do the outputs computed on the way. Returns the
+    original's outputs (one compiled program per side computes outputs and gradients)."""
     first, rest = args[0], args[1:]
-    want = jax.jit(jax.grad(lambda p: loss(fn(p, *rest))))(first)
-    got = jax.jit(jax.grad(lambda p: loss(fast(p, *rest))))(first)
+
+    def value_and_grad(f: Any) -> Any:
+        def value(p: Any) -> Any:
+            out = f(p, *rest)
+            return loss(out), out
+
+        return jax.jit(jax.value_and_grad(value, has_aux=True))(first)
+
+    (_, want_out), want = value_and_grad(fn)
+    (_, got_out), got = value_and_grad(fast)
+    rel_close(want_out, got_out, f"{what}: outputs under grad")
     leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(want)]
     scale = max((float(np.max(np.abs(x))) for x in leaves if x.size), default=0.0)
     for a, b in zip(leaves, jax.tree.leaves(got), strict=True):
         np.testing.assert_allclose(
             np.asarray(b, np.float64), a, rtol=rtol, atol=rtol * scale, err_msg=f"{what}: grads"
         )
+    return want_out
 
 
 def vjps_close(fn: Any, fast: Any, args: tuple[Any, ...], want: Any, what: str, seed: int) -> None:
@@ -97,13 +108,15 @@ def check(
     tol: tuple[float, float] | None = None,
     rules: Any = None,
 ) -> Any:
-    """Rewrite ``fn``: the report fires exactly ``counts``, outputs (and gradients) match."""
+    """Rewrite ``fn``: the report fires exactly ``counts``, outputs (and gradients) match.
+    With ``grad``, the original's outputs come from its gradient program (one compile)."""
     fast, got, report = rewrite(fn, args, rules)
     assert report.counts() == counts, f"{what}\n{report}"
-    want = jax.jit(fn)(*args)
-    rel_close(want, got, what or "outputs", tol)
     if grad:
-        grads_close(fn, fast, args, what or "gradients")
+        want = grads_close(fn, fast, args, what or "gradients")
+    else:
+        want = jax.jit(fn)(*args)
+    rel_close(want, got, what or "outputs", tol)
     return fast
 
 
