@@ -25,22 +25,15 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from hypothesis import event, given, note, settings
+from hypothesis import event, given, note
 
 from pypm_jax.core.calculus import PatternDef, show
 from pypm_jax.core.match import Match
 from pypm_jax.engine.select import match_all, match_first
 from pypm_jax.semantics.declarative import holds_def
-from pypm_testing import budget
 from pypm_testing.strategies import pattern_and_term, subterms
 
 MAX_PARAMS = 3
-
-# Examples per property and engine at CI's budget: 1,000 for (a)-(c) and (e) (2,000 before,
-# the profile's default); 500 for (d), whose comparison test_differential.py's
-# test_shared_strategies_terms makes on the same strategy, on full θ/φ and both back ends.
-PER_ENGINE = settings(max_examples=budget.examples(ci=1000, dev=200, fast=20))
-AGREEMENT = settings(max_examples=budget.examples(ci=500, dev=100, fast=20))
 
 
 def visible(m: Match) -> dict[str, Any]:
@@ -68,7 +61,6 @@ def describe(pdef: PatternDef, t: Any) -> None:
     note(f"term:    {t!r}")
 
 
-@PER_ENGINE
 @given(pattern_and_term(well_moded=False))
 def test_a_success_is_declaratively_sound(engine, pt):
     pdef, t = pt
@@ -80,7 +72,6 @@ def test_a_success_is_declaratively_sound(engine, pt):
         assert holds_def(pdef, t, visible(m))
 
 
-@PER_ENGINE
 @given(pattern_and_term())
 def test_b_failure_means_no_declarative_solution(engine, pt):
     pdef, t = pt
@@ -92,7 +83,6 @@ def test_b_failure_means_no_declarative_solution(engine, pt):
         assert witness is None, f"the matcher failed, but {witness} satisfies the rules"
 
 
-@PER_ENGINE
 @given(pattern_and_term(well_moded=False))
 def test_c_match_all_is_valid_distinct_and_starts_with_match_first(engine, pt):
     pdef, t = pt
@@ -110,7 +100,6 @@ def test_c_match_all_is_valid_distinct_and_starts_with_match_first(engine, pt):
         assert first.key() == found[0].key()
 
 
-@AGREEMENT
 @given(pattern_and_term(well_moded=False))
 def test_d_fast_engine_agrees_with_the_reference_machine(pt):
     pdef, t = pt
@@ -124,7 +113,6 @@ def test_d_fast_engine_agrees_with_the_reference_machine(pt):
     assert ref_all == fast_all
 
 
-@PER_ENGINE
 @given(pattern_and_term())
 def test_e_match_all_is_complete_for_well_moded_patterns(engine, pt):
     pdef, t = pt

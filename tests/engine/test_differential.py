@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from unittest import mock
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from pypm_jax.core.calculus import (
@@ -39,7 +39,6 @@ from pypm_jax.engine.analysis import admits, root_set
 from pypm_jax.engine.fast import CompiledPattern, Matcher, compile_guard
 from pypm_jax.semantics import machine as _machine
 from pypm_jax.semantics.guards import guard_holds
-from pypm_testing import budget
 from pypm_testing.engine import (
     F1,
     LEAVES,
@@ -58,9 +57,6 @@ from pypm_testing.engine import (
 from pypm_testing.strategies import pattern_and_term
 
 MAX_SOLUTIONS = 50
-# Examples per property at CI's budget: 1,000 (2,000 before, the profile's default) for the
-# five properties that compare whole solution sequences; the guard compiler keeps 2,000.
-SEQUENCES = settings(max_examples=budget.examples(ci=1000, dev=200, fast=20))
 TARGETS = [*LEAVES, F1(A), SPLIT(B)[1]]
 
 
@@ -93,14 +89,12 @@ def check_same(pdef, t):
     return expected
 
 
-@SEQUENCES
 @given(pattern_defs(), dags(), st.data())
 def test_terms_same_solutions_as_reference(pdef, pool, data):
     t = data.draw(st.sampled_from(pool[-4:]))
     check_same(pdef, t)
 
 
-@SEQUENCES
 @given(pattern_defs(), dags(), st.data())
 def test_graph_values_same_solutions_as_reference(pdef, pool, data):
     g = Graph(pool[-3:])
@@ -194,7 +188,6 @@ def test_generator_functions_shared_strategies(pt):
         check_same(pdef, t)
 
 
-@SEQUENCES
 @given(
     st.lists(st.one_of(pattern_defs(depth=2), root_guarded()), min_size=1, max_size=4),
     dags(),
@@ -217,14 +210,12 @@ def test_matcher_index_finds_what_trying_every_pattern_finds(pdefs, pool):
 # often several times), well-moded or not; checked here on full θ/φ and on both back ends.
 
 
-@SEQUENCES
 @given(pattern_and_term(well_moded=False))
 def test_shared_strategies_terms(pt):
     pdef, t = pt
     check_same(pdef, t)
 
 
-@SEQUENCES
 @given(pattern_and_term(), st.data())
 def test_shared_strategies_graph_values(pt, data):
     pdef, t = pt
