@@ -190,6 +190,20 @@ class _Codegen(_GuardCodegen):
         if len(self.lines) > _MAX_LINES:
             raise _Unsupported("generated code too large")
 
+    def unfold_fresh(self, mu: PMu, ind: int) -> Pattern:
+        """``mu`` unfolded now (ST-Match-Mu), its fresh names numbered at run time from the
+        counter, whose advance this emits."""
+        counter = self.local("b")
+        supply = _FreshSupply(counter)
+        try:
+            q = unfold(mu, supply)
+        except TypeError as exc:  # the machine raises this at run time
+            raise _Unsupported(str(exc)) from None
+        if supply.count:
+            self.line(ind, f"{counter} = {self.ctr}")
+            self.line(ind, f"{self.ctr} += {supply.count}")
+        return q
+
     # -- the machine, symbolically
 
     def function(self, body: Pattern) -> str:
@@ -305,16 +319,7 @@ class _Codegen(_GuardCodegen):
                 ):
                     return
                 elif cls is PMu:  # ST-Match-Mu, unfolded now; fresh numbers at run time
-                    counter = self.local("b")
-                    supply = _FreshSupply(counter)
-                    try:
-                        q = unfold(p, supply)  # type: ignore[arg-type]
-                    except TypeError as exc:  # the machine raises this at run time
-                        raise _Unsupported(str(exc)) from None
-                    if supply.count:
-                        line(ind, f"{counter} = {self.ctr}")
-                        line(ind, f"{self.ctr} += {supply.count}")
-                    k.append(("m", q, t))
+                    k.append(("m", self.unfold_fresh(p, ind), t))
                 else:  # PCall, or something unknown: the machine decides
                     raise _Unsupported(f"cannot generate code for {type(p).__name__}")
             elif tag == "g":  # checkGuard
@@ -527,15 +532,7 @@ class _Codegen(_GuardCodegen):
                 self.line(3, f"{ph if o else th}.pop({c!r}, None)")
             self.line(3, f"yield {''.join(vals)}{th}, {ph}, {sx}")
             self.line(2, "return")
-        counter = self.local("b")
-        supply = _FreshSupply(counter)
-        try:
-            q = unfold(mu, supply)  # type: ignore[arg-type]
-        except TypeError as exc:  # the machine raises this at run time
-            raise _Unsupported(str(exc)) from None
-        if supply.count:
-            self.line(1, f"{counter} = C[0]")
-            self.line(1, f"C[0] += {supply.count}")
+        q = self.unfold_fresh(mu, 1)
         self.emit([("m", q, "t0")], st, 1, "return", 0)
         self.line(1, "yield  # unreachable; makes this a generator even with no solution")
         return "\n".join(self.helpers + self.lines) + "\n"

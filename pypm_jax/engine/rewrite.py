@@ -87,10 +87,10 @@ from ..core.errors import (
     SourceLoc,
 )
 from ..core.graph import Graph, Node, Value, show_type
-from ..core.terms import CONST, LEAF, UNDEFINED, Term, term_attr
+from ..core.terms import CONST, LEAF, Term
 from ..lang.registry import collect_guard_failures
 from ..semantics import machine as _reference
-from ..semantics.guards import Undefined, eval_expr, guard_holds, op_attr
+from ..semantics.guards import Undefined, bound_attr, bound_op_attr, eval_expr, guard_holds
 from ..semantics.subst import FreshNames, unfold
 from . import report as _report
 from .analysis import _ByIdentity, _expr_names, has_recursion
@@ -954,26 +954,9 @@ def _compile_attr(e: Any) -> Callable[[dict, dict], Any]:
         case EConst(value):
             return lambda theta, phi: value
         case EOpAttr(var, attr):
-
-            def of_op(theta: dict, phi: dict) -> Any:
-                op = phi.get(var)
-                if op is None:
-                    raise Undefined(f"operator variable {var} is not bound")
-                return op_attr(op, attr)
-
-            return of_op
+            return lambda theta, phi: bound_op_attr(phi, var, attr)
         case EAttr(var, attr):
-
-            def of_value(theta: dict, phi: dict) -> Any:
-                term = theta.get(var)
-                if term is None:
-                    raise Undefined(f"{var} is not bound")
-                value = term_attr(term, attr)
-                if value is UNDEFINED:
-                    raise Undefined(f"{var} has no attribute {attr}")
-                return value
-
-            return of_value
+            return lambda theta, phi: bound_attr(theta, var, attr)
     return lambda theta, phi: eval_expr(e, theta, phi)
 
 

@@ -21,6 +21,8 @@ __all__ = [
     "MAX_EXPONENT",
     "binary",
     "power_problem",
+    "bound_attr",
+    "bound_op_attr",
     "eval_expr",
     "guard_holds",
     "op_attr",
@@ -185,24 +187,34 @@ def _truth(value: Any) -> bool:
     raise Undefined(f"{value!r} is not a truth value")
 
 
+def bound_attr(theta: Mapping[str, Any], var: str, attr: str) -> Any:
+    """⟦var.attr⟧ under θ, raising :class:`Undefined` where it has no value."""
+    term = theta.get(var)
+    if term is None:
+        raise Undefined(f"{var} is not bound")
+    value = term_attr(term, attr)
+    if value is UNDEFINED:
+        raise Undefined(f"{var} has no attribute {attr}")
+    return value
+
+
+def bound_op_attr(phi: Mapping[str, Operator], var: str, attr: str) -> Any:
+    """⟦F.attr⟧ of an operator variable under φ, raising :class:`Undefined` where unbound."""
+    op = phi.get(var)
+    if op is None:
+        raise Undefined(f"operator variable {var} is not bound")
+    return op_attr(op, attr)
+
+
 def eval_expr(e: Expr, theta: Mapping[str, Any], phi: Mapping[str, Operator]) -> Any:
     """⟦e[θ, φ]⟧, raising :class:`Undefined` where it has no value."""
     match e:
         case EConst(value):
             return value
         case EAttr(var, attr):
-            term = theta.get(var)
-            if term is None:
-                raise Undefined(f"{var} is not bound")
-            value = term_attr(term, attr)
-            if value is UNDEFINED:
-                raise Undefined(f"{var} has no attribute {attr}")
-            return value
+            return bound_attr(theta, var, attr)
         case EOpAttr(var, attr):
-            op = phi.get(var)
-            if op is None:
-                raise Undefined(f"operator variable {var} is not bound")
-            return op_attr(op, attr)
+            return bound_op_attr(phi, var, attr)
         case ECmp(op, left, right):
             try:
                 return bool(_CMP[op](eval_expr(left, theta, phi), eval_expr(right, theta, phi)))
