@@ -912,9 +912,9 @@ class Graph:
                             where.append(_unuse(v, node, journal))
                     journal.log.append((_REMOVE, node, where))
                 removed.append(node)
-                for i in range(len(ins) - 1, -1, -1):
-                    if not ins[i]._users:  # (an input something else reads stays)
-                        stack.append(ins[i].node)
+                for v in reversed(ins):
+                    if not v._users:  # (an input something else reads stays)
+                        stack.append(v.node)
         if stale:
             self._stale += stale
         if self._stale > _STALE_MIN and journal is None:

@@ -325,6 +325,8 @@ guarded_pattern = _ByIdentity(_guarded)  # one per rule object, so compiled once
 
 _CONST_DEPTH = 8  # how deep constant_only looks for literals
 _op_of = operator.attrgetter("op")
+_id_of = operator.attrgetter("id")
+_AFTER_ALL = float("inf")  # a major after every node's
 
 
 class _Candidates(dict):
@@ -377,8 +379,8 @@ class _Driver:
         self.checked = [p is not r.pattern for p, r in zip(pdefs, rules, strict=True)]
         reaches = [_reach_of(r.pattern) for r in rules]
         self.reach = None if None in reaches else max(reaches, default=0)
-        # how many levels of users a revisit after a rewrite takes in (None: all)
-        self.levels = None if self.reach is None else self.reach - 1
+        # the deepest level of users a revisit after a rewrite takes in the users of
+        self.last_level = _AFTER_ALL if self.reach is None else self.reach - 1
         self.limit = limit
         # per rewrite: (rule, root node, covered node ids, new nodes alive once it fired,
         # module path); the report's records are made from these at the end of the run
@@ -466,25 +468,27 @@ class _Driver:
             # asking at each step); their op never changes, so the skip stays right
             order = list(itertools.compress(order, map(cands_of.__getitem__, map(_op_of, order))))
         self.order = order
-        heap = self.heap
+        # the sweep's nodes' majors (original nodes: their ids, or their places in the
+        # order), and past the last one a major after every rank
+        ids = list(map(_id_of, order))
+        self.majors = majors = ids if self.rank_of is None else list(map(self.rank_of.get, ids))
+        majors.append(_AFTER_ALL)
+        heap, queued = self.heap, self.queued
         n_order = len(order)
-        fast, is_read, try_rule = self.fast, g.is_read, self.try_rule
-        rank_of = self.rank_of
+        slow, is_read, try_rule = not self.fast, g.is_read, self.try_rule
         resumable = self.resumable
         visits = pos = 0
+        sweep = majors[0]  # the sweep's next major
         next_check = _PROGRESS_STRIDE
         mrun, over = self.mrun, self.over_budget
         while True:
-            # (the sweep's nodes are original ones: their major is their id or rank_of's)
-            if heap and (
-                pos >= n_order
-                or heap[0][0] < (order[pos].id if rank_of is None else rank_of[order[pos].id])
-            ):
+            if heap and heap[0][0] < sweep:
                 node = heapq.heappop(heap)[3]
-                self.queued.discard(node.id)
+                queued.discard(node.id)
             elif pos < n_order:
                 node = order[pos]
                 pos += 1
+                sweep = majors[pos]
             else:
                 break
             if not node.alive:
@@ -497,11 +501,12 @@ class _Driver:
             if visits >= next_check:
                 next_check += _PROGRESS_STRIDE
                 self.progress()
-            if not fast or len(node.outputs) > 1:
+            outs = node.outputs
+            if slow or len(outs) > 1:
                 self.visit(node, cands, pos)
                 continue
             # the common case, inlined: a single-output node, the compiled patterns
-            v = node.outputs[0]
+            v = outs[0]
             for ri, _, cp in cands:
                 if over and (ri, node.id) in over:
                     continue
@@ -536,7 +541,7 @@ class _Driver:
             return True
         if node.id >= self.mark0:
             return False
-        return pos < len(self.order) and self.major(node) >= self.major(self.order[pos])
+        return self.major(node) >= self.majors[pos]
 
     def push(self, node: Node, pos: int) -> None:
         """Queue ``node`` for a (re)visit unless the sweep or the queue will reach it."""
@@ -720,7 +725,7 @@ class _Driver:
                     continue
                 escapes = g.is_output(v)
                 if not escapes:
-                    for u in g.users(v):  # (a loop, not any(): this runs per matched value)
+                    for u in v._users:  # (a loop, not any(): this runs per matched value)
                         if u.id not in inside:
                             escapes = True
                             break
@@ -760,7 +765,7 @@ class _Driver:
         records = self.records
         if len(records) >= self.limit:
             raise self.limit_error(rule, rnode)
-        mark = g.next_id  # nodes with ids from here on are new
+        mark = g._next_id  # nodes with ids from here on are new (``g.next_id``)
         built: dict[int, Node] = {}  # every node the result consists of, new or not
         meta = rnode.metadata
         try:
@@ -907,17 +912,11 @@ class _Driver:
 
     def requeue(self, touched: list[Node], pos: int) -> None:
         """Revisit nodes whose inputs changed and their users as deep as patterns look."""
-        levels = self.levels
-        queued, new_rank, rank_of, mark0 = self.queued, self.new_rank, self.rank_of, self.mark0
-        heap, order = self.heap, self.order
+        last = self.last_level
+        queued, rank_of, mark0, heap = self.queued, self.rank_of, self.mark0, self.heap
         # an original node at or after the sweep's position: the sweep will get there, and
-        # to its users after it (``pending``, inline; the sweep's nodes are original ones)
-        if pos < len(order):
-            sweep = order[pos].id
-            if rank_of is not None:
-                sweep = rank_of[sweep]
-        else:
-            sweep = None
+        # to its users after it (``pending``, inline)
+        sweep = self.majors[pos]
         frontier = touched
         seen: set[int] = set()
         level = 0
@@ -925,23 +924,23 @@ class _Driver:
             nxt: list[Node] = []
             for n in frontier:
                 nid = n.id
-                if nid in seen or not n.alive:
+                if nid in seen:
                     continue
                 seen.add(nid)
-                if nid in queued:
+                if nid in queued or not n.alive:
                     continue
-                rank = new_rank.get(nid)
-                if rank is None:
+                if nid < mark0:  # (``push``, inline)
                     major = nid if rank_of is None else rank_of[nid]
-                    if nid < mark0 and sweep is not None and major >= sweep:
+                    if major >= sweep:
                         continue
-                    rank = (major, 0)
-                queued.add(nid)  # (``push``, inline)
-                heapq.heappush(heap, (rank[0], rank[1], nid, n))
-                if levels is not None and level >= levels:
-                    continue
-                for v in n.outputs:
-                    nxt.extend(v._users)  # (each reader once: ``seen`` drops repeats)
+                    heapq.heappush(heap, (major, 0, nid, n))
+                else:
+                    rank = self.new_rank.get(nid) or (self.major(n), 0)
+                    heapq.heappush(heap, (rank[0], rank[1], nid, n))
+                queued.add(nid)
+                if level < last:
+                    for v in n.outputs:
+                        nxt.extend(v._users)  # (each reader once: ``seen`` drops repeats)
             frontier = nxt
             level += 1
 
