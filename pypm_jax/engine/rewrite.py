@@ -379,7 +379,8 @@ class _Driver:
         self.checked = [p is not r.pattern for p, r in zip(pdefs, rules, strict=True)]
         reaches = [_reach_of(r.pattern) for r in rules]
         self.reach = None if None in reaches else max(reaches, default=0)
-        # the deepest level of users a revisit after a rewrite takes in the users of
+        # after a rewrite, the deepest level of users (0: the changed nodes themselves)
+        # whose users are revisited too
         self.last_level = _AFTER_ALL if self.reach is None else self.reach - 1
         self.limit = limit
         # per rewrite: (rule, root node, covered node ids, new nodes alive once it fired,
