@@ -23,7 +23,7 @@ from __future__ import annotations
 __all__ = ["Graph", "Node", "Value", "show_type"]
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -414,7 +414,20 @@ class Graph:
             raise PyPMError(f"{op.name} takes {op.n_in} inputs, got {len(ins)}")
         if len(types) != op.n_out:
             raise PyPMError(f"{op.name} has {op.n_out} outputs, got {len(types)} output types")
-        t = tuple(types)
+        return self._add(op, ins, attrs, tuple(types), loc, meta)
+
+    def _add(
+        self,
+        op: Operator,
+        ins: tuple[Value, ...],
+        attrs: Mapping[str, Any],
+        t: tuple[TypeSpec, ...],
+        loc: SourceLoc | None,
+        meta: Mapping[str, Any] | None,
+    ) -> Node:
+        """:meth:`add_node` once its arguments are checked: ``ins`` live values of this
+        graph, as many as ``op`` takes; ``attrs`` a dict of the node's own or ``_NO_ATTRS``;
+        ``t`` one normalized type per output. The rewrite driver builds results with it."""
         key = None
         if op.pure:
             sig_key = (op, _freeze_attrs(attrs) if attrs else (), t)
@@ -441,6 +454,13 @@ class Graph:
             self._cse[key] = node
         self._nodes[node.id] = node
         return node
+
+    def _live(self, values: Iterable[Any]) -> bool:
+        """Is every one of ``values`` a live value of this graph?"""
+        for v in values:
+            if type(v) is not Value or v.node._graph is not self or not v.node.alive:
+                return False
+        return True
 
     def add_const(self, value: Any, shape: Any = None, dtype: Any = None) -> Value:
         """A literal (hash-consed like every pure node); scalars get shape ``()``."""
@@ -711,12 +731,11 @@ class Graph:
         kept.add(new.node)
         return self._replace([(old, new)], kept)
 
-    def _replace(
-        self, work: list[tuple[Value, Value]], kept: set[Node] | frozenset = frozenset()
-    ) -> list[Node]:
+    def _replace(self, work: list[tuple[Value, Value]], kept: Container[Node] = ()) -> list[Node]:
         touched: list[Node] = []
         merged: list[Node] = []
-        set_inputs = self._set_inputs
+        log, journal, cse = self._log, self._journal, self._cse
+        stale = 0
         i = 0
         while i < len(work):
             old, new = work[i]
@@ -734,18 +753,65 @@ class Graph:
             for node in readers:
                 if not node.alive or (i == 1 and node in kept):
                     continue
-                ins = node.inputs.copy()
-                ins[ins.index(old)] = new
-                while old in ins:  # (read more than once)
-                    ins[ins.index(old)] = new
-                before = len(work)
-                set_inputs(node, ins, work)
+                # node reads new wherever it read old (``_set_inputs``, inline)
+                old_inputs = node.inputs
+                ins = old_inputs.copy()
+                where: list[int] | None = None if log is None else []
+                j = ins.index(old)
+                while True:
+                    ins[j] = new
+                    users = old._users
+                    if type(users) is list:
+                        k = users.index(node)  # (_unuse, inline: the common case)
+                        del users[k]
+                    else:
+                        k = _unuse(old, node, journal)
+                    users = new._users
+                    if type(users) is list and len(users) < _FEW_USERS:
+                        users.append(node)  # (_use, inline)
+                    else:
+                        _use(new, node, journal)
+                    if where is not None:
+                        where.append(k)
+                    if old not in ins:
+                        break
+                    j = ins.index(old)  # (read more than once)
+                outs = node.outputs
+                key = node._key
+                if log is not None:
+                    vins = outs[0].inputs if outs else ()
+                    log.append((_SETIN, node, old_inputs, key, vins, where))
+                t = tuple(ins)
+                node.inputs = ins  # (never changed in place: the journal keeps the old list)
+                for v in outs:
+                    v.inputs = t
                 touched.append(node)
-                if len(work) > before:
-                    merged.append(node)
-                    # the node it merged into gains readers (and may be one a caller is
-                    # replacing right now): report it, so a rewrite driver revisits it
-                    touched.append(work[-1][1].node)
+                if key is None:
+                    continue
+                # (the entry under the old key goes stale: see _valid)
+                stale += 1
+                key = node._key = (key[0], t)
+                other = cse.get(key)
+                if other is None:
+                    cse[key] = node
+                    if log is not None:
+                        log.append((_CSE, key, _MISSING))
+                elif other is not node:
+                    if other.alive and other._key == key:  # now equal to a live node: merge
+                        if not outs:
+                            continue  # (nothing to merge)
+                        work.extend(zip(outs, other.outputs, strict=True))
+                        merged.append(node)
+                        # the node it merged into gains readers (and may be one a caller is
+                        # replacing right now): report it, so a rewrite driver revisits it
+                        touched.append(other)
+                    else:
+                        cse[key] = node
+                        if log is not None:
+                            log.append((_CSE, key, other))
+        if touched:
+            self._topo_ok = False
+            self._stale += stale
         if not merged:
             return touched
         for node in merged:
@@ -753,6 +819,23 @@ class Graph:
                 if not any(id(v) in self._output_ids for v in node.outputs):
                     self._remove(node)
         return [n for n in touched if n.alive]
+
+    def _swap(
+        self, old: Value, new: Value, keep: Iterable[Node]
+    ) -> tuple[list[Node], list[Node]] | None:
+        """One step of the rewrite driver: :meth:`replace_all_uses` ``(old, new, keep=keep)``
+        and, if that changed the graph, :meth:`remove_dead` of ``old``'s node. Returns the
+        nodes whose inputs changed and the nodes removed, or None when nothing but ``keep``
+        and ``new``'s node reads ``old`` and it is no output: then nothing changed."""
+        kept = (new.node, *keep)  # (a few nodes: a tuple is searched faster than a set is made)
+        if id(old) not in self._output_ids:
+            users = old._users
+            for node in users:
+                if node not in kept:
+                    break
+            else:
+                return None
+        return self._replace([(old, new)], kept), self.remove_dead((old.node,))
 
     def _remove(self, node: Node) -> None:
         journal = self._journal
@@ -788,26 +871,53 @@ class Graph:
         what is removed. Graph inputs and impure nodes stay. Returns the removed nodes in
         removal order.
         """
-        outs = self._output_ids
+        outs, live, journal = self._output_ids, self._nodes, self._journal
         stack = list(nodes)
         stack.reverse()
         removed: list[Node] = []
+        stale = 0
         while stack:
             node = stack.pop()
             op = node.op
-            if not node.alive or not op.pure or (op is LEAF and node.id not in self._nodes):
+            if not node.alive or not op.pure or (op is LEAF and node.id not in live):
                 continue  # (dead, impure, or a graph input)
             for v in node.outputs:
                 if v._users or id(v) in outs:
                     break
             else:
-                self._remove(node)
-                removed.append(node)
+                # (``_remove``, inline)
+                if journal is not None and journal.order is None:
+                    journal.order = list(live.values())
+                node.alive = False
+                live.pop(node.id, None)
+                if node._key is not None:
+                    stale += 1  # (its entry in the hash-consing table goes stale: Graph._cse)
                 ins = node.inputs
-                for i in range(len(ins) - 1, -1, -1):
-                    if not ins[i]._users:  # (an input something else reads stays)
-                        stack.append(ins[i].node)
-        if self._stale > _STALE_MIN and self._journal is None:
+                if journal is None:
+                    for v in ins:
+                        users = v._users
+                        if type(users) is list:
+                            users.remove(node)  # (_unuse, inline)
+                        else:
+                            _unuse(v, node, None)
+                else:
+                    where = []
+                    for v in ins:
+                        users = v._users
+                        if type(users) is list:
+                            i = users.index(node)  # (_unuse, inline)
+                            del users[i]
+                            where.append(i)
+                        else:
+                            where.append(_unuse(v, node, journal))
+                    journal.log.append((_REMOVE, node, where))
+                removed.append(node)
+                for v in reversed(ins):
+                    if not v._users:  # (an input something else reads stays)
+                        stack.append(v.node)
+        if stale:
+            self._stale += stale
+        if self._stale > _STALE_MIN and journal is None:
             self._purge()
         return removed
 

@@ -47,9 +47,10 @@ import dataclasses
 import heapq
 import itertools
 import logging
+import operator
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,7 +87,7 @@ from ..core.errors import (
     RuleError,
     SourceLoc,
 )
-from ..core.graph import Graph, Node, Value, show_type
+from ..core.graph import _NO_ATTRS, Graph, Node, Value, show_type
 from ..core.terms import CONST, LEAF, Term
 from ..lang.registry import collect_guard_failures
 from ..semantics import machine as _reference
@@ -155,13 +156,12 @@ class RewriteRecord:
         )
 
 
-_SET = {f.name: getattr(RewriteRecord, f.name).__set__ for f in dataclasses.fields(RewriteRecord)}
-_set_rule, _set_pattern, _set_root, _set_replaced, _set_source = (
-    _SET["rule"], _SET["pattern"], _SET["root"], _SET["replaced"], _SET["source"]
-)  # fmt: skip
-_set_module_path, _set_op, _set_created, _set_built, _set_detail = (
-    _SET["module_path"], _SET["op"], _SET["created"], _SET["built"], _SET["detail"]
-)  # fmt: skip
+class _Unfrozen:
+    """A :class:`RewriteRecord`'s slots without the frozen dataclass's ``__setattr__``:
+    ``_record`` fills one, then makes it the record it is (the same slots in the same
+    order, so Python allows the ``__class__`` change)."""
+
+    __slots__ = RewriteRecord.__slots__
 
 
 def _record(
@@ -176,20 +176,21 @@ def _record(
     built: tuple[Built, ...],
     detail: str,
 ) -> RewriteRecord:
-    """``RewriteRecord(...)`` made at a third of the cost of the frozen dataclass's
-    ``__init__`` (the driver makes one per rewrite): each slot set by its descriptor."""
-    r = object.__new__(RewriteRecord)
-    _set_rule(r, rule)
-    _set_pattern(r, pattern)
-    _set_root(r, root)
-    _set_replaced(r, replaced)
-    _set_source(r, source)
-    _set_module_path(r, module_path)
-    _set_op(r, op)
-    _set_created(r, created)
-    _set_built(r, built)
-    _set_detail(r, detail)
-    return r
+    """``RewriteRecord(...)`` made at a fifth of the cost of the frozen dataclass's
+    ``__init__`` (the driver makes one per rewrite): each slot set as on a plain object."""
+    r = _Unfrozen()
+    r.rule = rule
+    r.pattern = pattern
+    r.root = root
+    r.replaced = replaced
+    r.source = source
+    r.module_path = module_path
+    r.op = op
+    r.created = created
+    r.built = built
+    r.detail = detail
+    r.__class__ = RewriteRecord  # type: ignore[assignment]
+    return r  # type: ignore[return-value]
 
 
 def _built(op: Any, attrs: Any, type_text: str) -> Built:
@@ -323,6 +324,25 @@ guarded_pattern = _ByIdentity(_guarded)  # one per rule object, so compiled once
 
 
 _CONST_DEPTH = 8  # how deep constant_only looks for literals
+_op_of = operator.attrgetter("op")
+_id_of = operator.attrgetter("id")
+_AFTER_ALL = float("inf")  # a major after every node's
+
+
+class _Candidates(dict):
+    """``op -> `` the rules whose patterns can start at a value of ``op`` (an empty tuple:
+    none), read from the matcher's index once per operator and run: the sweep asks for
+    every node, and a hit here is one dict lookup in C."""
+
+    __slots__ = ("table", "wild")
+
+    def __init__(self, table: Any, wild: tuple):
+        super().__init__()
+        self.table, self.wild = table, wild
+
+    def __missing__(self, op: Any) -> tuple:
+        cands = self[op] = self.table.get(op, self.wild)
+        return cands
 
 
 def _interpreted_guard(g: Any) -> Any:
@@ -354,11 +374,14 @@ class _Driver:
         # machine runs the paper's algorithm on the bare patterns)
         pdefs = [guarded_pattern(r) if self.fast else r.pattern for r in rules]
         matcher = Matcher(pdefs, compiled=self.fast)
-        self.table, self.wild = matcher.table, matcher.wildcards  # (index: op -> candidates)
+        self.cands = _Candidates(matcher.table, matcher.wildcards)  # op -> candidates
         # per rule: does its compiled pattern check the guard of its one branch already?
         self.checked = [p is not r.pattern for p, r in zip(pdefs, rules, strict=True)]
         reaches = [_reach_of(r.pattern) for r in rules]
         self.reach = None if None in reaches else max(reaches, default=0)
+        # after a rewrite, the deepest level of users (0: the changed nodes themselves)
+        # whose users are revisited too
+        self.last_level = _AFTER_ALL if self.reach is None else self.reach - 1
         self.limit = limit
         # per rewrite: (rule, root node, covered node ids, new nodes alive once it fired,
         # module path); the report's records are made from these at the end of the run
@@ -368,8 +391,6 @@ class _Driver:
         self.blocked: dict[int, Node] = {}  # roots a single-use rule skipped
         self.idle: dict[int, Node] = {}  # roots x rewritten to f(x), read by f(x) only (wake)
         self.const_memo: dict[int, bool] = {}  # node id -> computed from literals alone
-        self.parents: list[int | None] = []  # per record: the record that made its root
-        self.made_by: dict[int, int] = {}  # node made by this run -> its record
         self.new_rank: dict[int, tuple[int, int]] = {}  # node made by this run -> rank
         self.queued: set[int] = set()
         self.changed = False  # did the latest rewrite that fired change the graph?
@@ -442,37 +463,38 @@ class _Driver:
         order = g.nodes()
         self.mark0 = g.next_id  # ids from here on are made by this run
         self.rank_of = None if g.id_ordered else {n.id: i for i, n in enumerate(order)}
-        table, wild = self.table, self.wild
-        get = table.get
-        if not wild:
+        cands_of = self.cands
+        if not cands_of.wild:
             # the sweep skips nodes no pattern can start at (one pass here is cheaper than
             # asking at each step); their op never changes, so the skip stays right
-            order = [n for n in order if n.op in table]
+            order = list(itertools.compress(order, map(cands_of.__getitem__, map(_op_of, order))))
         self.order = order
-        heap = self.heap
+        # the sweep's nodes' majors (original nodes: their ids, or their places in the
+        # order), and past the last one a major after every rank
+        ids = list(map(_id_of, order))
+        self.majors = majors = ids if self.rank_of is None else list(map(self.rank_of.get, ids))
+        majors.append(_AFTER_ALL)
+        heap, queued = self.heap, self.queued
         n_order = len(order)
-        fast, is_read, try_rule = self.fast, g.is_read, self.try_rule
-        rank_of = self.rank_of
+        slow, is_read, try_rule = not self.fast, g.is_read, self.try_rule
         resumable = self.resumable
         visits = pos = 0
+        sweep = majors[0]  # the sweep's next major
         next_check = _PROGRESS_STRIDE
         mrun, over = self.mrun, self.over_budget
         while True:
-            # (the sweep's nodes are original ones: their major is their id or rank_of's)
-            if heap and (
-                pos >= n_order
-                or heap[0][0] < (order[pos].id if rank_of is None else rank_of[order[pos].id])
-            ):
+            if heap and heap[0][0] < sweep:
                 node = heapq.heappop(heap)[3]
-                self.queued.discard(node.id)
+                queued.discard(node.id)
             elif pos < n_order:
                 node = order[pos]
                 pos += 1
+                sweep = majors[pos]
             else:
                 break
             if not node.alive:
                 continue
-            cands = get(node.op, wild)
+            cands = cands_of[node.op]
             if not cands:
                 continue
             visits += 1
@@ -480,11 +502,12 @@ class _Driver:
             if visits >= next_check:
                 next_check += _PROGRESS_STRIDE
                 self.progress()
-            if not fast or len(node.outputs) > 1:
+            outs = node.outputs
+            if slow or len(outs) > 1:
                 self.visit(node, cands, pos)
                 continue
             # the common case, inlined: a single-output node, the compiled patterns
-            v = node.outputs[0]
+            v = outs[0]
             for ri, _, cp in cands:
                 if over and (ri, node.id) in over:
                     continue
@@ -519,7 +542,7 @@ class _Driver:
             return True
         if node.id >= self.mark0:
             return False
-        return pos < len(self.order) and self.major(node) >= self.major(self.order[pos])
+        return self.major(node) >= self.majors[pos]
 
     def push(self, node: Node, pos: int) -> None:
         """Queue ``node`` for a (re)visit unless the sweep or the queue will reach it."""
@@ -703,7 +726,7 @@ class _Driver:
                     continue
                 escapes = g.is_output(v)
                 if not escapes:
-                    for u in g.users(v):  # (a loop, not any(): this runs per matched value)
+                    for u in v._users:  # (a loop, not any(): this runs per matched value)
                         if u.id not in inside:
                             escapes = True
                             break
@@ -720,7 +743,7 @@ class _Driver:
         theta: dict[str, Any],
         phi: dict[str, Any],
         branch: RuleBranch,
-        build: Callable[..., list[tuple[Value, Value]]],
+        build: Callable[..., Any],
         struct: tuple,
         pos: int,
     ) -> bool:
@@ -728,38 +751,48 @@ class _Driver:
         values its applications covered; ``build``: the branch's compiled result)."""
         g = self.g
         rnode = root.node
-        covered = {rnode.id: rnode}  # (``covered``, inline)
+        rid = rnode.id
+        covered = {rid: rnode}  # (``covered``, inline)
         for v in struct:
             n = v.node
             if n.op is LEAF and not n.inputs:
                 continue  # a graph input is never replaced
-            if n.id not in covered:
-                covered[n.id] = n
+            nid = n.id
+            if nid not in covered:
+                covered[nid] = n
         if rule.single_use and not self.unshared(root, covered):
-            self.blocked[rnode.id] = rnode
+            self.blocked[rid] = rnode
             return False
         records = self.records
         if len(records) >= self.limit:
             raise self.limit_error(rule, rnode)
-        mark = g.next_id  # nodes with ids from here on are new
+        mark = g._next_id  # nodes with ids from here on are new (``g.next_id``)
         built: dict[int, Node] = {}  # every node the result consists of, new or not
         meta = rnode.metadata
         try:
-            pairs = build(g, theta, phi, root, [rnode.loc, meta or None, built])
+            result = build(g, theta, phi, root, [rnode.loc, meta or None, built])
         except Exception as exc:
             raise rule_error(
-                rule, f"its result for %{rnode.id} {rnode.op.name} cannot be built: "
+                rule, f"its result for %{rid} {rnode.op.name} cannot be built: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc  # fmt: skip
+        # (a value, or for a tuple result (replaced value, replacement) per output)
+        pairs = None if type(result) is Value else result
         if self.check_types_on:
-            self.check_types(rule, pairs)
+            self.check_types(rule, [(root, result)] if pairs is None else pairs)
         self.changed = False
-        if len(pairs) == 1:
-            old, new = pairs[0]
-            if old is new:
+        if pairs is None:
+            if result is root:
                 return True  # the result is the root itself: nothing to do
-            outputs_changed = g.is_output(old)
-            touched = g.replace_all_uses(old, new, keep=built.values())
+            # (the result's own nodes keep reading the root: x → f(x))
+            swapped = g._swap(root, result, built.values())
+            if swapped is None:
+                # x → f(x) where only f(x) itself reads x: the graph is the same; a rewrite
+                # that changes nothing is no rewrite (and must not show in the report)
+                g.remove_dead([n for i, n in built.items() if i >= mark])
+                self.idle[rid] = rnode  # until something else reads x again
+                return True
+            touched, removed = swapped
         else:
             for old, new in pairs:
                 if old is not new:
@@ -773,53 +806,47 @@ class _Driver:
                     continue
                 outputs_changed = outputs_changed or g.is_output(old)
                 touched += g.replace_all_uses(old, new, keep=built.values())
-        created = [n for i, n in built.items() if i >= mark]
-        if not touched and not outputs_changed:
-            # x → f(x) where only f(x) itself reads x: the graph is the same; a rewrite
-            # that changes nothing is no rewrite (and must not show in the report)
-            g.remove_dead(created)
-            self.idle[rnode.id] = rnode  # until something else reads x again
-            return True
+            if not touched and not outputs_changed:
+                g.remove_dead([n for i, n in built.items() if i >= mark])  # (as above)
+                self.idle[rid] = rnode
+                return True
+            removed = g.remove_dead((rnode,))
         self.changed = True
-        removed = g.remove_dead((rnode,))
         if self.const_memo:
             self.const_memo.clear()  # inputs changed somewhere: recompute on demand
-        index = len(records)
-        # what the report needs, as it is now (the records are made at the end of the run)
-        live = [n for n in created if n.alive]
+        # what the report needs, as it is now (the records are made at the end of the run):
+        # the new nodes alive once it fired
+        created = []
+        live = []
+        for i, n in built.items():
+            if i >= mark:
+                created.append(n)
+                if n.alive:
+                    live.append(n)
         records.append((rule, rnode, tuple(covered), live, meta.get("module_path")))
-        made_by = self.made_by
-        self.parents.append(made_by.get(rnode.id))
         if created:
             # the new nodes: visited next (by rank), before the sweep goes on (``push``,
             # inline: nothing has queued a node this rewrite made)
             new_rank = self.new_rank
-            rank = new_rank.get(rnode.id)  # (``major``, inline)
+            rank = new_rank.get(rid)  # (``major``, inline)
             if rank is not None:
                 major = rank[0]
             else:
-                major = rnode.id if self.rank_of is None else self.rank_of[rnode.id]
-            table, wild, minor, queued, heap = (
-                self.table,
-                self.wild,
-                self.minor,
-                self.queued,
-                self.heap,
-            )
+                major = rid if self.rank_of is None else self.rank_of[rid]
+            cands_of, minor, queued, heap = self.cands, self.minor, self.queued, self.heap
             for n in created:
                 nid = n.id
                 m = next(minor)
                 new_rank[nid] = (major, m)
-                made_by[nid] = index
-                if (wild or n.op in table) and n.alive:  # (else no rule can start at it)
+                if cands_of[n.op] and n.alive:  # (else no rule can start at it)
                     queued.add(nid)
                     heapq.heappush(heap, (major, m, nid, n))
         if touched:
             self.requeue(touched, pos)
         if rnode.alive:  # x → f(x): x lives on, read by f(x) only
-            self.idle[rnode.id] = rnode
+            self.idle[rid] = rnode
         if self.idle:
-            self.wake(created, pairs, pos)
+            self.wake(created, [(root, result)] if pairs is None else pairs, pos)
         if removed and self.blocked:
             blocked, self.blocked = list(self.blocked.values()), {}
             for n in blocked:
@@ -831,17 +858,21 @@ class _Driver:
         report = RewriteReport()
         append = report.append
         for rule, rnode, covered, live, module_path in self.records:
+            ids = []
             kernels = []
             described = False
             for n in live:
-                if n.outputs:
-                    out = n.outputs[0]
+                ids.append(n.id)
+                outs = n.outputs
+                if outs:
+                    out = outs[0]
                     kernels.append(_built(n.op, n.attrs, show_type(out.shape, out.dtype)))
-                described = described or n.op.describe is not None
+                if n.op.describe is not None:
+                    described = True
             append(
                 _record(
                     rule.name, rule.pattern.name, rnode.id, covered, rnode.loc, module_path,
-                    rnode.op.name, tuple([n.id for n in live]), tuple(kernels),
+                    rnode.op.name, tuple(ids), tuple(kernels),
                     _detail(live) if described else "",
                 )
             )  # fmt: skip
@@ -882,12 +913,11 @@ class _Driver:
 
     def requeue(self, touched: list[Node], pos: int) -> None:
         """Revisit nodes whose inputs changed and their users as deep as patterns look."""
-        levels = None if self.reach is None else self.reach - 1
-        queued, new_rank, rank_of, mark0 = self.queued, self.new_rank, self.rank_of, self.mark0
-        order, heap, users = self.order, self.heap, self.g.users
+        last = self.last_level
+        queued, rank_of, mark0, heap = self.queued, self.rank_of, self.mark0, self.heap
         # an original node at or after the sweep's position: the sweep will get there, and
         # to its users after it (``pending``, inline)
-        sweep = self.major(order[pos]) if pos < len(order) else None
+        sweep = self.majors[pos]
         frontier = touched
         seen: set[int] = set()
         level = 0
@@ -895,23 +925,23 @@ class _Driver:
             nxt: list[Node] = []
             for n in frontier:
                 nid = n.id
-                if nid in seen or not n.alive:
+                if nid in seen:
                     continue
                 seen.add(nid)
-                if nid in queued:
+                if nid in queued or not n.alive:
                     continue
-                rank = new_rank.get(nid)
-                if rank is None:
+                if nid < mark0:  # (``push``, inline)
                     major = nid if rank_of is None else rank_of[nid]
-                    if nid < mark0 and sweep is not None and major >= sweep:
+                    if major >= sweep:
                         continue
-                    rank = (major, 0)
-                queued.add(nid)  # (``push``, inline)
-                heapq.heappush(heap, (rank[0], rank[1], nid, n))
-                if levels is not None and level >= levels:
-                    continue
-                for v in n.outputs:
-                    nxt.extend(users(v))
+                    heapq.heappush(heap, (major, 0, nid, n))
+                else:
+                    rank = self.new_rank.get(nid) or (self.major(n), 0)
+                    heapq.heappush(heap, (rank[0], rank[1], nid, n))
+                queued.add(nid)
+                if level < last:
+                    for v in n.outputs:
+                        nxt.extend(v._users)  # (each reader once: ``seen`` drops repeats)
             frontier = nxt
             level += 1
 
@@ -919,10 +949,14 @@ class _Driver:
         """Name the rules of the cycle: those along the lineage of the node being rewritten
         (each rewrite of a node that an earlier rewrite created), else the latest ones."""
         names = {rule.name}
-        index, steps = self.made_by.get(rnode.id), 0
+        records = self.records
+        # node made by this run -> its record (a node alive now was alive once the rewrite
+        # that made it fired, so it is among that record's new nodes)
+        made_by = {n.id: i for i, record in enumerate(records) for n in record[3]}
+        index, steps = made_by.get(rnode.id), 0
         while index is not None and steps < 256:
-            names.add(self.records[index][0].name)
-            index, steps = self.parents[index], steps + 1
+            names.add(records[index][0].name)
+            index, steps = made_by.get(records[index][1].id), steps + 1
         if steps < 2:
             names.update(r[0].name for r in self.records[-256:])
         ordered = tuple(r.name for r in self.rules if r.name in names)
@@ -986,36 +1020,51 @@ def _compile_value(rule: RuleDef, rhs: Rhs) -> _Build:
             names = tuple(a.name for a in args) if all(type(a) is RVar for a in args) else None
             infer, n_out = op.infer, op.n_out
             evals = tuple((name, e, _compile_attr(e)) for name, e in attrs)
+            arity = (
+                f"{op.name} takes {op.n_in} inputs, got {len(args)}"
+                if op.n_in is not None and len(args) != op.n_in
+                else None
+            )
 
             def app(g: Graph, theta: dict, phi: dict, replaces: Value | None, cx: list) -> Value:
                 if names is not None:
                     ins = tuple(map(theta.get, names))
-                    for v in ins:
-                        if type(v) is not Value or v not in g:
-                            for f in fns:  # (the first bad one raises, naming it)
-                                f(g, theta, phi, None, cx)
+                    if not g._live(ins):
+                        for f in fns:  # (the first bad one raises, naming it)
+                            f(g, theta, phi, None, cx)
                 else:
                     ins = tuple([f(g, theta, phi, None, cx) for f in fns])  # (live values of g)
-                values: dict[str, Any] = {}
-                for name, e, value_of in evals:
-                    try:
-                        values[name] = value_of(theta, phi)
-                    except Undefined as exc:
-                        raise PyPMError(
-                            f"rule {rule.name}: attribute {name} = {show_expr(e)} has no "
-                            f"value for this match ({exc})"
-                        ) from None
-                if infer is None and n_out == 1 and replaces is not None:
-                    types = [(replaces.shape, replaces.dtype)]  # (what follows, in short)
+                if evals:
+                    values: Mapping[str, Any] = {}
+                    for name, e, value_of in evals:
+                        try:
+                            values[name] = value_of(theta, phi)
+                        except Undefined as exc:
+                            raise PyPMError(
+                                f"rule {rule.name}: attribute {name} = {show_expr(e)} has no "
+                                f"value for this match ({exc})"
+                            ) from None
                 else:
-                    types = g.infer_types(op, ins, values)
+                    values = _NO_ATTRS
+                if infer is None and n_out == 1 and replaces is not None:
+                    types = ((replaces.shape, replaces.dtype),)  # (what follows, in short)
+                else:
+                    inferred = g.infer_types(op, ins, values)
                     if replaces is not None:
-                        shape, dtype = types[index]
-                        types[index] = (
+                        shape, dtype = inferred[index]
+                        inferred[index] = (
                             replaces.shape if shape is None else shape,
                             replaces.dtype if dtype is None else dtype,
                         )
-                node = g.add_node(op, ins, values, types, cx[0], cx[1])
+                    if arity is None and len(inferred) != n_out:
+                        raise PyPMError(
+                            f"{op.name} has {n_out} outputs, got {len(inferred)} output types"
+                        )
+                    types = tuple(inferred)
+                if arity is not None:
+                    raise PyPMError(arity)
+                # (``g.add_node``, its arguments checked here: a dict of the node's own)
+                node = g._add(op, ins, values, types, cx[0], cx[1])
                 built = cx[2]
                 if node.id not in built:
                     built[node.id] = node
@@ -1031,9 +1080,9 @@ def _compile_value(rule: RuleDef, rhs: Rhs) -> _Build:
     raise TypeError(f"not a rule result: {rhs!r}")
 
 
-def _compile_result(rule: RuleDef, rhs: Rhs) -> Callable[..., list[tuple[Value, Value]]]:
-    """``pairs(g, theta, phi, root, cx)``: (replaced value, replacement) per output of the
-    root's node for a tuple result, else for the root alone."""
+def _compile_result(rule: RuleDef, rhs: Rhs) -> Callable[..., Any]:
+    """``result(g, theta, phi, root, cx)``: for a tuple result, (replaced value,
+    replacement) per output of the root's node; else the root's replacement alone."""
     if isinstance(rhs, RTuple):
         fns = tuple(_compile_value(rule, r) for r in rhs.items)
 
@@ -1047,12 +1096,7 @@ def _compile_result(rule: RuleDef, rhs: Rhs) -> Callable[..., list[tuple[Value, 
             return [(o, f(g, theta, phi, o, cx)) for o, f in zip(outs, fns, strict=True)]
 
         return pairs
-    fn = _compile_value(rule, rhs)
-
-    def pair(g: Graph, theta: dict, phi: dict, root: Value, cx: list) -> list:
-        return [(root, fn(g, theta, phi, root, cx))]
-
-    return pair
+    return _compile_value(rule, rhs)
 
 
 # per rule: its branches' results, compiled

@@ -4,6 +4,7 @@ the API the rewrite driver uses (undoable changes, liveness, ids)."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -393,7 +394,7 @@ def _random_change(g: Graph, rnd: random.Random, k: int) -> None:
     """One change of any kind the graph offers, on live values, never making a cycle."""
     nodes = g.nodes()
     values = g.inputs + [v for n in nodes for v in n.outputs]
-    kind = rnd.choice(["add", "add", "replace", "replace", "set", "dead", "outs", "input"])
+    kind = rnd.choice(["add", "add", "replace", "replace", "swap", "set", "dead", "outs", "input"])
     if kind == "add":
         op = rnd.choice([F1, F2, G2, RNG])
         g.add_node(op, [rnd.choice(values) for _ in range(op.n_in)])
@@ -401,6 +402,10 @@ def _random_change(g: Graph, rnd: random.Random, k: int) -> None:
         old = rnd.choice([v for n in nodes for v in n.outputs])
         below = _descendants(g, old.node)
         g.replace_all_uses(old, rnd.choice([v for v in values if v.node.id not in below]))
+    elif kind == "swap" and nodes:  # (the rewrite driver's step)
+        old = rnd.choice([v for n in nodes for v in n.outputs])
+        below = _descendants(g, old.node)
+        g._swap(old, rnd.choice([v for v in values if v.node.id not in below]), ())
     elif kind == "set" and any(n.inputs for n in nodes):
         node = rnd.choice([n for n in nodes if n.inputs])
         below = _descendants(g, node)
@@ -499,3 +504,80 @@ def test_stale_hash_consing_entries_are_dropped_and_live_nodes_still_found():
     for n in nodes[::2]:
         assert g.add_node(G2, [y, n.inputs[1]]) is n
         assert g.add_node(G2, [x, n.inputs[1]]) is not n
+
+
+def _by_id(g: Graph) -> tuple:
+    """What a reader of ``g`` sees, by ids and names: for comparing two graphs built alike
+    (the nodes in order with their inputs, every value's raw reader record, the outputs,
+    and what hash-consing finds)."""
+    nodes = [(n.id, n.op.name, [v.name for v in n.inputs], n.alive) for n in g.nodes()]
+    readers = []
+    for v in g.inputs + g.values():
+        users = v._users
+        if type(users) is dict:
+            readers.append((v.name, [(u.id, count) for u, count in users.items()]))
+        else:
+            readers.append((v.name, [u.id for u in users]))
+    found = [(a.id, b.id) for a, b in _found_by_hash_consing(g)]
+    return str(g), nodes, readers, [v.name for v in g.outputs], g.next_id, found
+
+
+@settings(max_examples=80)
+@given(st.integers(0, 2**32), st.integers(0, 8), st.booleans(), st.booleans())
+def test_swap_is_replace_all_uses_then_remove_dead(seed, n, wrap, record):
+    """``Graph._swap`` (the rewrite driver's step) changes a graph exactly as
+    ``replace_all_uses`` and then ``remove_dead`` of the old value's node do, and returns
+    None, changing nothing, exactly when nothing but the kept readers reads the old value
+    and it is no output."""
+    seen = []
+    for swap in (False, True):
+        g = _wide_graph()
+        rnd = random.Random(seed)
+        for k in range(n):
+            _random_change(g, rnd, k)
+        if record:
+            g.begin()
+        nodes = g.nodes()
+        old = rnd.choice([v for n in nodes for v in n.outputs])
+        if wrap:  # x -> f(x): the result reads the value it replaces, and keeps reading it
+            new = g.add_node(F1, [old]).outputs[0]
+        else:
+            below = _descendants(g, old.node)
+            new = rnd.choice([v for v in g.inputs + g.values() if v.node.id not in below])
+        keep = [new.node]
+        if swap:
+            result = g._swap(old, new, keep)
+            out = None if result is None else [[n.id for n in ns] for ns in result]
+        elif g.is_output(old) or any(u not in keep for u in g.users(old)):
+            touched = g.replace_all_uses(old, new, keep=keep)
+            out = [[n.id for n in touched], [n.id for n in g.remove_dead([old.node])]]
+        else:
+            out = None  # (nothing to replace: the graph stays as it is)
+        if record:
+            g.commit()
+        _check_readers(g)
+        seen.append((out, _by_id(g)))
+    assert seen[0] == seen[1]
+
+
+def _check_readers(g: Graph) -> None:
+    """Each value's reader record holds exactly the live nodes that read it, each as often
+    as it reads it."""
+    reads: dict[int, Counter] = {id(v): Counter() for v in g.inputs + g.values()}
+    for n in g.nodes():
+        for v in n.inputs:
+            reads[id(v)][n.id] += 1
+    for v in g.inputs + g.values():
+        users = v._users
+        pairs = users.items() if type(users) is dict else Counter(users).items()
+        assert Counter({u.id: c for u, c in pairs}) == reads[id(v)], v.name
+
+
+@settings(max_examples=80)
+@given(st.integers(0, 2**32), st.integers(1, 24))
+def test_reader_records_follow_every_change(seed, n):
+    g = _wide_graph()
+    rnd = random.Random(seed)
+    for k in range(n):
+        _random_change(g, rnd, k)
+        _check_readers(g)
