@@ -20,7 +20,7 @@ order, never from hashing, so building the same program twice gives the same gra
 
 from __future__ import annotations
 
-__all__ = ["Graph", "Node", "Value", "show_type"]
+__all__ = ["Graph", "NO_ATTRS", "Node", "Value", "show_type"]
 
 import itertools
 from collections.abc import Container, Iterable, Mapping, Sequence
@@ -74,7 +74,7 @@ def _intern_types(types: Sequence[TypeSpec]) -> tuple[TypeSpec, ...]:
 
 
 # The attributes of the many nodes that have none: one shared, read-only mapping.
-_NO_ATTRS: Mapping[str, Any] = MappingProxyType({})
+NO_ATTRS: Mapping[str, Any] = MappingProxyType({})
 
 
 def show_type(shape: Shape | None, dtype: DType | None) -> str:
@@ -128,14 +128,14 @@ _FEW_USERS = 16
 def _use(v: Value, node: Node, journal: _Journal | None) -> None:
     """``node`` reads ``v`` once more (logged in ``journal``, if any, as undo needs: a reader
     list turned into a dict, or a dict's first change in the run, is kept whole)."""
-    users = v._users
+    users = v.readers
     if type(users) is list:
         if len(users) >= _FEW_USERS:
             counts: dict[Node, int] = {}
             for n in users:
                 counts[n] = counts.get(n, 0) + 1
             counts[node] = counts.get(node, 0) + 1
-            v._users = counts
+            v.readers = counts
             if journal is not None:
                 journal.log.append((_READERS, v, users))
                 journal.kept.add(v)
@@ -151,7 +151,7 @@ def _use(v: Value, node: Node, journal: _Journal | None) -> None:
 def _unuse(v: Value, node: Node, journal: _Journal | None) -> int:
     """``node`` reads ``v`` once less; returns where it was in ``v``'s reader list (-1 for a
     dict of readers: the journal keeps the dict whole)."""
-    users = v._users
+    users = v.readers
     if type(users) is list:
         i = users.index(node)
         del users[i]
@@ -169,7 +169,7 @@ def _unuse(v: Value, node: Node, journal: _Journal | None) -> int:
 
 def _readers(v: Value) -> list[Node]:
     """Each node reading ``v`` once, in the order they started to."""
-    users = v._users
+    users = v.readers
     return list(dict.fromkeys(users)) if type(users) is list else list(users)
 
 
@@ -184,11 +184,13 @@ class Value:
 
     Identity is equality. ``inputs`` is the producing node's inputs as a tuple; ``attrs`` is
     the node's attribute dict; ``node.loc`` is where the program wrote it. Who reads it:
-    :meth:`Graph.users`, :meth:`Graph.is_read` (``_users`` holds the live nodes reading it,
-    see ``_use``).
+    :meth:`Graph.users`, :meth:`Graph.is_read`; ``readers`` is the raw collection those read
+    (the live nodes reading it, a list with one entry per use or, once there are many, a
+    dict node -> uses; see ``_use``): read-only outside the graph, for a caller's hot loop
+    (the rewrite driver's) that iterates it without a copy.
     """
 
-    __slots__ = ("op", "inputs", "index", "attrs", "shape", "dtype", "node", "_users")
+    __slots__ = ("op", "inputs", "index", "attrs", "shape", "dtype", "node", "readers")
 
     op: Operator
     inputs: tuple[Value, ...]
@@ -260,7 +262,7 @@ class Node:
         """``meta`` to read, without making a dict for a node that has none (a rewrite
         copies the replaced node's onto the nodes it builds, and reads its module path)."""
         meta = self._meta
-        return _NO_ATTRS if meta is None else meta
+        return NO_ATTRS if meta is None else meta
 
     def __repr__(self) -> str:
         outs = ", ".join(v.name for v in self.outputs)
@@ -340,11 +342,11 @@ class Graph:
             v.shape = shape
             v.dtype = dtype
             v.node = node
-            v._users = []
+            v.readers = []
             outs.append(v)
         node.outputs = tuple(outs)
         for v in inputs:
-            users = v._users
+            users = v.readers
             if type(users) is list and len(users) < _FEW_USERS:
                 users.append(node)  # (_use, inline: the common case)
             else:
@@ -398,7 +400,7 @@ class Graph:
         for v in ins:
             if type(v) is not Value or v.node._graph is not self or not v.node.alive:
                 raise PyPMError(f"{op.name}: input {v!r} is not a live value of this graph")
-        attrs = dict(attrs) if attrs else _NO_ATTRS
+        attrs = dict(attrs) if attrs else NO_ATTRS
         if out_types is None:
             types = self.infer_types(op, ins, attrs)
         else:
@@ -414,9 +416,9 @@ class Graph:
             raise PyPMError(f"{op.name} takes {op.n_in} inputs, got {len(ins)}")
         if len(types) != op.n_out:
             raise PyPMError(f"{op.name} has {op.n_out} outputs, got {len(types)} output types")
-        return self._add(op, ins, attrs, tuple(types), loc, meta)
+        return self.add_unchecked(op, ins, attrs, tuple(types), loc, meta)
 
-    def _add(
+    def add_unchecked(
         self,
         op: Operator,
         ins: tuple[Value, ...],
@@ -426,7 +428,7 @@ class Graph:
         meta: Mapping[str, Any] | None,
     ) -> Node:
         """:meth:`add_node` once its arguments are checked: ``ins`` live values of this
-        graph, as many as ``op`` takes; ``attrs`` a dict of the node's own or ``_NO_ATTRS``;
+        graph, as many as ``op`` takes; ``attrs`` a dict of the node's own or ``NO_ATTRS``;
         ``t`` one normalized type per output. The rewrite driver builds results with it."""
         key = None
         if op.pure:
@@ -455,7 +457,7 @@ class Graph:
         self._nodes[node.id] = node
         return node
 
-    def _live(self, values: Iterable[Any]) -> bool:
+    def all_live(self, values: Iterable[Any]) -> bool:
         """Is every one of ``values`` a live value of this graph?"""
         for v in values:
             if type(v) is not Value or v.node._graph is not self or not v.node.alive:
@@ -589,7 +591,7 @@ class Graph:
 
     def users(self, value: Value) -> list[Node]:
         """The live nodes that read ``value``, each once, in the order they started to."""
-        users = value._users
+        users = value.readers
         if type(users) is list and len(users) < 2:
             return list(users)  # (the common case: nothing to deduplicate)
         return _readers(value)
@@ -599,7 +601,7 @@ class Graph:
 
     def is_read(self, value: Value) -> bool:
         """Does a node or the graph's outputs read ``value``? (Else it is dead code.)"""
-        return bool(value._users) or id(value) in self._output_ids
+        return bool(value.readers) or id(value) in self._output_ids
 
     def __contains__(self, item: object) -> bool:
         """Is ``item`` a live node or value (an input included) of this graph?"""
@@ -675,13 +677,13 @@ class Graph:
         for a, b in zip(old_inputs, new_inputs, strict=True):
             if a is b:
                 continue
-            users = a._users
+            users = a.readers
             if type(users) is list:
                 i = users.index(node)  # (_unuse, inline: the common case)
                 del users[i]
             else:
                 i = _unuse(a, node, self._journal)
-            users = b._users
+            users = b.readers
             if type(users) is list and len(users) < _FEW_USERS:
                 users.append(node)  # (_use, inline)
             else:
@@ -745,7 +747,7 @@ class Graph:
             if id(old) in self._output_ids:  # (a new list: a journal keeps the old one)
                 self._outputs = [new if v is old else v for v in self._outputs]
                 self._output_ids = frozenset(map(id, self._outputs))
-            users = old._users
+            users = old.readers
             if type(users) is list:  # (a copy: the loop changes it)
                 readers = users.copy() if len(users) < 2 else list(dict.fromkeys(users))
             else:
@@ -760,13 +762,13 @@ class Graph:
                 j = ins.index(old)
                 while True:
                     ins[j] = new
-                    users = old._users
+                    users = old.readers
                     if type(users) is list:
                         k = users.index(node)  # (_unuse, inline: the common case)
                         del users[k]
                     else:
                         k = _unuse(old, node, journal)
-                    users = new._users
+                    users = new.readers
                     if type(users) is list and len(users) < _FEW_USERS:
                         users.append(node)  # (_use, inline)
                     else:
@@ -815,12 +817,12 @@ class Graph:
         if not merged:
             return touched
         for node in merged:
-            if node.alive and not any(v._users for v in node.outputs):
+            if node.alive and not any(v.readers for v in node.outputs):
                 if not any(id(v) in self._output_ids for v in node.outputs):
                     self._remove(node)
         return [n for n in touched if n.alive]
 
-    def _swap(
+    def swap(
         self, old: Value, new: Value, keep: Iterable[Node]
     ) -> tuple[list[Node], list[Node]] | None:
         """One step of the rewrite driver: :meth:`replace_all_uses` ``(old, new, keep=keep)``
@@ -829,7 +831,7 @@ class Graph:
         and ``new``'s node reads ``old`` and it is no output: then nothing changed."""
         kept = (new.node, *keep)  # (a few nodes: a tuple is searched faster than a set is made)
         if id(old) not in self._output_ids:
-            users = old._users
+            users = old.readers
             for node in users:
                 if node not in kept:
                     break
@@ -847,7 +849,7 @@ class Graph:
             self._stale += 1  # (its entry in the hash-consing table goes stale: Graph._cse)
         if journal is None:
             for v in node.inputs:
-                users = v._users
+                users = v.readers
                 if type(users) is list:
                     users.remove(node)  # (_unuse, inline)
                 else:
@@ -855,7 +857,7 @@ class Graph:
             return
         where = []
         for v in node.inputs:
-            users = v._users
+            users = v.readers
             if type(users) is list:
                 i = users.index(node)  # (_unuse, inline)
                 del users[i]
@@ -882,7 +884,7 @@ class Graph:
             if not node.alive or not op.pure or (op is LEAF and node.id not in live):
                 continue  # (dead, impure, or a graph input)
             for v in node.outputs:
-                if v._users or id(v) in outs:
+                if v.readers or id(v) in outs:
                     break
             else:
                 # (``_remove``, inline)
@@ -895,7 +897,7 @@ class Graph:
                 ins = node.inputs
                 if journal is None:
                     for v in ins:
-                        users = v._users
+                        users = v.readers
                         if type(users) is list:
                             users.remove(node)  # (_unuse, inline)
                         else:
@@ -903,7 +905,7 @@ class Graph:
                 else:
                     where = []
                     for v in ins:
-                        users = v._users
+                        users = v.readers
                         if type(users) is list:
                             i = users.index(node)  # (_unuse, inline)
                             del users[i]
@@ -913,7 +915,7 @@ class Graph:
                     journal.log.append((_REMOVE, node, where))
                 removed.append(node)
                 for v in reversed(ins):
-                    if not v._users:  # (an input something else reads stays)
+                    if not v.readers:  # (an input something else reads stays)
                         stack.append(v.node)
         if stale:
             self._stale += stale
@@ -1072,17 +1074,17 @@ class _Journal:
                 node = entry[1]
                 node.alive = False
                 for v in reversed(node.inputs):
-                    users = v._users
+                    users = v.readers
                     if type(users) is list:  # (else it is restored whole, later)
                         users.pop()
             elif kind == _SETIN:
                 _, node, inputs, key, vins, where = entry
                 moved = [(a, b) for a, b in zip(inputs, node.inputs, strict=True) if a is not b]
                 for (a, b), i in zip(reversed(moved), reversed(where), strict=True):
-                    users = b._users
+                    users = b.readers
                     if type(users) is list:  # (else it is restored whole, later)
                         users.pop()
-                    users = a._users
+                    users = a.readers
                     if type(users) is list:
                         users.insert(i, node)
                 node.inputs, node._key = inputs, key
@@ -1092,11 +1094,11 @@ class _Journal:
                 _, node, where = entry
                 node.alive = True
                 for v, i in zip(reversed(node.inputs), reversed(where), strict=True):
-                    users = v._users
+                    users = v.readers
                     if type(users) is list:
                         users.insert(i, node)
             else:  # _READERS
-                entry[1]._users = entry[2]
+                entry[1].readers = entry[2]
         for v in g._inputs[self.n_inputs :]:
             del g._input_names[v.attrs["name"]]
         del g._inputs[self.n_inputs :]

@@ -496,7 +496,7 @@ def _single_use_refusal(rule: RuleDef, driver: _Driver, root: Value, region: lis
         for v in n.outputs
         if v is not root
         and not driver.constant_only(n)
-        and (id(v) in outputs or any(u.id not in inside for u in v._users))
+        and (id(v) in outputs or any(u.id not in inside for u in v.readers))
     ]
     names = ", ".join(v.name for v in shared) or "an interior value"
     return Failure(

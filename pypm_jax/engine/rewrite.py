@@ -87,7 +87,7 @@ from ..core.errors import (
     RuleError,
     SourceLoc,
 )
-from ..core.graph import _NO_ATTRS, Graph, Node, Value, show_type
+from ..core.graph import NO_ATTRS, Graph, Node, Value, show_type
 from ..core.terms import CONST, LEAF, Term
 from ..lang.registry import collect_guard_failures
 from ..semantics import machine as _reference
@@ -726,7 +726,7 @@ class _Driver:
                     continue
                 escapes = g.is_output(v)
                 if not escapes:
-                    for u in v._users:  # (a loop, not any(): this runs per matched value)
+                    for u in v.readers:  # (a loop, not any(): this runs per matched value)
                         if u.id not in inside:
                             escapes = True
                             break
@@ -766,7 +766,7 @@ class _Driver:
         records = self.records
         if len(records) >= self.limit:
             raise self.limit_error(rule, rnode)
-        mark = g._next_id  # nodes with ids from here on are new (``g.next_id``)
+        mark = g.next_id  # nodes with ids from here on are new
         built: dict[int, Node] = {}  # every node the result consists of, new or not
         meta = rnode.metadata
         try:
@@ -785,7 +785,7 @@ class _Driver:
             if result is root:
                 return True  # the result is the root itself: nothing to do
             # (the result's own nodes keep reading the root: x → f(x))
-            swapped = g._swap(root, result, built.values())
+            swapped = g.swap(root, result, built.values())
             if swapped is None:
                 # x → f(x) where only f(x) itself reads x: the graph is the same; a rewrite
                 # that changes nothing is no rewrite (and must not show in the report)
@@ -941,7 +941,7 @@ class _Driver:
                 queued.add(nid)
                 if level < last:
                     for v in n.outputs:
-                        nxt.extend(v._users)  # (each reader once: ``seen`` drops repeats)
+                        nxt.extend(v.readers)  # (each reader once: ``seen`` drops repeats)
             frontier = nxt
             level += 1
 
@@ -1029,7 +1029,7 @@ def _compile_value(rule: RuleDef, rhs: Rhs) -> _Build:
             def app(g: Graph, theta: dict, phi: dict, replaces: Value | None, cx: list) -> Value:
                 if names is not None:
                     ins = tuple(map(theta.get, names))
-                    if not g._live(ins):
+                    if not g.all_live(ins):
                         for f in fns:  # (the first bad one raises, naming it)
                             f(g, theta, phi, None, cx)
                 else:
@@ -1045,7 +1045,7 @@ def _compile_value(rule: RuleDef, rhs: Rhs) -> _Build:
                                 f"value for this match ({exc})"
                             ) from None
                 else:
-                    values = _NO_ATTRS
+                    values = NO_ATTRS
                 if infer is None and n_out == 1 and replaces is not None:
                     types = ((replaces.shape, replaces.dtype),)  # (what follows, in short)
                 else:
@@ -1064,7 +1064,7 @@ def _compile_value(rule: RuleDef, rhs: Rhs) -> _Build:
                 if arity is not None:
                     raise PyPMError(arity)
                 # (``g.add_node``, its arguments checked here: a dict of the node's own)
-                node = g._add(op, ins, values, types, cx[0], cx[1])
+                node = g.add_unchecked(op, ins, values, types, cx[0], cx[1])
                 built = cx[2]
                 if node.id not in built:
                     built[node.id] = node

@@ -363,7 +363,11 @@ def _raw(g: Graph):
     the dict of counts in its order)."""
     values = [v for n in g.nodes() for v in n.outputs] + g.inputs
     readers = [
-        (v, type(v._users), list(v._users.items()) if type(v._users) is dict else list(v._users))
+        (
+            v,
+            type(v.readers),
+            list(v.readers.items()) if type(v.readers) is dict else list(v.readers),
+        )
         for v in values
     ]
     return _snapshot(g), readers
@@ -405,7 +409,7 @@ def _random_change(g: Graph, rnd: random.Random, k: int) -> None:
     elif kind == "swap" and nodes:  # (the rewrite driver's step)
         old = rnd.choice([v for n in nodes for v in n.outputs])
         below = _descendants(g, old.node)
-        g._swap(old, rnd.choice([v for v in values if v.node.id not in below]), ())
+        g.swap(old, rnd.choice([v for v in values if v.node.id not in below]), ())
     elif kind == "set" and any(n.inputs for n in nodes):
         node = rnd.choice([n for n in nodes if n.inputs])
         below = _descendants(g, node)
@@ -513,7 +517,7 @@ def _by_id(g: Graph) -> tuple:
     nodes = [(n.id, n.op.name, [v.name for v in n.inputs], n.alive) for n in g.nodes()]
     readers = []
     for v in g.inputs + g.values():
-        users = v._users
+        users = v.readers
         if type(users) is dict:
             readers.append((v.name, [(u.id, count) for u, count in users.items()]))
         else:
@@ -525,7 +529,7 @@ def _by_id(g: Graph) -> tuple:
 @settings(max_examples=80)
 @given(st.integers(0, 2**32), st.integers(0, 8), st.booleans(), st.booleans())
 def test_swap_is_replace_all_uses_then_remove_dead(seed, n, wrap, record):
-    """``Graph._swap`` (the rewrite driver's step) changes a graph exactly as
+    """``Graph.swap`` (the rewrite driver's step) changes a graph exactly as
     ``replace_all_uses`` and then ``remove_dead`` of the old value's node do, and returns
     None, changing nothing, exactly when nothing but the kept readers reads the old value
     and it is no output."""
@@ -546,7 +550,7 @@ def test_swap_is_replace_all_uses_then_remove_dead(seed, n, wrap, record):
             new = rnd.choice([v for v in g.inputs + g.values() if v.node.id not in below])
         keep = [new.node]
         if swap:
-            result = g._swap(old, new, keep)
+            result = g.swap(old, new, keep)
             out = None if result is None else [[n.id for n in ns] for ns in result]
         elif g.is_output(old) or any(u not in keep for u in g.users(old)):
             touched = g.replace_all_uses(old, new, keep=keep)
@@ -568,7 +572,7 @@ def _check_readers(g: Graph) -> None:
         for v in n.inputs:
             reads[id(v)][n.id] += 1
     for v in g.inputs + g.values():
-        users = v._users
+        users = v.readers
         pairs = users.items() if type(users) is dict else Counter(users).items()
         assert Counter({u.id: c for u, c in pairs}) == reads[id(v)], v.name
 

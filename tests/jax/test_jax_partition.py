@@ -219,7 +219,9 @@ def test_every_kernel_operator_the_rules_insert_declares_its_partitioning():
         assert impl_for(op) is not None, op.name
         if op.op_class is not None and op.op_class.name == "pack":
             continue
-        assert partitioning.partitioning_for(op) is not None, f"{op.name} has no partitioning declaration"
+        assert partitioning.partitioning_for(op) is not None, (
+            f"{op.name} has no partitioning declaration"
+        )
 
 
 # ------------------------------------------------------------- GEMM-epilogue regions
