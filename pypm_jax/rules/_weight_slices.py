@@ -166,7 +166,7 @@ def _only_narrowed(dot: Any, frame: _Frame, w_shape: tuple[int, ...]) -> bool:
         return g is None or g.is_output(v)
 
     def ok(v: Any, perm: Any, depth: int) -> bool:
-        if not hasattr(v, "_users") or outputs(v) or depth > 1:
+        if not hasattr(v, "readers") or outputs(v) or depth > 1:
             return False  # (a term outside a graph: its readers are unknown)
         readers = _readers(v)
         if not readers:
