@@ -94,7 +94,7 @@ from ..semantics import machine as _reference
 from ..semantics.guards import Undefined, bound_attr, bound_op_attr, eval_expr, guard_holds
 from ..semantics.subst import FreshNames, unfold
 from . import report as _report
-from .analysis import _ByIdentity, _expr_names, has_recursion
+from .analysis import _ByIdentity, _expr_names, has_recursion, rule_roots
 from .fast import CompiledPattern, Matcher, MatchRun, compile_guard
 from .report import Built
 from .select import ENGINES, default_engine
@@ -373,7 +373,9 @@ class _Driver:
         # (the fast engine matches the rules' guards with their patterns; the reference
         # machine runs the paper's algorithm on the bare patterns)
         pdefs = [guarded_pattern(r) if self.fast else r.pattern for r in rules]
-        matcher = Matcher(pdefs, compiled=self.fast)
+        # (a rule is tried only where its pattern's root and one of its branches' guards
+        # admit the node's operator)
+        matcher = Matcher(pdefs, compiled=self.fast, narrow=[rule_roots(r) for r in rules])
         self.cands = _Candidates(matcher.table, matcher.wildcards)  # op -> candidates
         # per rule: does its compiled pattern check the guard of its one branch already?
         self.checked = [p is not r.pattern for p, r in zip(pdefs, rules, strict=True)]
