@@ -649,10 +649,8 @@ def _rule_roots(rule: RuleDef) -> Roots | None:
     only where matching the pattern cannot raise (as :func:`root_set`)."""
     body = rule.pattern.body
     try:
-        if not rule.branches or not _error_free(body):
-            return None
         var, fun_var = _root_var(body), _root_fun_var(body)
-        if var is None and fun_var is None:
+        if not rule.branches or (var is None and fun_var is None):
             return None
         union: set[Operator | OpClass | OpSpec] = set()
         for branch in rule.branches:
@@ -660,7 +658,7 @@ def _rule_roots(rule: RuleDef) -> Roots | None:
             if found is None:
                 return None
             union |= found
-        return frozenset(union)
+        return frozenset(union) if _error_free(body) else None  # (the walk last: it costs most)
     except RecursionError:
         return None
 
