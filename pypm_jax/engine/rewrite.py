@@ -1,9 +1,10 @@
 """Greedy, destructive, deterministic rewriting of a :class:`~pypm_jax.core.graph.Graph`.
 
 The driver visits nodes in topological order (inputs first). At a node it tries the rules
-in list order — only those whose pattern can be rooted at the node's operator, found with
-one dict lookup — and for each rule the solutions of its pattern in the machine's order, and
-for each solution the rule's branches in order: the first branch whose guard holds fires.
+in list order — only those whose pattern can be rooted at the node's operator and whose
+branches' guards allow it, found with one dict lookup — and for each rule the solutions of
+its pattern in the machine's order, and for each solution the rule's branches in order:
+the first branch whose guard holds fires.
 (The fast engine matches a rule of one guarded branch as its pattern with the guard joined
 in, :func:`guarded_pattern`: same solutions, same order, but a match the guard refuses is
 dropped inside the compiled matcher.) Firing builds the branch's result, makes every reader
