@@ -2,7 +2,7 @@
 
 Which definitions are recursive, closed, or bind which parameters on every solution
 (``_def_facts``, ``_definitely_bound``); how large generated code for a pattern would be
-(``_paths``); the operators a match can be rooted at (``root_operators``); whether
+(``_paths``); the operators a match can be rooted at (``root_set``, :class:`OpSpec`); whether
 matching a pattern can raise (``_error_free``); which recursive calls the machine may
 table (``_tabling``). Walks are loops over :func:`pypm_jax.core.calculus.children`
 wherever a construct's children are all that matters.
@@ -10,9 +10,19 @@ wherever a construct's children are all that matters.
 
 from __future__ import annotations
 
-__all__ = ["Roots", "admits", "has_recursion", "root_operators", "root_set"]
+__all__ = [
+    "OpSpec",
+    "Roots",
+    "admits",
+    "has_recursion",
+    "root_operators",
+    "root_set",
+    "rule_roots",
+    "show_roots",
+]
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..core.calculus import (
@@ -36,6 +46,7 @@ from ..core.calculus import (
     PGuard,
     PMu,
     PVar,
+    RuleDef,
     children,
     expr_children,
 )
@@ -337,14 +348,120 @@ def _tabling(name: str, params: tuple, body: Pattern) -> tuple[bool, bool]:
     return closed and free == {name}, has_exists
 
 
-Roots = frozenset[Operator | OpClass]
-"""Where a pattern's matches can be rooted: a term whose operator is in it, or whose
-operator's class is (an :class:`OpClass` member stands for every operator of that class)."""
+@dataclass(frozen=True, slots=True)
+class OpSpec:
+    """Any operator that meets every field set: the root an operator variable leaves
+    possible (``F(x)`` matches a node of any pure operator with one input; a guard
+    ``F.name == "split"`` or ``F.op_class == C`` on it narrows that).
+
+    ``n_in``: the node's number of inputs (an operator's arity; a variadic operator's node
+    may have any number, so only the node can tell); ``n_out``: the operator's output
+    count; ``index``: the root is that output of its node, so the operator has more outputs;
+    ``names``: the operator's name is one of them; ``op_class``: the operator's class;
+    ``pure``: the operator is pure (opaque operators are outside the range of an operator
+    variable, docs/SEMANTICS.md)."""
+
+    n_in: int | None = None
+    n_out: int | None = None
+    index: int = 0
+    names: frozenset[str] | None = None
+    op_class: OpClass | None = None
+    pure: bool = False
+
+    def admits(self, op: Operator, n_inputs: int | None = None) -> bool:
+        """Can a node of ``op`` (with ``n_inputs`` inputs, where known) be such a root?
+        A variadic operator's node of unknown input count is admitted whatever ``n_in``."""
+        if self.n_in is not None:
+            n = op.n_in if n_inputs is None else n_inputs
+            if n is not None and n != self.n_in:
+                return False
+        return (
+            (self.n_out is None or op.n_out == self.n_out)
+            and op.n_out > self.index
+            and (self.names is None or op.name in self.names)
+            and (self.op_class is None or op.op_class is self.op_class)
+            and (op.pure or not self.pure)
+        )
 
 
-def admits(roots: Roots | None, op: Operator) -> bool:
-    """Can a match rooted at a term of operator ``op`` exist (``roots`` None: any)?"""
-    return roots is None or op in roots or (op.op_class is not None and op.op_class in roots)
+Roots = frozenset[Operator | OpClass | OpSpec]
+"""Where a pattern's matches can be rooted: a term whose operator is in it, whose
+operator's class is (an :class:`OpClass` member stands for every operator of that class),
+or whose node an :class:`OpSpec` member admits."""
+
+
+def admits(roots: Roots | None, op: Operator, n_inputs: int | None = None) -> bool:
+    """Can a match rooted at a term of operator ``op`` exist (``roots`` None: any)?
+    ``n_inputs``: the term's number of inputs, where known (it tells a variadic operator's
+    nodes apart; without it they are admitted whatever their count)."""
+    if roots is None or op in roots or (op.op_class is not None and op.op_class in roots):
+        return True
+    return any(type(r) is OpSpec and r.admits(op, n_inputs) for r in roots)
+
+
+def show_roots(roots: Roots | None) -> str:
+    """``roots`` in words, for messages: operators by name, then classes, then specs
+    ("any operator of 1 input named split"); empty for None (any root)."""
+    parts = sorted(r.name for r in roots or () if isinstance(r, Operator))
+    parts += sorted(f"any {r.name} operator" for r in roots or () if isinstance(r, OpClass))
+    specs = []
+    for r in roots or ():
+        if isinstance(r, OpSpec):
+            words = ["any"]
+            if r.pure:
+                words.append("pure")
+            if r.op_class is not None:
+                words.append(r.op_class.name)
+            words.append("operator")
+            if r.n_in is not None:
+                words.append(f"of {r.n_in} input{'' if r.n_in == 1 else 's'}")
+            if r.n_out is not None:
+                words.append(f"with {r.n_out} output{'' if r.n_out == 1 else 's'}")
+            if r.names is not None:
+                words.append("named " + " or ".join(sorted(r.names)))
+            specs.append(" ".join(words))
+    return ", ".join(parts + sorted(specs))
+
+
+def _both(x: Operator | OpClass | OpSpec, y: Operator | OpClass | OpSpec) -> Any:
+    """The roots both ``x`` and ``y`` admit, as one member (None: none). Operators before
+    classes before specs: an operator stays where the other admits it (a variadic one
+    whatever its count of inputs), a class and a spec become the spec of that class."""
+    if _rank(x) > _rank(y):
+        x, y = y, x
+    if isinstance(x, Operator):
+        if isinstance(y, Operator):
+            return x if x is y else None
+        if isinstance(y, OpClass):
+            return x if x.op_class is y else None
+        return x if y.admits(x) else None
+    if isinstance(x, OpClass):
+        if isinstance(y, OpClass):
+            return x if x is y else None
+        if y.op_class is None:
+            return replace(y, op_class=x)
+        return y if y.op_class is x else None
+
+    def one(a: Any, b: Any) -> Any:  # (a field both set must agree; None: unset)
+        if a is None or b is None:
+            return b if a is None else a
+        return a if a == b else _CLASH
+
+    n_in, n_out, op_class = one(x.n_in, y.n_in), one(x.n_out, y.n_out), one(x.op_class, y.op_class)
+    if _CLASH in (n_in, n_out, op_class):
+        return None
+    index = max(x.index, y.index)
+    names = x.names if y.names is None else y.names if x.names is None else x.names & y.names
+    if (n_out is not None and n_out <= index) or (names is not None and not names):
+        return None
+    return OpSpec(n_in, n_out, index, names, op_class, x.pure or y.pure)
+
+
+_CLASH = object()
+
+
+def _rank(r: Operator | OpClass | OpSpec) -> int:
+    return 0 if isinstance(r, Operator) else 1 if isinstance(r, OpClass) else 2
 
 
 def _meet(a: Roots | None, b: Roots | None) -> Roots | None:
@@ -353,10 +470,8 @@ def _meet(a: Roots | None, b: Roots | None) -> Roots | None:
         return b
     if b is None:
         return a
-    both = {x for x in a if x in b}
-    both.update(x for x in a if isinstance(x, Operator) and x.op_class in b)
-    both.update(x for x in b if isinstance(x, Operator) and x.op_class in a)
-    return frozenset(both)
+    both = (_both(x, y) for x in a for y in b)
+    return frozenset(r for r in both if r is not None)
 
 
 def _root_ops(p: Pattern, budget: list[int], guards: bool) -> Roots | None:
@@ -388,12 +503,14 @@ def _root_ops(p: Pattern, budget: list[int], guards: bool) -> Roots | None:
             return _meet(a, _guard_roots(guard, _root_var(pat), _root_fun_var(pat)))
         case PExists(_, pat, _):
             return _root_ops(pat, budget, guards)
+        case PFunVar(_, args, index, n_out):  # (its variable unbound here, or bound to one)
+            return frozenset((OpSpec(len(args), n_out, index, pure=True),))
         case PMu():
             try:
                 return _root_ops(unfold(p, FreshNames()), budget, guards)
             except TypeError:
                 return None
-    return None  # PVar, PFunVar, PCall: anything
+    return None  # PVar, PCall: anything
 
 
 def _root_var(p: Pattern) -> str | None:
@@ -409,13 +526,23 @@ def _root_var(p: Pattern) -> str | None:
 
 
 def _root_fun_var(p: Pattern) -> str | None:
-    """The operator variable that matching ``p`` binds to the root's operator, if any."""
+    """The operator variable bound to the root's operator once ``p`` matched, if any: an
+    operator variable applied at the root, also as ``x <= F(...)`` on the root variable
+    ``x``, and on alternates the one both bind."""
     while True:
         match p:
             case PFunVar(var):
                 return var if isinstance(var, str) else None
-            case PGuard(pat, _) | PExists(_, pat, _) | PConstr(pat, _, _):
+            case PGuard(pat, _) | PExists(_, pat, _):
                 p = pat
+            case PConstr(pat, var, constraint):
+                found = _root_fun_var(pat)
+                if found is not None or _root_var(pat) != var:
+                    return found
+                p = constraint  # (x, the root, matched ``constraint`` after ``pat``)
+            case PAlt(left, right):
+                found = _root_fun_var(left)
+                return found if found is not None and found == _root_fun_var(right) else None
             case _:
                 return None
 
@@ -425,7 +552,8 @@ def _guard_roots(g: Expr, var: str | None, fun_var: str | None) -> Roots | None:
     ``fun_var`` to its operator when it is checked (None: the guard does not say).
 
     It reads comparisons of ``F.op_class`` (``fun_var``) or ``x.op_class`` (``var``) with
-    op classes, and of ``x.op`` with operators: ``==`` and ``in`` a tuple of constants,
+    op classes, of ``F.name`` with strings, and of ``x.op`` with operators: ``==`` and
+    ``in`` a tuple of constants,
     under ``and`` (every item holds) and ``or`` (one does). A guard that holds is True, so
     each such comparison was True (an attribute without a value makes it undefined: not
     True either)."""
@@ -463,10 +591,10 @@ def _guard_roots(g: Expr, var: str | None, fun_var: str | None) -> Roots | None:
 
 
 def _root_attr(e: Expr, var: str | None, fun_var: str | None) -> str | None:
-    """``"op_class"`` or ``"op"`` where ``e`` reads that attribute of the root (``F.op_class``,
-    ``x.op_class``, ``x.op``), else None."""
-    if isinstance(e, EOpAttr) and e.var == fun_var and e.attr == "op_class":
-        return "op_class"
+    """``"op_class"``, ``"name"`` or ``"op"`` where ``e`` reads that attribute of the root
+    (``F.op_class``, ``x.op_class``, ``F.name``, ``x.op``), else None."""
+    if isinstance(e, EOpAttr) and e.var == fun_var and e.attr in ("op_class", "name"):
+        return e.attr
     if isinstance(e, EAttr) and e.var == var and e.attr in ("op_class", "op"):
         return e.attr
     return None
@@ -475,17 +603,19 @@ def _root_attr(e: Expr, var: str | None, fun_var: str | None) -> str | None:
 def _roots_of(attr: str, values: tuple[Any, ...]) -> Roots | None:
     """The roots whose ``attr`` is one of ``values``; None where a value is not one this
     reads (equality with anything else is left to the guard)."""
-    want = OpClass if attr == "op_class" else Operator
+    want = {"op_class": OpClass, "op": Operator, "name": str}[attr]
     if not all(type(v) is want for v in values):
         return None
+    if attr == "name":
+        return frozenset((OpSpec(names=frozenset(values)),)) if values else frozenset()
     return frozenset(values)
 
 
 def root_operators(pdef: PatternDef) -> frozenset[Operator] | None:
     """Operators a match of ``pdef`` can be rooted at, or None when it can be any (or
-    any of an op class: see :func:`root_set`)."""
+    any of an op class, or any an :class:`OpSpec` admits: see :func:`root_set`)."""
     roots = root_set(pdef)
-    if roots is None or any(isinstance(r, OpClass) for r in roots):
+    if roots is None or any(not isinstance(r, Operator) for r in roots):
         return None
     return roots  # type: ignore[return-value]
 
@@ -495,9 +625,10 @@ def root_set(pdef: PatternDef) -> Roots | None:
     :func:`admits`), or None when it can be any.
 
     The structure at the root says so (an application, alternates, ``x <= q`` on the root
-    itself), and so do guards on the root's operator (the paper's ``UnaryOp``: an operator
-    variable ``F`` applied at the root and ``F.op_class == opclass("unary_pointwise")``):
-    a root of another class has no match. Such a guard is checked only after ``F``'s
+    itself, an operator variable: any pure operator of its arity and output count), and so
+    do guards on the root's operator (the paper's ``UnaryOp``: an operator variable ``F``
+    applied at the root and ``F.op_class == opclass("unary_pointwise")``; ``F.name ==
+    "split"``): a root of another class or name has no match. Such a guard is checked only after ``F``'s
     operands are matched, which may raise (an unbound reference, a definition
     instantiated with an operator) where skipping the pattern would not; so guards are read
     only in patterns that cannot raise (:func:`_error_free`).
@@ -507,6 +638,32 @@ def root_set(pdef: PatternDef) -> Roots | None:
         return _root_ops(body, [1000], _error_free(body))
     except RecursionError:  # a pattern too deep to walk this way: any root
         return None
+
+
+def _rule_roots(rule: RuleDef) -> Roots | None:
+    """The roots at which ``rule`` can fire, as its branches' guards tell (None: any).
+
+    A branch fires only where its guard holds, and a guard that holds says, as in
+    :func:`_guard_roots`, what the root's operator is (``f.name == "tanh"`` for the
+    pattern's root ``y <= f(r)``): the rule fires only at the roots one of them admits. Read
+    only where matching the pattern cannot raise (as :func:`root_set`)."""
+    body = rule.pattern.body
+    try:
+        var, fun_var = _root_var(body), _root_fun_var(body)
+        if not rule.branches or (var is None and fun_var is None):
+            return None
+        union: set[Operator | OpClass | OpSpec] = set()
+        for branch in rule.branches:
+            found = _guard_roots(branch.guard, var, fun_var)
+            if found is None:
+                return None
+            union |= found
+        return frozenset(union) if _error_free(body) else None  # (the walk last: it costs most)
+    except RecursionError:
+        return None
+
+
+rule_roots = _ByIdentity(_rule_roots)  # once per rule object
 
 
 def _error_free(body: Pattern) -> bool:

@@ -14,6 +14,7 @@ __all__ = [
     "from_summary",
 ]
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,7 +31,7 @@ from ..core.calculus import (
 )
 from ..core.match import Match
 from ..core.terms import CONST, OpClass, Operator
-from .analysis import _ByIdentity, _calls_self, _Unsupported, root_set
+from .analysis import OpSpec, _ByIdentity, _calls_self, _Unsupported, root_set
 from .codegen import _generate
 from .machine import MatchRun, RawSolution, _trail_machine
 from .precheck import _SHAPE_DEPTH, _fits, _prefilter, _Shape
@@ -135,10 +136,63 @@ def summary(cp: CompiledPattern) -> dict[str, Any] | None:
     if cp.root_ops is not None:
         ops = [r for r in cp.root_ops if isinstance(r, Operator)]
         classes = [r for r in cp.root_ops if isinstance(r, OpClass)]
+        specs = [r for r in cp.root_ops if isinstance(r, OpSpec)]
         data["root_ops"] = sorted(op.qualname for op in ops)
         if classes:  # (op classes: also roots of every operator of theirs)
             data["root_classes"] = sorted(c.name for c in classes)
+        if specs:  # (and every operator a spec admits)
+            data["root_specs"] = sorted(
+                (_spec_data(x) for x in specs), key=lambda d: json.dumps(d, sort_keys=True)
+            )
     return data
+
+
+_SPEC_KEYS = ("index", "n_in", "n_out", "names", "op_class", "pure")
+
+
+def _spec_data(spec: OpSpec) -> dict[str, Any]:
+    """An :class:`OpSpec` as JSON values (names sorted, the op class by name)."""
+    return {
+        "index": spec.index,
+        "n_in": spec.n_in,
+        "n_out": spec.n_out,
+        "names": None if spec.names is None else sorted(spec.names),
+        "op_class": None if spec.op_class is None else spec.op_class.name,
+        "pure": spec.pure,
+    }
+
+
+def _spec_of(raw: Any, names: frozenset[str], classes: dict[str, OpClass]) -> OpSpec:
+    """The :class:`OpSpec` ``raw`` (from :func:`_spec_data`) describes; ValueError where it
+    is not one, or names an operator name or op class its pattern's guards do not."""
+
+    def count(x: Any, least: int) -> bool:
+        return type(x) is int and x >= least
+
+    if type(raw) is not dict or sorted(raw) != list(_SPEC_KEYS):
+        raise ValueError("not a root spec")
+    n_in, n_out, index, ns, cls, pure = (
+        raw["n_in"], raw["n_out"], raw["index"], raw["names"], raw["op_class"], raw["pure"]
+    )  # fmt: skip
+    if not (
+        (n_in is None or count(n_in, 0))
+        and (n_out is None or count(n_out, 1))
+        and count(index, 0)
+        and type(pure) is bool
+        and (ns is None or (type(ns) is list and all(type(n) is str for n in ns)))
+        and (cls is None or type(cls) is str)
+    ):
+        raise ValueError("not a root spec")
+    if ns is not None and not set(ns) <= names:
+        raise ValueError("a root spec names an operator name the pattern does not")
+    return OpSpec(
+        n_in,
+        n_out,
+        index,
+        None if ns is None else frozenset(ns),
+        None if cls is None else classes[cls],  # (KeyError: a class the pattern does not name)
+        pure,
+    )
 
 
 def _operators_of(p: Pattern) -> dict[str, Operator]:
@@ -189,9 +243,10 @@ _OPS_BELOW: dict[int, tuple[Pattern, dict[str, Operator]]] = {}
 _OPS_BELOW_LIMIT = 1 << 16
 
 
-def _classes_of(p: Pattern) -> dict[str, OpClass]:
-    """The op classes a pattern's guards name (constants), by name."""
+def _guard_constants(p: Pattern) -> tuple[dict[str, OpClass], frozenset[str]]:
+    """The op classes (by name) and the strings a pattern's guards name (constants)."""
     found: dict[str, OpClass] = {}
+    strings: set[str] = set()
     seen: set[int] = set()
     stack = [p]
     while stack:
@@ -206,15 +261,16 @@ def _classes_of(p: Pattern) -> dict[str, OpClass]:
                 if isinstance(e, EConst):
                     values = e.value if type(e.value) is tuple else (e.value,)
                     found.update((v.name, v) for v in values if isinstance(v, OpClass))
+                    strings.update(v for v in values if type(v) is str)
                 exprs.extend(expr_children(e))
         stack.extend(children(q))
-    return found
+    return found, frozenset(strings)
 
 
 def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
     """The compiled form of ``pdef`` that ``data`` (from :func:`summary`) describes, made
     the one ``compile_pattern(pdef)`` returns; None (nothing changed) when ``data`` is not a
-    well-formed summary naming only operators and op classes of ``pdef``."""
+    well-formed summary naming only operators, op classes and operator names of ``pdef``."""
     ops = _operators_of(pdef.body)
 
     def op_of(name: Any) -> Operator | None:
@@ -249,15 +305,22 @@ def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
         roots = data.get("root_ops")
         if roots is not None and type(roots) is not list:
             return None
-        root_ops: frozenset[Operator | OpClass | None] | None = None
+        root_ops: frozenset[Operator | OpClass | OpSpec | None] | None = None
         if roots is not None:
             classes = data.get("root_classes", [])
-            if type(classes) is not list:
+            specs = data.get("root_specs", [])
+            if type(classes) is not list or type(specs) is not list:
                 return None
-            named = _classes_of(pdef.body) if classes else {}
-            root_ops = frozenset([*(op_of(n) for n in roots), *(named[c] for c in classes)])
-        elif "root_classes" in data:
-            return None  # (classes narrow a set of roots; "any root" has none)
+            named, strings = _guard_constants(pdef.body) if classes or specs else ({}, frozenset())
+            root_ops = frozenset(
+                [
+                    *(op_of(n) for n in roots),
+                    *(named[c] for c in classes),
+                    *(_spec_of(x, strings, named) for x in specs),
+                ]
+            )
+        elif "root_classes" in data or "root_specs" in data:
+            return None  # (classes and specs narrow a set of roots; "any root" has none)
         pre = shape(data.get("shape"), 0)
     except (KeyError, ValueError, TypeError):
         return None

@@ -48,7 +48,7 @@ from ..core.graph import Graph, Value
 from ..core.match import Match
 from ..core.terms import CONST, LEAF, Operator
 from ..semantics.guards import Refusal, Undefined, eval_expr, guard_holds
-from .fast import MatchRun, root_operators
+from .fast import MatchRun, admits, root_set, show_roots
 from .machine import _observed
 from .rewrite import _Driver
 from .select import match_all
@@ -553,9 +553,9 @@ def explain(
             graph = target.node._graph if isinstance(target, Value) else None
             a = _rule_attempt(rule, a, graph)
         return Explanation(pdef, (a,), shown=shown, rule=rule)
-    roots = root_operators(pdef)
+    roots = root_set(pdef)
     values: Iterable[Value] = (
-        v for n in target.nodes() for v in n.outputs if roots is None or n.op in roots
+        v for n in target.nodes() if admits(roots, n.op, len(n.inputs)) for v in n.outputs
     )
     attempts = [_attempt(pdef, v, budget) for v in values]
     n_pattern = sum(a.matched for a in attempts)
@@ -572,8 +572,10 @@ def explain(
     )
     note = ""
     if not attempts:
-        ops = ", ".join(sorted(op.name for op in roots or ()))
-        note = f"no node of the graph applies {ops}, the operator(s) the pattern starts with"
+        note = (
+            f"no node of the graph applies {show_roots(roots)}, the operator(s) the pattern "
+            "starts with"
+        )
     elif rule is None:
         note = f"{len(attempts)} candidate node(s), {n_pattern} match(es)"
     else:

@@ -40,9 +40,10 @@ gets there by running that machine ahead of time instead of at match time:
   started.
 
 :class:`Matcher` indexes many patterns by the operators their root can have, read from the
-pattern and from op-class and operator guards on its root (``F.op_class == C``); a value is
-only tried against the patterns of its operator (plus those whose root can be anything), and
-most values of a graph cost one dict lookup.
+pattern (an application; an operator variable: any pure operator of its arity and output
+count) and from op-class, name and operator guards on its root (``F.op_class == C``,
+``F.name == "split"``); a value is only tried against the patterns its operator can start
+(plus those whose root can be anything), and most values of a graph cost one dict lookup.
 
 The engine's modules, one per concept: :mod:`.analysis` (static analyses of patterns),
 :mod:`.guard_code` (guards as generated Python), :mod:`.codegen` (patterns as generated
@@ -62,12 +63,15 @@ __all__ = [
     "match_all",
     "solutions",
     "root_operators",
+    "root_set",
+    "admits",
+    "show_roots",
     "compile_guard",
     "summary",
     "from_summary",
 ]
 
-from .analysis import root_operators
+from .analysis import admits, root_operators, root_set, show_roots
 from .compiled import (
     CompiledPattern,
     compile_pattern,

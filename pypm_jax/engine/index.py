@@ -10,7 +10,7 @@ from typing import Any
 from ..core.calculus import PatternDef
 from ..core.match import Match
 from ..core.terms import OpClass, Operator
-from .analysis import root_set
+from .analysis import OpSpec, Roots, _meet, root_set
 from .compiled import CompiledPattern, compile_pattern, match_all
 
 # ------------------------------------------------------------------------------ the index
@@ -23,25 +23,44 @@ def _order(e: Candidate) -> int:
     return e[0]
 
 
-class _ByClass(dict):
-    """The index of a pattern set with roots given by op class: ``op -> candidates`` for
-    the operators the patterns name, and for every other operator the first time it is
-    looked up, from its class (so an operator made after the index, in a class a pattern's
-    root has, is a candidate too). ``get(op, default)`` and ``op in`` read as on a plain
-    index: ``default`` / False where the candidates are the wildcards alone.
+class _Index(dict):
+    """The index of a pattern set: ``op -> candidates``, each operator's worked out the
+    first time it is looked up (so an operator made after the index -- the lifter makes
+    them as it meets primitives -- is resolved like any other): the patterns rooted at it,
+    at its op class, or at an :class:`~pypm_jax.engine.analysis.OpSpec` that admits it,
+    with the wildcards, in pattern order. ``get(op, default)`` and ``op in`` read as on a
+    plain index: ``default`` / False where the candidates are the wildcards alone;
+    ``index[op]`` is the candidates themselves.
 
-    An operator's class is read when the index first meets the operator."""
+    An operator's class, name, arity and output count are read when the index first meets
+    it. A variadic operator's nodes are offered the patterns of every arity (the count of
+    a node's inputs is not part of the key), which the match refuses or not."""
 
-    __slots__ = ("wild", "by_class")
+    __slots__ = ("wild", "named", "by_class", "specs")
 
-    def __init__(self, table: dict, wild: tuple, by_class: dict[OpClass, list[Candidate]]):
-        super().__init__(table)
+    def __init__(
+        self,
+        wild: tuple[Candidate, ...],
+        named: dict[Operator, list[Candidate]],
+        by_class: dict[OpClass, list[Candidate]],
+        specs: list[tuple[OpSpec, Candidate]],
+    ):
+        super().__init__()
         self.wild = wild
+        self.named = named
         self.by_class = by_class
+        self.specs = specs
 
     def __missing__(self, op: Operator) -> tuple[Candidate, ...]:
-        more = self.by_class.get(op.op_class) if op.op_class is not None else None
-        cands = self.wild if not more else tuple(sorted(more + list(self.wild), key=_order))
+        found = {e[0]: e for e in self.named.get(op, ())}
+        if op.op_class is not None:
+            found.update((e[0], e) for e in self.by_class.get(op.op_class, ()))
+        found.update((e[0], e) for spec, e in self.specs if spec.admits(op))
+        if found:
+            found.update((e[0], e) for e in self.wild)
+            cands = tuple(sorted(found.values(), key=_order))
+        else:
+            cands = self.wild
         self[op] = cands
         return cands
 
@@ -57,20 +76,28 @@ class Matcher:
     """Many patterns, indexed by the operator their root can have.
 
     ``candidates(op)`` lists, in pattern order, the patterns that can match a value whose
-    operator is ``op``: those rooted at ``op`` or at ``op``'s op class (an operator
-    variable whose guard names the class, :func:`~pypm_jax.engine.analysis.root_set`), and
-    those whose root can be anything (a variable, an unguarded operator variable, or an
-    alternate with such a branch). Finding that list is one dict lookup, so values no
-    pattern can match cost almost nothing.
+    operator is ``op``: those rooted at ``op``, at ``op``'s op class, or at any operator
+    of its arity, output count and name (an operator variable, maybe with a guard on its
+    class or name: :func:`~pypm_jax.engine.analysis.root_set`), and those whose root can
+    be anything (a variable, or an alternate with such a branch). Finding that list is one
+    dict lookup, so values no pattern can match cost almost nothing.
 
     ``compiled=False`` builds the index alone (from :func:`root_set`), for a caller that
     matches with the reference machine; its candidates carry no compiled pattern, and its
-    ``match_first`` and ``scan`` are not for use.
+    ``match_first`` and ``scan`` are not for use. ``narrow``: per pattern, roots (or None)
+    that its matches' roots must also have for the caller to use them (a rule's branches'
+    guards, :func:`~pypm_jax.engine.analysis.rule_roots`).
     """
 
     __slots__ = ("patterns", "compiled", "_table", "_wild")
 
-    def __init__(self, patterns: Sequence[PatternDef], *, compiled: bool = True):
+    def __init__(
+        self,
+        patterns: Sequence[PatternDef],
+        *,
+        compiled: bool = True,
+        narrow: Sequence[Roots | None] | None = None,
+    ):
         self.patterns = tuple(patterns)
         n = len(self.patterns)
         self.compiled: tuple[CompiledPattern | None, ...] = (
@@ -80,35 +107,34 @@ class Matcher:
             root_set(p) if c is None else c.root_ops
             for p, c in zip(self.patterns, self.compiled, strict=True)
         ]
+        if narrow is not None:
+            roots = [_meet(r, m) for r, m in zip(roots, narrow, strict=True)]
         entries = [
             (i, p, c) for i, (p, c) in enumerate(zip(self.patterns, self.compiled, strict=True))
         ]
         self._wild: tuple[Candidate, ...] = tuple(
             e for e, r in zip(entries, roots, strict=True) if r is None
         )
-        table: dict[Operator, list[Candidate]] = {}
+        named: dict[Operator, list[Candidate]] = {}
         by_class: dict[OpClass, list[Candidate]] = {}
+        specs: list[tuple[OpSpec, Candidate]] = []
         for e, r in zip(entries, roots, strict=True):
             for x in r or ():
-                (by_class if isinstance(x, OpClass) else table).setdefault(x, []).append(e)  # type: ignore[arg-type]
-        for op, es in table.items():  # an operator named and in a class named: both
-            more = by_class.get(op.op_class) if op.op_class is not None else None
-            if more:
-                es.extend(e for e in more if e not in es)
-        index = {op: tuple(sorted(es + list(self._wild), key=_order)) for op, es in table.items()}
-        self._table: dict[Operator, tuple[Candidate, ...]] = (
-            _ByClass(index, self._wild, by_class) if by_class else index
-        )
+                if isinstance(x, OpSpec):
+                    specs.append((x, e))
+                else:
+                    (by_class if isinstance(x, OpClass) else named).setdefault(x, []).append(e)  # type: ignore[arg-type]
+        self._table = _Index(self._wild, named, by_class, specs)
 
     def candidates(self, op: Operator) -> tuple[Candidate, ...]:
         """Patterns (index, definition, compiled) that can match a value of operator ``op``."""
-        return self._table.get(op, self._wild)
+        return self._table[op]
 
     @property
     def table(self) -> dict[Operator, tuple[Candidate, ...]]:
-        """The index itself: operator -> candidates; ``table.get(op, wildcards)`` is
-        ``candidates(op)``, and ``op in table`` says whether it holds more than the
-        wildcards."""
+        """The index itself: operator -> candidates; ``table[op]`` and
+        ``table.get(op, wildcards)`` are ``candidates(op)``, and ``op in table`` says
+        whether it holds more than the wildcards."""
         return self._table
 
     @property
@@ -117,7 +143,7 @@ class Matcher:
 
     def match_first(self, value: Any) -> tuple[int, Match] | None:
         """The first pattern (in order) matching ``value``, with its first match."""
-        for i, pdef, cp in self._table.get(value.op, self._wild):
+        for i, pdef, cp in self._table[value.op]:
             sol = cp.first(value)
             if sol is not None:
                 return i, Match(pdef, value, sol[0], sol[1], owned=True)
@@ -125,7 +151,7 @@ class Matcher:
 
     def match_all(self, value: Any) -> Iterator[tuple[int, Match]]:
         """Every pattern's every match at ``value``: patterns in order, matches in order."""
-        for i, pdef, _ in self._table.get(value.op, self._wild):
+        for i, pdef, _ in self._table[value.op]:
             for m in match_all(pdef, value):
                 yield i, m
 
@@ -134,11 +160,10 @@ class Matcher:
         nodes = getattr(values, "nodes", None)
         if callable(nodes):
             values = [v for n in nodes() for v in n.outputs]
-        get = self._table.get
-        wild = self._wild
+        table = self._table
         found = []
         for v in values:
-            cands = get(v.op, wild)
+            cands = table[v.op]
             if not cands:
                 continue
             for i, pdef, cp in cands:

@@ -1,9 +1,10 @@
 """Greedy, destructive, deterministic rewriting of a :class:`~pypm_jax.core.graph.Graph`.
 
 The driver visits nodes in topological order (inputs first). At a node it tries the rules
-in list order — only those whose pattern can be rooted at the node's operator, found with
-one dict lookup — and for each rule the solutions of its pattern in the machine's order, and
-for each solution the rule's branches in order: the first branch whose guard holds fires.
+in list order — only those whose pattern can be rooted at the node's operator and whose
+branches' guards allow it, found with one dict lookup — and for each rule the solutions of
+its pattern in the machine's order, and for each solution the rule's branches in order:
+the first branch whose guard holds fires.
 (The fast engine matches a rule of one guarded branch as its pattern with the guard joined
 in, :func:`guarded_pattern`: same solutions, same order, but a match the guard refuses is
 dropped inside the compiled matcher.) Firing builds the branch's result, makes every reader
@@ -94,7 +95,7 @@ from ..semantics import machine as _reference
 from ..semantics.guards import Undefined, bound_attr, bound_op_attr, eval_expr, guard_holds
 from ..semantics.subst import FreshNames, unfold
 from . import report as _report
-from .analysis import _ByIdentity, _expr_names, has_recursion
+from .analysis import _ByIdentity, _expr_names, has_recursion, rule_roots
 from .fast import CompiledPattern, Matcher, MatchRun, compile_guard
 from .report import Built
 from .select import ENGINES, default_engine
@@ -373,7 +374,9 @@ class _Driver:
         # (the fast engine matches the rules' guards with their patterns; the reference
         # machine runs the paper's algorithm on the bare patterns)
         pdefs = [guarded_pattern(r) if self.fast else r.pattern for r in rules]
-        matcher = Matcher(pdefs, compiled=self.fast)
+        # (a rule is tried only where its pattern's root and one of its branches' guards
+        # admit the node's operator)
+        matcher = Matcher(pdefs, compiled=self.fast, narrow=[rule_roots(r) for r in rules])
         self.cands = _Candidates(matcher.table, matcher.wildcards)  # op -> candidates
         # per rule: does its compiled pattern check the guard of its one branch already?
         self.checked = [p is not r.pattern for p, r in zip(pdefs, rules, strict=True)]

@@ -29,7 +29,7 @@ from ..core.calculus import RuleDef
 from ..core.errors import SourceLoc
 from ..core.graph import Graph, Node, Value
 from ..engine.explain import Attempt, _attempt, _rule_attempt
-from ..engine.fast import root_operators
+from ..engine.fast import admits, root_set
 from ..engine.report import short_path
 from ..engine.rewrite import printable
 from .lift import LiftedProgram
@@ -200,9 +200,9 @@ def _why(rules: Sequence[RuleDef], g: Graph, anchors: Sequence[Node]) -> tuple[A
     best: tuple[RuleDef, Attempt] | None = None
     values = _near(g, anchors)
     for rule in rules:
-        roots = root_operators(rule.pattern)
+        roots = root_set(rule.pattern)
         for v in values:
-            if roots is not None and v.op not in roots:
+            if not admits(roots, v.op, len(v.node.inputs)):
                 continue
             a = _rule_attempt(rule, _attempt(rule.pattern, v, 200_000), g)
             if a.matched:

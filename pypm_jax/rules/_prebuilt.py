@@ -53,7 +53,7 @@ from ..lang.frontend import Rule
 
 log = logging.getLogger("pypm_jax.rules")
 
-DATA_FORMAT = "pypm-prebuilt-rules 1"
+DATA_FORMAT = "pypm-prebuilt-rules 2"  # 2: roots by arity, output count and name
 RULES_DIR = os.path.dirname(os.path.abspath(__file__))
 DATA_PATH = os.path.join(RULES_DIR, "_prebuilt.pypm")
 MAX_BYTES = 4 << 20  # the file is ~100 KB; anything much larger is not ours

@@ -9,6 +9,7 @@ of unfolded existentials. Targets are hash-consed terms and graph values.
 from __future__ import annotations
 
 import itertools
+from contextlib import nullcontext
 from unittest import mock
 
 from hypothesis import given
@@ -19,6 +20,7 @@ from pypm_jax.core.calculus import (
     EAttr,
     ECmp,
     EConst,
+    ENot,
     EOpAttr,
     EOr,
     Expr,
@@ -30,13 +32,21 @@ from pypm_jax.core.calculus import (
     PFunVar,
     PGuard,
     PVar,
+    RApp,
+    RuleBranch,
+    RuleDef,
+    RVar,
 )
+from pypm_jax.core.errors import PyPMError
 from pypm_jax.core.graph import Graph
-from pypm_jax.core.terms import OpClass
+from pypm_jax.core.terms import OpClass, Operator
 from pypm_jax.engine import codegen as _codegen
 from pypm_jax.engine import fast as _fast
-from pypm_jax.engine.analysis import admits, root_set
+from pypm_jax.engine import rewrite as _rewrite
+from pypm_jax.engine.analysis import admits, root_set, rule_roots
 from pypm_jax.engine.fast import CompiledPattern, Matcher, compile_guard
+from pypm_jax.engine.index import _Index
+from pypm_jax.engine.rewrite import rewrite
 from pypm_jax.semantics import machine as _machine
 from pypm_jax.semantics.guards import guard_holds
 from pypm_testing.engine import (
@@ -52,11 +62,13 @@ from pypm_testing.engine import (
     guards,
     pattern_defs,
     patterns,
+    same_type,
     solution_key,
 )
 from pypm_testing.strategies import pattern_and_term
 
 MAX_SOLUTIONS = 50
+FUSED = Operator("fused", 1, namespace="engine_tests", infer=same_type)
 TARGETS = [*LEAVES, F1(A), SPLIT(B)[1]]
 
 
@@ -103,36 +115,80 @@ def test_graph_values_same_solutions_as_reference(pdef, pool, data):
     check_same(pdef, v)
 
 
+OPAQUE = Operator("opaque", 1, pure=False, infer=same_type, namespace="engine_tests")
+NAMES = st.sampled_from(["f1", "f2", "g2", "split", "cat", "opaque"])
+
+
 @st.composite
-def root_atoms(draw, fun: bool) -> Expr:
-    """A comparison of the root's op class (``F``'s, ``fun``; else ``x``'s) or operator
-    (``x``'s) with constants; now and then one about the other variable."""
+def root_atoms(draw, fun: bool, hint=None) -> Expr:
+    """A comparison of the root's op class (``F``'s, ``fun``; else ``x``'s), name (``F``'s)
+    or operator (``x``'s) with constants; now and then one about the other variable.
+    ``hint``: a term whose operator the constants often name (so that matches are common)."""
+    hinted = hint is not None and draw(st.integers(0, 3)) > 0
     classes = st.sampled_from([OpClass("unary"), OpClass("binary")])
-    if draw(st.integers(0, 4)) == 0:
+    names = NAMES if not hinted else st.one_of(st.just(hint.op.name), NAMES)
+    ops = st.sampled_from(OPS) if not hinted else st.sampled_from([hint.op, *OPS])
+    if hinted and hint.op.op_class is not None:
+        classes = st.sampled_from([hint.op.op_class, OpClass("unary"), OpClass("binary")])
+    if draw(st.integers(0, 7)) == 0:
         fun = not fun
+    if fun and draw(st.booleans()):
+        name = EOpAttr("F", "name")
+        kind = draw(st.integers(0, 3))
+        if kind == 0:
+            return ECmp("==", name, EConst(draw(names)))
+        if kind == 1:
+            return ECmp("==", EConst(draw(names)), name)
+        if kind == 2:
+            return ECmp("in", name, EConst(tuple(draw(st.sets(names, min_size=1)))))
+        return ECmp("==", name, EConst(draw(st.sampled_from([1, None, ("f1",)]))))  # (unread)
     if fun:
         cls = EOpAttr("F", "op_class")
         if draw(st.booleans()):
             return ECmp("==", cls, EConst(draw(classes)))
-        return ECmp("in", cls, EConst(tuple(draw(st.sets(classes)))))
+        return ECmp("in", cls, EConst(tuple(draw(st.sets(classes, min_size=1)))))
     kind = draw(st.integers(0, 3))
     if kind == 0:
         return ECmp("==", EConst(draw(classes)), EAttr("x", "op_class"))
     if kind == 1:
-        return ECmp("in", EAttr("x", "op_class"), EConst(tuple(draw(st.sets(classes)))))
+        return ECmp("in", EAttr("x", "op_class"), EConst(tuple(draw(st.sets(classes, min_size=1)))))
     if kind == 2:
-        return ECmp("==", EAttr("x", "op"), EConst(draw(st.sampled_from(OPS))))
-    return ECmp("in", EAttr("x", "op"), EConst(tuple(draw(st.sets(st.sampled_from(OPS))))))
+        return ECmp("==", EAttr("x", "op"), EConst(draw(ops)))
+    return ECmp("in", EAttr("x", "op"), EConst(tuple(draw(st.sets(ops, min_size=1)))))
 
 
 @st.composite
-def root_guarded(draw) -> PatternDef:
-    """A pattern whose root is an operator variable or a variable under guards on its op
-    class or operator (what the root index reads) combined with other guards, maybe behind
-    an ∃ of the same name (then the guard is not about the root) or in a constraint."""
-    if draw(st.booleans()):
+def fun_root(draw, hint=None) -> Pattern:
+    """``F(...)`` of 0-2 operands (mostly variables, so that it often matches), maybe of a
+    given output count and output index; often those of ``hint`` (a term), where given."""
+    if hint is not None and draw(st.integers(0, 3)):
+        n, n_out = min(len(hint.inputs), 3), draw(st.sampled_from([None, hint.op.n_out]))
+        index = hint.index
+    else:
         n = draw(st.integers(0, 2))
-        root: Pattern = PFunVar("F", tuple(draw(patterns(1)) for _ in range(n)))
+        n_out = draw(st.sampled_from([None, None, 1, 2]))
+        index = draw(st.integers(0, 1)) if n_out != 1 else 0
+    operands = [
+        PVar(name) if draw(st.integers(0, 3)) else draw(patterns(1)) for name in ("y", "z", "e")[:n]
+    ]
+    return PFunVar("F", tuple(operands), index, n_out)
+
+
+@st.composite
+def root_guarded(draw, hint=None) -> PatternDef:
+    """A pattern whose root is an operator variable (applied at the root, bound by a
+    constraint on the root variable, or on two alternates) or a variable, under guards on
+    its op class, name or operator (what the root index reads) combined with other guards,
+    maybe behind an ∃ of the same name (then the guard is not about the root) or in a
+    constraint. ``hint``: a term the pattern often fits (its arity, outputs, name)."""
+    form = draw(st.integers(0, 4))
+    if form <= 1:
+        root: Pattern = draw(fun_root(hint))
+        hidden = "F"
+    elif form == 2:  # x <= F(...)
+        root, hidden = PConstr(PVar("x"), "x", draw(fun_root(hint))), "F"
+    elif form == 3:  # on both alternates
+        root = PAlt(draw(fun_root(hint)), PConstr(PVar("x"), "x", draw(fun_root(hint))))
         hidden = "F"
     else:
         root, hidden = PVar("x"), "x"
@@ -141,9 +197,12 @@ def root_guarded(draw) -> PatternDef:
     if draw(st.integers(0, 3)) == 0:
         root = PConstr(root, "x", draw(patterns(1)))
     fun = hidden == "F"
-    guard = draw(root_atoms(fun))
-    for _ in range(draw(st.integers(0, 3))):
-        other = draw(st.one_of(root_atoms(fun), guards(("x", "y"), ("F",))))
+    guard = draw(root_atoms(fun, hint))
+    for _ in range(draw(st.sampled_from([0, 0, 1, 2, 3]))):
+        if draw(st.integers(0, 3)):
+            other = draw(root_atoms(fun, hint))
+        else:
+            other = draw(guards(("x", "y"), ("F",)))
         guard = EAnd((other, guard)) if draw(st.booleans()) else EOr((guard, other))
     body: Pattern = PGuard(root, guard)
     if draw(st.integers(0, 3)) == 0:
@@ -151,15 +210,100 @@ def root_guarded(draw) -> PatternDef:
     return PatternDef("P", PARAMS, body)
 
 
-@given(root_guarded(), dags(), st.data())
-def test_the_root_index_admits_every_root_with_a_match(pdef, pool, data):
-    """A value the index leaves out (its operator and op class not among the pattern's
-    roots) has no match: the reference machine finds none there."""
+def targets(pool: list) -> list:
+    """The pool's latest terms, and opaque (impure) applications to two of them."""
+    return [*pool[-4:], OPAQUE(pool[-1]), OPAQUE(pool[0])]
+
+
+@given(dags(), st.data())
+def test_the_root_index_admits_every_root_with_a_match(pool, data):
+    """A value the index leaves out (its operator, op class, name, arity and output count
+    not among the pattern's roots) has no match: the reference machine finds none there.
+    The index's key is the operator alone, which admits at least what the term admits."""
+    pdef = data.draw(root_guarded(data.draw(st.sampled_from(targets(pool)))))
     roots = root_set(pdef)
-    for t in pool[-4:]:
-        if not admits(roots, t.op):
+    matcher = Matcher([pdef], compiled=False)
+    for t in targets(pool):
+        exact = admits(roots, t.op, len(t.inputs))
+        if not exact:
             assert next(_machine.solutions(pdef.body, t), None) is None, (roots, t)
-    check_same(pdef, data.draw(st.sampled_from(pool[-4:])))
+        assert not exact or admits(roots, t.op)
+        assert bool(matcher.candidates(t.op)) == admits(roots, t.op)
+    check_same(pdef, data.draw(st.sampled_from(targets(pool))))
+
+
+@st.composite
+def branch_guards(draw, hint=None) -> Expr:
+    """A rule branch's guard: a root atom, alone or with others (``and``, ``or``,
+    ``not``: an ``elif`` chain's shape)."""
+    guard = draw(root_atoms(True, hint))
+    for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):
+        other = draw(st.one_of(root_atoms(True, hint), guards(("x", "y"), ("F",))))
+        kind = draw(st.integers(0, 2))
+        if kind == 0:
+            guard = EAnd((ENot(other), guard))
+        elif kind == 1:
+            guard = EAnd((other, guard))
+        else:
+            guard = EOr((guard, other))
+    return guard
+
+
+@st.composite
+def guarded_rules(draw, i: int = 0, hints=()) -> RuleDef:
+    """A rule of a :func:`root_guarded` pattern and 1-3 branches under root guards, often
+    fitting one of ``hints`` (terms)."""
+    hint = draw(st.sampled_from(hints)) if hints else None
+    pdef = draw(root_guarded(hint))
+    results = [RApp(FUSED, (RVar("x"),)), RApp(F1, (RVar("y"),)), RVar("y")]
+    branches = tuple(
+        RuleBranch(draw(branch_guards(hint)), draw(st.sampled_from(results)))
+        for _ in range(draw(st.integers(1, 3)))
+    )
+    return RuleDef(f"r{i}", pdef, branches, draw(st.booleans()))
+
+
+@given(dags(), st.data())
+def test_a_rule_fires_only_where_its_roots_admit(pool, data):
+    """Where the index narrowed by a rule's branches leaves a term out, no solution of the
+    rule's pattern there has a branch whose guard holds: the rule cannot fire."""
+    rule = data.draw(guarded_rules(hints=targets(pool)))
+    roots = rule_roots(rule)
+    for t in targets(pool):
+        if admits(roots, t.op, len(t.inputs)):
+            continue
+        for theta, phi in itertools.islice(_machine.solutions(rule.pattern.body, t), 50):
+            assert not any(guard_holds(b.guard, theta, phi) for b in rule.branches), (roots, t)
+
+
+def _rewritten(rules: list[RuleDef], pool: list, engine: str, every_node: bool) -> tuple:
+    """The graph and report of rewriting the pool's graph; ``every_node``: with an index
+    that offers every rule at every node."""
+    g = Graph([*pool[-3:], OPAQUE(pool[-1])])
+
+    def offer_all(pdefs, **kwargs):
+        m = Matcher(pdefs, **kwargs)
+        everything = tuple(enumerate(zip(pdefs, m.compiled, strict=True)))
+        m._wild = tuple((i, p, c) for i, (p, c) in everything)
+        m._table = _Index(m._wild, {}, {}, [])
+        return m
+
+    patch = mock.patch.object(_rewrite, "Matcher", offer_all) if every_node else nullcontext()
+    try:
+        with patch:
+            report = rewrite(g, rules, engine=engine, max_iterations=60).report
+        return str(g), [(r.rule, r.root, r.replaced, r.created) for r in report]
+    except PyPMError as exc:
+        return type(exc).__name__, str(exc)
+
+
+@given(dags(max_nodes=8), st.sampled_from(["fast", "reference"]), st.data())
+def test_the_index_changes_no_rewrite(pool, engine, data):
+    """Rewriting with the index (patterns' roots, rules' branches) does what trying every
+    rule at every node does."""
+    hints = [*pool[-3:], OPAQUE(pool[-1])]
+    rules = [data.draw(guarded_rules(i, hints)) for i in range(data.draw(st.integers(1, 3)))]
+    assert _rewritten(rules, pool, engine, False) == _rewritten(rules, pool, engine, True)
 
 
 # Branchy patterns are generated with a generator function per definition that has

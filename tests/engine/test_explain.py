@@ -12,6 +12,7 @@ from pypm_jax.core.calculus import (
     EAttr,
     ECmp,
     EConst,
+    EOpAttr,
     PAlt,
     PApp,
     Param,
@@ -101,6 +102,21 @@ def test_whole_graph_candidates_sorted_by_progress():
     assert "3 candidate node(s), 1 match(es)" in str(e)
     none = explain(scores(), Graph([H2(A, B)]))
     assert not none.attempts and "applies g2" in str(none)
+
+
+def test_whole_graph_candidates_of_an_operator_variable():
+    # F(x, y) with F.name == "g2": only the nodes of two inputs named g2 are candidates (the
+    # index's admission test), and the note says so where there are none
+    name_is = ECmp("==", EOpAttr("F", "name"), EConst("g2"))
+    p = PatternDef(
+        "Named", (Param("x"), Param("y")), PGuard(PFunVar("F", (PVar("x"), PVar("y"))), name_is)
+    )
+    g = Graph([G2(A, F2(B)), G2(F1(A), B), H2(A, B)])
+    e = explain(p, g)
+    assert len(e.attempts) == 2 and all(a.matched for a in e.attempts)
+    none = explain(p, Graph([H2(A, B), F1(A)]))
+    assert not none.attempts
+    assert "applies any pure operator of 2 inputs named g2" in str(none)
 
 
 def test_graph_nodes_show_their_source_line():

@@ -36,7 +36,7 @@ from pypm_jax.engine import codegen as _codegen
 from pypm_jax.engine import fast as _fast
 from pypm_jax.engine import machine as _trail
 from pypm_jax.engine import precheck as _precheck
-from pypm_jax.engine.analysis import root_set
+from pypm_jax.engine.analysis import OpSpec, root_set
 from pypm_jax.engine.fast import CompiledPattern, Matcher, MatchRun, compile_pattern
 from pypm_jax.engine.select import match_all, match_first
 from pypm_testing.engine import CAT, F1, F2, F32, G2, H2, SPLIT, A, B, C, same_type
@@ -314,11 +314,39 @@ def test_index_by_root_operator_with_wildcards_in_order():
     m = Matcher([p_f1, p_any, p_alt, p_fv])
     assert [i for i, _, _ in m.candidates(F1)] == [0, 1, 3]
     assert [i for i, _, _ in m.candidates(F2)] == [1, 2, 3]
-    assert [i for i, _, _ in m.candidates(G2)] == [1, 2, 3]
+    assert [i for i, _, _ in m.candidates(G2)] == [1, 2]  # (F(x) has one input, G2 two)
     unknown = Operator("unknown", 1)
     assert [i for i, _, _ in m.candidates(unknown)] == [1, 3]
+    assert [i for i, _, _ in m.candidates(Operator("unknown2", 2))] == [1]
+    assert [i for i, _, _ in m.candidates(CAT)] == [1, 3]  # (variadic: any count of inputs)
+    assert [i for i, _, _ in m.candidates(SPLIT)] == [1, 3]  # (F's outputs: any number)
     assert _fast.root_operators(p_alt) == frozenset({F2, G2})
     assert _fast.root_operators(p_fv) is None
+    assert root_set(p_fv) == frozenset({F2, OpSpec(n_in=1, pure=True)})
+
+
+def test_an_operator_variable_is_indexed_by_arity_outputs_name_and_purity():
+    # F(x): any pure operator of one input; S(x)[1] with S.name == "split" and two outputs
+    opaque = Operator("opaque", 1, pure=False)
+    p_f = pdef(PFunVar("F", (X,)), "x")
+    name_is = ECmp("==", EOpAttr("S", "name"), EConst("split"))
+    p_split = pdef(PGuard(PExists("S", PFunVar("S", (X,), 1, 2), "op"), name_is), "x")
+    assert root_set(p_split) == frozenset(
+        {OpSpec(n_in=1, n_out=2, index=1, names=frozenset({"split"}), pure=True)}
+    )
+    m = Matcher([p_f, p_split])
+    assert [i for i, _, _ in m.candidates(F1)] == [0]
+    assert [i for i, _, _ in m.candidates(SPLIT)] == [0, 1]
+    assert [i for i, _, _ in m.candidates(G2)] == [] and G2 not in m.table
+    assert [i for i, _, _ in m.candidates(opaque)] == []  # (opaque: outside F's range)
+    # an operator made after the index: resolved by its own arity, outputs and name
+    later = Operator("split", 1, 2, namespace="elsewhere")
+    assert [i for i, _, _ in m.candidates(later)] == [0, 1] and later in m.table
+    assert [i for i, _, _ in m.candidates(Operator("split", 1, 3))] == [0]
+    assert [i for i, _, _ in m.candidates(Operator("split", 2, 2))] == []
+    assert m.match_first(SPLIT(A)[0])[0] == 0 and m.match_first(SPLIT(A)[1])[0] == 1
+    assert _fast.match_first(p_split, SPLIT(A)[1])["x"] is A
+    assert _fast.match_first(p_split, SPLIT(A)[0]) is None
 
 
 def test_matcher_first_pattern_in_order_wins():
@@ -389,7 +417,7 @@ def test_an_operator_variable_guarded_by_its_op_class_is_indexed_by_the_class():
     p_cls = pdef(PGuard(PFunVar("F", (X,)), op_class_is("F", UNARY)), "x", ("F", "op"))
     p_f1 = pdef(PApp(F1, (X,)), "x")
     p_any = pdef(X, "x")
-    assert root_set(p_cls) == frozenset({UNARY})
+    assert root_set(p_cls) == frozenset({OpSpec(n_in=1, op_class=UNARY, pure=True)})
     assert _fast.root_operators(p_cls) is None  # (operators only: a class is any of them)
     p_f2 = pdef(PApp(F2, (X,)), "x")
     m = Matcher([p_cls, p_f1, p_any, p_f2])
@@ -421,10 +449,40 @@ def test_root_guards_are_read_through_and_or_in_and_constraints():
     x_cls = EAttr("x", "op_class")
     either = EOr((op_class_is("F", UNARY), op_class_is("F", BINARY)))
     guard = EAnd((either, ECmp(">", EConst(2), EConst(1))))
-    assert root_set(pdef(PGuard(PFunVar("F", (X,)), guard), "x")) == frozenset({UNARY, BINARY})
-    # `or` with something else: any root
+    one_input = OpSpec(n_in=1, pure=True)
+    assert root_set(pdef(PGuard(PFunVar("F", (X,)), guard), "x")) == frozenset(
+        {OpSpec(n_in=1, op_class=UNARY, pure=True), OpSpec(n_in=1, op_class=BINARY, pure=True)}
+    )
+    # `or` with something else: any root F(x) can have
     loose = EOr((op_class_is("F", UNARY), ECmp(">", EConst(2), EConst(1))))
-    assert root_set(pdef(PGuard(PFunVar("F", (X,)), loose), "x")) is None
+    assert root_set(pdef(PGuard(PFunVar("F", (X,)), loose), "x")) == frozenset({one_input})
+    # names, read through `in` and `and`, met with the class
+    named = EAnd(
+        (
+            ECmp("in", EOpAttr("F", "name"), EConst(("f1", "f2"))),
+            ECmp("==", EConst("f2"), EOpAttr("F", "name")),
+        )
+    )
+    assert root_set(pdef(PGuard(PFunVar("F", (X,)), named), "x")) == frozenset(
+        {OpSpec(n_in=1, names=frozenset({"f2"}), pure=True)}
+    )
+    clash = EAnd((op_class_is("F", UNARY), op_class_is("F", BINARY)))
+    assert root_set(pdef(PGuard(PFunVar("F", (X,)), clash), "x")) == frozenset()
+    # F bound by a constraint on the root variable: `x <= F(y); assert F.name == "f1"`
+    on_x = PGuard(
+        PConstr(X, "x", PFunVar("F", (Y,))), ECmp("==", EOpAttr("F", "name"), EConst("f1"))
+    )
+    assert root_set(pdef(on_x, "x", "y")) == frozenset(
+        {OpSpec(n_in=1, names=frozenset({"f1"}), pure=True)}
+    )
+    # ... and on both alternates
+    alts = PGuard(
+        PAlt(PConstr(X, "x", PFunVar("F", (Y,))), PFunVar("F", (Y, Z))),
+        ECmp("==", EOpAttr("F", "name"), EConst("g2")),
+    )
+    assert root_set(pdef(alts, "x", "y", "z")) == frozenset(
+        {OpSpec(n_in=n, names=frozenset({"g2"}), pure=True) for n in (1, 2)}
+    )
     # operators and classes meet: an operator stays where its class is admitted
     both = EAnd((ECmp("==", x_cls, EConst(UNARY)), ECmp("in", x_op, EConst((F1, F2, H2)))))
     assert root_set(pdef(PGuard(X, both), "x")) == frozenset({F2})
@@ -446,32 +504,65 @@ def test_a_class_guard_beside_an_exists_reads_the_same_variable():
     # definition's body an unfolding renames F (and the guards inside the ∃) afresh
     body = PGuard(PExists("F", PFunVar("F", (Y,)), "op"), op_class_is("F", UNARY))
     p = pdef(body, "y", ("F", "op"))
-    assert root_set(p) == frozenset({UNARY})
+    assert root_set(p) == frozenset({OpSpec(n_in=1, op_class=UNARY, pure=True)})
     assert _fast.match_first(p, F2(A)) is not None and _fast.match_first(p, F1(A)) is None
     inner = PMu("S", (Param("z"),), ("y",), PExists("F", PFunVar("F", (PVar("z"),)), "op"))
     q = pdef(PGuard(inner, op_class_is("F", UNARY)), "y", ("F", "op"))
-    assert root_set(q) is None  # (the guard's F is not the ∃'s, renamed by the unfolding)
+    # (the guard's F is not the ∃'s, renamed by the unfolding: any F(z) root)
+    assert root_set(q) == frozenset({OpSpec(n_in=1, pure=True)})
     assert _fast.match_first(q, F2(A)) is None  # (F is never bound: the guard is undefined)
 
 
 def test_a_class_guard_is_not_read_where_the_pattern_can_raise():
     # F's operands are matched before its guard; a reference outside its definition raises
-    # there, so the pattern stays a candidate everywhere (it must raise where it did)
+    # there, so the pattern stays a candidate wherever F(...) matches (it must raise where it
+    # did): at every pure operator of one input, of any class
     p = pdef(PGuard(PFunVar("F", (PCall("Nowhere", ("x",)),)), op_class_is("F", UNARY)), "x")
-    assert root_set(p) is None
+    assert root_set(p) == frozenset({OpSpec(n_in=1, pure=True)})
 
 
-def test_summaries_carry_op_class_roots():
+def test_summaries_carry_op_class_and_spec_roots():
     from pypm_jax.engine.compiled import from_summary, summary
 
+    def summarized(p):
+        return summary(CompiledPattern(p, backend="machine"))
+
     p = pdef(PGuard(PFunVar("F", (PApp(F1, (X,)),)), op_class_is("F", UNARY)), "x")
-    data = summary(CompiledPattern(p, backend="machine"))
-    assert data["root_ops"] == [] and data["root_classes"] == ["unary"]
-    fresh = pdef(p.body, "x")
-    assert from_summary(fresh, data).root_ops == frozenset({UNARY})
-    # a class the pattern does not name: refused (compiled as usual)
-    assert from_summary(pdef(p.body, "x"), {**data, "root_classes": ["binary"]}) is None
+    data = summarized(p)
+    spec = {"index": 0, "n_in": 1, "n_out": None, "names": None, "op_class": "unary", "pure": True}
+    assert data["root_ops"] == [] and data["root_specs"] == [spec] and "root_classes" not in data
+    assert from_summary(pdef(p.body, "x"), data).root_ops == root_set(p)
+    # a class the pattern does not name, a name its guards do not, a malformed spec: refused
+    # (the pattern is compiled as usual)
+    bad_specs = [
+        {**spec, "op_class": "binary"},
+        {**spec, "names": ["f1"]},
+        {**spec, "n_in": -1},
+        {**spec, "n_out": 0},
+        {**spec, "index": None},
+        {**spec, "pure": 1},
+        {**spec, "extra": 1},
+        {k: v for k, v in spec.items() if k != "pure"},
+        [spec],
+    ]
+    for bad in bad_specs:
+        assert from_summary(pdef(p.body, "x"), {**data, "root_specs": [bad]}) is None, bad
+    assert from_summary(pdef(p.body, "x"), {**data, "root_specs": spec}) is None
     assert from_summary(pdef(p.body, "x"), {**data, "root_ops": None}) is None
+    # a class guard on the root variable: a class root
+    q = pdef(PGuard(X, ECmp("==", EAttr("x", "op_class"), EConst(UNARY))), "x")
+    data = summarized(q)
+    assert data["root_ops"] == [] and data["root_classes"] == ["unary"]
+    assert "root_specs" not in data
+    assert from_summary(pdef(q.body, "x"), data).root_ops == frozenset({UNARY})
+    assert from_summary(pdef(q.body, "x"), {**data, "root_classes": ["binary"]}) is None
+    # a name the guards name
+    r = pdef(PGuard(PFunVar("F", (X, Y)), ECmp("==", EOpAttr("F", "name"), EConst("g2"))), "x", "y")
+    data = summarized(r)
+    assert data["root_specs"] == [{**spec, "n_in": 2, "names": ["g2"], "op_class": None}]
+    loaded = from_summary(pdef(r.body, "x", "y"), data)
+    assert loaded.root_ops == root_set(r) and Matcher([loaded.pdef]).candidates(G2)
+    assert not Matcher([loaded.pdef]).candidates(H2)
 
 
 def test_machine_unfolds_bodies_whose_existential_nodes_are_shared():
