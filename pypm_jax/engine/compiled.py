@@ -160,37 +160,50 @@ def summary(cp: CompiledPattern) -> dict[str, Any] | None:
 
 def _shared(sh: list) -> list:
     """A shape as JSON values ``[refs, root]`` with each sub-shape that occurs more than
-    once written once, in ``refs`` (the deep pre-check ends each of its paths in one of a
-    few shapes): a kid is null, a shape, or the index of a ref; a ref reads only refs
-    before it."""
-    uses: dict[int, int] = {}
-    stack = [sh]
-    while stack:
-        s = stack.pop()
-        n = uses.get(id(s), 0)
-        uses[id(s)] = n + 1
-        if not n:
-            stack.extend(k for _, _, kids in s if kids is not None for k in kids if k is not None)
+    once (equal ones: the deep pre-check reaches one definition on many paths) written once,
+    in ``refs``: a kid is null, a shape, or the index of a ref; a ref reads only refs before
+    it."""
+    keys: dict[int, Any] = {}  # id(sub-shape) -> its structure, as a hashable value
+    uses: dict[Any, int] = {}
+
+    def key(s: list) -> Any:
+        k = keys.get(id(s))
+        if k is None:
+            k = keys[id(s)] = tuple(
+                (
+                    op,
+                    n,
+                    None if kids is None else tuple(None if c is None else key(c) for c in kids),
+                )
+                for op, n, kids in s
+            )
+        uses[k] = uses.get(k, 0) + 1
+        return k
+
+    key(sh)
     refs: list[Any] = []
-    index: dict[int, int] = {}
+    index: dict[Any, int] = {}
+    written: set[Any] = set()
 
     def enc(s: _Shape) -> Any:
         if s is None:
             return None
-        i = index.get(id(s))
+        k = keys[id(s)]
+        i = index.get(k)
         if i is not None:
             return i
         out = [
             [
                 None if op is None else op.qualname,
                 n,
-                None if kids is None else [enc(k) for k in kids],
+                None if kids is None else [enc(c) for c in kids],
             ]
             for op, n, kids in s
         ]
-        if uses[id(s)] == 1:
+        if uses[k] == 1 and k not in written:
+            written.add(k)
             return out
-        index[id(s)] = len(refs)
+        index[k] = len(refs)
         refs.append(out)
         return len(refs) - 1
 
