@@ -31,11 +31,12 @@ from pypm_jax.core.calculus import (
 )
 from pypm_jax.core.terms import Term
 from pypm_jax.engine import codegen as _codegen
+from pypm_jax.engine import machine as _trail
 from pypm_jax.engine import precheck as _precheck
 from pypm_jax.engine.compiled import from_summary, summary
-from pypm_jax.engine.fast import CompiledPattern
+from pypm_jax.engine.fast import CompiledPattern, MatchRun
 from pypm_jax.semantics import machine as _machine
-from pypm_testing.engine import F1, F2, G2, H2, A, B, C, solution_key
+from pypm_testing.engine import F1, F2, G2, H2, A, B, C, dags, pattern_defs, solution_key
 from pypm_testing.strategies import _Abstractor, terms
 
 MAX_SOLUTIONS = 30
@@ -204,3 +205,50 @@ def test_a_summary_with_a_bad_shared_shape_is_refused():
     assert from_summary(pdef, data) is not None
     for bad in ([refs, 7], [[[7]], root], [refs], "deep", [[*refs, root], len(refs) + 1]):
         assert from_summary(PatternDef("P", pdef.params, body), {**data, "deep": bad}) is None
+
+
+# ------------------------------------------------------------ look-ahead at alternates
+
+
+def machine_run(pdef: PatternDef, t: Term, look: bool) -> tuple[list, int]:
+    run = MatchRun()
+    off = _trail._ByIdentity(lambda body: False)
+    with mock.patch.object(_trail, "_looks_ahead", _trail._looks_ahead if look else off):
+        sols = itertools.islice(_trail._trail_machine(pdef.body, t, run=run), MAX_SOLUTIONS)
+        keys = [solution_key(theta, phi) for theta, phi, _ in sols]
+    return keys, run.steps
+
+
+@given(pattern_defs(), dags(), st.data())
+def test_the_machine_looking_ahead_finds_the_same_solutions(pdef, pool, data):
+    t = data.draw(st.sampled_from(pool[-4:]))
+    looked, _ = machine_run(pdef, t, True)
+    plain, _ = machine_run(pdef, t, False)
+    assert looked == plain == reference(pdef, t)
+
+
+@given(deep_spines())
+def test_looking_ahead_on_deep_spines(case):
+    pdef, targets = case
+    for t in targets:
+        looked, _ = machine_run(pdef, t, True)
+        plain, _ = machine_run(pdef, t, False)
+        assert looked == plain == reference(pdef, t)
+
+
+def test_an_alternate_that_cannot_match_is_not_tried():
+    # (f1(g2(x, y)) ‖ f1(h2(x, y))) at f1(h2(a, b)): the left side's g2 is refused before
+    # it is matched; at f2(a) neither side is tried
+    p = PatternDef(
+        "P",
+        (Param("x"), Param("y")),
+        PAlt(
+            PApp(F1, (PApp(G2, (PVar("x"), PVar("y"))),)),
+            PApp(F1, (PApp(H2, (PVar("x"), PVar("y"))),)),
+        ),
+    )
+    for t, found in ((F1(H2(A, B)), 1), (F1(G2(A, B)), 1), (F2(A), 0)):
+        looked, fewer = machine_run(p, t, True)
+        plain, steps = machine_run(p, t, False)
+        assert len(looked) == found and looked == plain
+        assert fewer < steps
