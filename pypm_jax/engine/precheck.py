@@ -153,7 +153,10 @@ def _prefilter(body: Pattern) -> list | None:
 
 
 # The deep pre-check: levels it follows a path down (the focus's own shape adds up to
-# machine._EARLY_DEPTH more), and pattern nodes one computation may visit.
+# machine._EARLY_DEPTH more), pattern nodes one computation may visit, and how often a
+# path enters one definition (a recursive one, such as attention's Probs, would otherwise
+# repeat its alternates at every level: a cast of a cast of the probabilities is left to
+# the machine).
 _DEEP_DEPTH = 10
 _DEEP_BUDGET = 4000
 _DEEP_REENTRY = 2
@@ -180,7 +183,8 @@ def _focus(
     An application keeps one input's shape, the first that reaches a focus, and drops the
     others' (any term); an application cut off by the depth is its operator alone, and a
     definition none of whose arguments is a focus or a constrained variable is not
-    entered (a closed definition reaches a focus only through them)."""
+    entered (a closed definition reaches a focus only through them), nor one the path
+    entered ``_DEEP_REENTRY`` times."""
     budget[0] -= 1
     if budget[0] < 0:
         raise _OverBudget
@@ -240,8 +244,11 @@ def _focus(
             if definition is None:
                 return None, False
             params, body = definition
-        if _def_facts(p.name, params, body)[0] and not any(
-            _may_reach(a, ctx[0], cons, focus) for a in p.args
+        closed, free, _, _ = _def_facts(p.name, params, body)
+        if (
+            closed
+            and free <= {p.name}
+            and not any(_may_reach(a, ctx[0], cons, focus) for a in p.args)
         ):
             return None, False
         if path.count(p.name) >= _DEEP_REENTRY:
