@@ -216,8 +216,8 @@ class _Codegen(_GuardCodegen):
             if pre is not None:
                 self.line(1, f"if not ({self.shape_test(pre, 't0')}): {fail}")
             deep = _deep_prefilter(body)
-            if deep is not None:  # (and the deep one)
-                self.line(1, f"if not ({self.shape_test(deep, 't0')}): {fail}")
+            if deep is not None:  # (and the deep one: a call, its paths are many and long)
+                self.line(1, f"if not _fits({self.const(deep)}, t0): {fail}")
             shapes = _early_shapes(body)
             if shapes:
                 self.checks = {var: self.const(shape) for var, shape in shapes.items()}

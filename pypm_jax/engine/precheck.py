@@ -6,7 +6,7 @@ match, so the machine is not started.
 
 The deep pre-check looks further along fewer paths: where a pattern constrains a variable
 on its spine (the machine's early refusals, :func:`pypm_jax.engine.machine._early_shapes`),
-the paths from the root down to the places that variable is matched, up to ten levels,
+the paths from the root down to the places that variable is matched, up to eight levels,
 each ending in the shape its term must have. An attention whose logits are spelt another
 way (a bias where the pattern wants a scale) is refused there, before the softmax above
 the logits is matched once per spelling of it.
@@ -157,7 +157,7 @@ def _prefilter(body: Pattern) -> list | None:
 # path enters one definition (a recursive one, such as attention's Probs, would otherwise
 # repeat its alternates at every level: a cast of a cast of the probabilities is left to
 # the machine).
-_DEEP_DEPTH = 10
+_DEEP_DEPTH = 8
 _DEEP_BUDGET = 4000
 _DEEP_REENTRY = 2
 _DEEP_LIMIT = _DEEP_DEPTH + _EARLY_DEPTH  # the deepest level a deep shape looks at
