@@ -61,7 +61,7 @@ from .analysis import (
 from .guard_code import _RUNTIME as _GUARD_RUNTIME
 from .guard_code import _GuardCodegen, _Known
 from .machine import MatchRun, _early_shapes, _trail_machine
-from .precheck import _fits, _prefilter
+from .precheck import _deep_prefilter, _fits, _prefilter
 
 # Python refuses more than 20 statically nested blocks in one function; each alternate on a
 # generated path opens one. Patterns deeper than this run on the iterative machine.
@@ -215,6 +215,9 @@ class _Codegen(_GuardCodegen):
             pre = _prefilter(body)
             if pre is not None:
                 self.line(1, f"if not ({self.shape_test(pre, 't0')}): {fail}")
+            deep = _deep_prefilter(body)
+            if deep is not None:  # (and the deep one: a call, its paths are many and long)
+                self.line(1, f"if not _fits({self.const(deep)}, t0): {fail}")
             shapes = _early_shapes(body)
             if shapes:
                 self.checks = {var: self.const(shape) for var, shape in shapes.items()}

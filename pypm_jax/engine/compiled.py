@@ -34,7 +34,15 @@ from ..core.terms import CONST, OpClass, Operator
 from .analysis import OpSpec, _ByIdentity, _calls_self, _Unsupported, root_set
 from .codegen import _generate
 from .machine import MatchRun, RawSolution, _trail_machine
-from .precheck import _SHAPE_DEPTH, _fits, _prefilter, _Shape
+from .precheck import (
+    _DEEP_LIMIT,
+    _SHAPE_DEPTH,
+    _deep_prefilter,
+    _depth,
+    _fits,
+    _prefilter,
+    _Shape,
+)
 
 
 class CompiledPattern:
@@ -47,7 +55,9 @@ class CompiledPattern:
     None for any.
     """
 
-    __slots__ = ("pdef", "backend", "source", "root_ops", "unique", "_first", "_all", "_shape")
+    __slots__ = (
+        "pdef", "backend", "source", "root_ops", "unique", "_first", "_all", "_shape", "_deep",
+    )  # fmt: skip
 
     def __init__(self, pdef: PatternDef, *, backend: str | None = None):
         self.pdef = pdef
@@ -69,11 +79,14 @@ class CompiledPattern:
                     raise _Unsupported("pattern too deep to generate") from None
         if self.backend == "machine":
             self._shape = _prefilter(body)
+            self._deep = _deep_prefilter(body)
             self._all = self._machine_all
             self._first = self._machine_first
 
     def _machine_first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:
         if self._shape is not None and not _fits(self._shape, t):
+            return None
+        if self._deep is not None and not _fits(self._deep, t):
             return None
         for sol in _trail_machine(self.pdef.body, t, run=run):
             return sol
@@ -81,6 +94,8 @@ class CompiledPattern:
 
     def _machine_all(self, t: Any, run: MatchRun | None = None) -> Iterator[RawSolution]:
         if self._shape is not None and not _fits(self._shape, t):
+            return iter(())
+        if self._deep is not None and not _fits(self._deep, t):
             return iter(())
         return _trail_machine(self.pdef.body, t, run=run)
 
@@ -133,6 +148,8 @@ def summary(cp: CompiledPattern) -> dict[str, Any] | None:
         ]
 
     data: dict[str, Any] = {"backend": "machine", "root_ops": None, "shape": shape(cp._shape)}
+    if cp._deep is not None:
+        data["deep"] = _shared(cp._deep)
     if cp.root_ops is not None:
         ops = [r for r in cp.root_ops if isinstance(r, Operator)]
         classes = [r for r in cp.root_ops if isinstance(r, OpClass)]
@@ -193,6 +210,59 @@ def _spec_of(raw: Any, names: frozenset[str], classes: dict[str, OpClass]) -> Op
         None if cls is None else classes[cls],  # (KeyError: a class the pattern does not name)
         pure,
     )
+
+
+def _shared(sh: list) -> list:
+    """A shape as JSON values ``[refs, root]`` with each sub-shape that occurs more than
+    once (equal ones: the deep pre-check reaches one definition on many paths) written once,
+    in ``refs``: a kid is null, a shape, or the index of a ref; a ref reads only refs before
+    it."""
+    keys: dict[int, Any] = {}  # id(sub-shape) -> its structure, as a hashable value
+    uses: dict[Any, int] = {}
+
+    def key(s: list) -> Any:
+        k = keys.get(id(s))
+        if k is None:
+            k = keys[id(s)] = tuple(
+                (
+                    op,
+                    n,
+                    None if kids is None else tuple(None if c is None else key(c) for c in kids),
+                )
+                for op, n, kids in s
+            )
+        uses[k] = uses.get(k, 0) + 1
+        return k
+
+    key(sh)
+    refs: list[Any] = []
+    index: dict[Any, int] = {}
+    written: set[Any] = set()
+
+    def enc(s: _Shape) -> Any:
+        if s is None:
+            return None
+        k = keys[id(s)]
+        i = index.get(k)
+        if i is not None:
+            return i
+        out = [
+            [
+                None if op is None else op.qualname,
+                n,
+                None if kids is None else [enc(c) for c in kids],
+            ]
+            for op, n, kids in s
+        ]
+        if uses[k] == 1 and k not in written:
+            written.add(k)
+            return out
+        index[k] = len(refs)
+        refs.append(out)
+        return len(refs) - 1
+
+    root = enc(sh)
+    return [refs, root]
 
 
 def _operators_of(p: Pattern) -> dict[str, Operator]:
@@ -280,10 +350,14 @@ def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
             return CONST
         return ops[name]  # KeyError: an operator the pattern does not name
 
-    def shape(raw: Any, depth: int) -> _Shape:
+    def shape(raw: Any, depth: int, limit: int = _SHAPE_DEPTH, refs: list | None = None) -> _Shape:
         if raw is None:
             return None
-        if type(raw) is not list or not raw or depth > _SHAPE_DEPTH:
+        if type(raw) is int and refs is not None:  # a shared shape (see _shared)
+            if not 0 <= raw < len(refs) or depth + refs[raw][1] > limit:
+                raise ValueError("not a shape")
+            return refs[raw][0]
+        if type(raw) is not list or not raw or depth > limit:
             raise ValueError("not a shape")
         out = []
         for alt in raw:
@@ -295,9 +369,23 @@ def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
             if kids is not None:
                 if type(kids) is not list or n is None or len(kids) != n:
                     raise ValueError("kids do not match the arity")
-                kids = tuple(shape(k, depth + 1) for k in kids)
+                kids = tuple(shape(k, depth + 1, limit, refs) for k in kids)
             out.append((op_of(name), n, kids))
         return out
+
+    def shared(raw: Any, limit: int) -> _Shape:
+        if raw is None:
+            return None
+        if type(raw) is not list or len(raw) != 2 or type(raw[0]) is not list:
+            raise ValueError("not a shared shape")
+        refs: list[tuple[list, int]] = []
+        depths: dict[int, int] = {}
+        for r in raw[0]:  # each ref read at depth 0 (its own depth is what it adds)
+            s = shape(r, 0, limit, refs)
+            if s is None:
+                raise ValueError("not a shape")
+            refs.append((s, _depth(s, depths)))
+        return shape(raw[1], 0, limit, refs)
 
     try:
         if type(data) is not dict or data.get("backend") != "machine":
@@ -322,6 +410,7 @@ def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
         elif "root_classes" in data or "root_specs" in data:
             return None  # (classes and specs narrow a set of roots; "any root" has none)
         pre = shape(data.get("shape"), 0)
+        deep = shared(data.get("deep"), _DEEP_LIMIT)
     except (KeyError, ValueError, TypeError):
         return None
     if root_ops is not None and None in root_ops:
@@ -333,6 +422,7 @@ def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
     cp.backend = "machine"
     cp.unique = False
     cp._shape = pre
+    cp._deep = deep
     cp._all = cp._machine_all
     cp._first = cp._machine_first
     return _compiled.put(pdef, cp)

@@ -7,7 +7,9 @@ and stack keep a 100 000-deep chain off the Python stack; entering a definition 
 environment instead of copying its body; tabled recursive calls compute their answers
 once (``docs/SEMANTICS.md``, "Tabling"). Where a pattern constrains a variable on its
 spine (``x <= q`` outside alternates), binding x to a term that cannot match q's structure
-ends the branch at once (``_early_shapes``): no solution is lost or moved.
+ends the branch at once (``_early_shapes``), and at an alternate a side the term cannot
+match by its structure (two levels, read from that side alone) is not tried
+(``_alt_checks``): no solution is lost or moved.
 """
 
 from __future__ import annotations
@@ -203,19 +205,31 @@ def _enter(
 ) -> tuple[Pattern, tuple]:
     """ST-Match-Mu: the pattern and context that run one unfolding of a definition."""
     env, _, _, scope = ctx
-    resolved = tuple(env.get(a, a) if isinstance(a, str) else a for a in args)
-    info = _body_info(body)
+    hit = _body_info.entries.get(id(body))  # (_body_info(body), inline: ~45 entries a match)
+    info = hit[1] if hit is not None and hit[0] is body else _body_info(body)
     if info.shared:  # ambiguous ∃ offsets: unfold it the reference's way
+        resolved = tuple(env.get(a, a) if isinstance(a, str) else a for a in args)
         q = unfold(PMu(name, params, resolved, body), _CellFresh(cell))
         return q, ({}, None, 0, scope)
-    new_env = {x.name: y for x, y in zip(params, resolved, strict=True)}
-    for v in info.pvars:
-        op = new_env.get(v)
-        if isinstance(op, Operator):
-            raise TypeError(f"term variable {v} instantiated with operator {op.name}")
+    new_env = {}
+    operators = False  # (an argument is a name or an operator)
+    for x, a in zip(params, args, strict=True):
+        if isinstance(a, str):
+            a = env.get(a, a)
+        if not isinstance(a, str):
+            operators = True
+        new_env[x.name] = a
+    if operators:
+        for v in info.pvars:
+            op = new_env.get(v)
+            if isinstance(op, Operator):
+                raise TypeError(f"term variable {v} instantiated with operator {op.name}")
     base = cell[0]
     cell[0] = base + info.count
-    return body, (new_env, info, base, {**scope, name: (params, body)})
+    known = scope.get(name)  # (a recursive call: its scope already holds the definition)
+    if known is None or known[0] is not params or known[1] is not body:
+        scope = {**scope, name: (params, body)}
+    return body, (new_env, info, base, scope)
 
 
 # Tabling (see ``docs/SEMANTICS.md``, "Tabling"): two more actions. ``replay`` gives the
@@ -408,6 +422,31 @@ def _make_early_checks(body: Pattern) -> dict[str, Callable[[Any], bool]] | None
 _early = _ByIdentity(_make_early_checks)
 
 
+# Look-ahead at alternates: per alternate ``p ‖ q``, the structural shape (two levels) every
+# term that p (q) matches has, read from p alone; where the term cannot match one side,
+# that side is not tried. No solution is lost or moved; only in patterns whose matching
+# never raises (a skipped side cannot have raised).
+_ALT_DEPTH = 2
+_ALT_BUDGET = 400
+
+
+def _make_alt_checks(alt: PAlt) -> tuple:
+    from .precheck import _fits, _shape
+
+    checks = []
+    for side in (alt.left, alt.right):
+        try:
+            shape = _shape(side, _ALT_DEPTH, [_ALT_BUDGET], None, [1], _TOP_CTX)
+        except RecursionError:
+            shape = None
+        checks.append(None if shape is None else functools.partial(_fits, shape))
+    return tuple(checks)
+
+
+_alt_checks = _ByIdentity(_make_alt_checks)
+_looks_ahead = _ByIdentity(_error_free)
+
+
 def _machine(
     body: Pattern,
     t0: Any,
@@ -463,6 +502,8 @@ def _machine(
     # early refusals at the top of a pattern (not where generated code runs a recursive
     # sub-pattern, a μ); none where explain watches the reference's transitions
     early = None if _OBSERVED or type(body) is PMu else _early(body)
+    look = not _OBSERVED and _looks_ahead(body)
+    alts = _alt_checks.entries
 
     while True:
         steps += 1
@@ -524,8 +565,22 @@ def _machine(
                         if _OBSERVED:
                             observer.fail("match", a, t, theta, phi)
                 elif cls is PAlt:
-                    stack.append((len(trail), len(struct), ((_MATCH, a.right, t, ctx), k)))
-                    k = ((_MATCH, a.left, t, ctx), k)
+                    if look:
+                        hit = alts.get(id(a))
+                        left, right = hit[1] if hit is not None and hit[0] is a else _alt_checks(a)
+                        if left is not None and not left(t):
+                            if right is None or right(t):
+                                k = ((_MATCH, a.right, t, ctx), k)
+                            else:
+                                ok = False
+                        elif right is not None and not right(t):
+                            k = ((_MATCH, a.left, t, ctx), k)
+                        else:
+                            stack.append((len(trail), len(struct), ((_MATCH, a.right, t, ctx), k)))
+                            k = ((_MATCH, a.left, t, ctx), k)
+                    else:
+                        stack.append((len(trail), len(struct), ((_MATCH, a.right, t, ctx), k)))
+                        k = ((_MATCH, a.left, t, ctx), k)
                     if _OBSERVED:
                         observer.choice()
                 elif cls is PGuard:

@@ -1,8 +1,15 @@
-"""The structural pre-check in front of the machine.
+"""The structural pre-checks in front of the machine.
 
 The operators and arities a match must have at its root and the four levels below
 (``x <= q`` constraints included), computed once per pattern; a term that fails it has no
 match, so the machine is not started.
+
+The deep pre-check looks further along fewer paths: where a pattern constrains a variable
+on its spine (the machine's early refusals, :func:`pypm_jax.engine.machine._early_shapes`),
+the paths from the root down to the places that variable is matched, up to eight levels,
+each ending in the shape its term must have. An attention whose logits are spelt another
+way (a bias where the pattern wants a scale) is refused there, before the softmax above
+the logits is matched once per spelling of it.
 """
 
 from __future__ import annotations
@@ -23,8 +30,8 @@ from ..core.calculus import (
     PVar,
 )
 from ..core.terms import CONST, Operator
-from .analysis import _error_free
-from .machine import _TOP_CTX, _enter
+from .analysis import _def_facts, _error_free
+from .machine import _EARLY_DEPTH, _TOP_CTX, _early_shapes, _enter
 
 # A shape: None (any term) or a list of alternatives (op or None, arity or None, kids), kids
 # being None (not looked at) or one shape per input. A necessary condition for a match.
@@ -114,13 +121,19 @@ def _shape(
 
 
 def _fits(shape: list, t: Any) -> bool:
+    top = t.op
     for op, n, kids in shape:
-        if op is not None and t.op is not op:
+        if op is not None and top is not op:
             continue
         ins = t.inputs
         if n is not None and len(ins) != n:
             continue
-        if kids is None or all(k is None or _fits(k, i) for k, i in zip(kids, ins, strict=True)):
+        if kids is None:
+            return True
+        for k, i in zip(kids, ins, strict=True):  # (kids only with an arity: n inputs)
+            if k is not None and not _fits(k, i):
+                break
+        else:
             return True
     return False
 
@@ -137,3 +150,165 @@ def _prefilter(body: Pattern) -> list | None:
     if shape is None or all(kids is None for _, _, kids in shape):
         return None  # the root operator index already does this much
     return shape
+
+
+# The deep pre-check: levels it follows a path down (the focus's own shape adds up to
+# machine._EARLY_DEPTH more), pattern nodes one computation may visit, and how often a
+# path enters one definition (a recursive one, such as attention's Probs, would otherwise
+# repeat its alternates at every level: a cast of a cast of the probabilities is left to
+# the machine).
+_DEEP_DEPTH = 8
+_DEEP_BUDGET = 4000
+_DEEP_REENTRY = 2
+_DEEP_LIMIT = _DEEP_DEPTH + _EARLY_DEPTH  # the deepest level a deep shape looks at
+
+
+class _OverBudget(Exception):
+    pass
+
+
+def _focus(
+    p: Pattern,
+    depth: int,
+    budget: list[int],
+    cons: Any,
+    cell: list[int],
+    ctx: tuple,
+    focus: dict[str, list],
+    path: tuple = (),
+) -> tuple[_Shape, bool]:
+    """``_shape`` along the paths to the variables of ``focus`` (variable -> the shape its
+    term has in every solution): (a necessary shape, or None; does it reach a focus).
+
+    An application keeps one input's shape, the first that reaches a focus, and drops the
+    others' (any term); an application cut off by the depth is its operator alone, and a
+    definition none of whose arguments is a focus or a constrained variable is not
+    entered (a closed definition reaches a focus only through them), nor one the path
+    entered ``_DEEP_REENTRY`` times."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _OverBudget
+    cls = type(p)
+    if cls is PExists:
+        env, info, base, scope = ctx
+        if info is not None:  # in an entered body: the ∃'s fresh name (as in _shape)
+            var = p.var
+            name = f"{var.split('#', 1)[0]}#{base + info.offsets[id(p)]}"
+            if name != env.get(var, var):
+                ctx = ({**env, var: name}, info, base, scope)
+        return _focus(p.body, depth, budget, cons, cell, ctx, focus, path)
+    if cls is PConstr:
+        cons = (ctx[0].get(p.var, p.var), (p.constraint, ctx), cons)
+        return _focus(p.pat, depth, budget, cons, cell, ctx, focus, path)
+    if cls is PApp or cls is PFunVar:
+        if cls is PApp:
+            op = p.op
+        else:
+            f = ctx[0].get(p.var, p.var)
+            op = f if isinstance(f, Operator) else None
+        args = p.args
+        n = len(args)
+        if depth > 0:
+            for i, a in enumerate(args):
+                kid, hit = _focus(a, depth - 1, budget, cons, cell, ctx, focus, path)
+                if hit:
+                    return [(op, n, (None,) * i + (kid,) + (None,) * (n - i - 1))], True
+        return [(op, n, None)], False
+    if cls is PVar:
+        key = ctx[0].get(p.name, p.name)
+        shape = focus.get(key) if type(key) is str else None
+        if shape is not None:
+            return shape, True
+        link = cons
+        while link is not None and not (link[0] is key or link[0] == key):
+            link = link[2]
+        if link is None or link[1] is None:
+            return None, False
+        q, q_ctx = link[1]
+        return _focus(q, depth, budget, (key, None, cons), cell, q_ctx, focus, path)
+    if cls is PGuard:
+        return _focus(p.pat, depth, budget, cons, cell, ctx, focus, path)
+    if cls is PAlt:
+        a, hit_a = _focus(p.left, depth, budget, cons, cell, ctx, focus, path)
+        if a is None:
+            return None, False
+        b, hit_b = _focus(p.right, depth, budget, cons, cell, ctx, focus, path)
+        if b is None or len(a) + len(b) > _SHAPE_ALTS:
+            return None, False
+        return a + b, hit_a or hit_b
+    if cls is PMu or cls is PCall:
+        if cls is PMu:
+            params, body = p.params, p.body
+        else:
+            definition = ctx[3].get(p.name)
+            if definition is None:
+                return None, False
+            params, body = definition
+        closed, free, _, _ = _def_facts(p.name, params, body)
+        if (
+            closed
+            and free <= {p.name}
+            and not any(_may_reach(a, ctx[0], cons, focus) for a in p.args)
+        ):
+            return None, False
+        if path.count(p.name) >= _DEEP_REENTRY:
+            return None, False
+        try:
+            q, inner = _enter(p.name, params, p.args, body, ctx, cell)
+        except TypeError:
+            return None, False
+        return _focus(q, depth, budget, cons, cell, inner, focus, (*path, p.name))
+    return None, False  # PConst: nothing to follow
+
+
+def _may_reach(arg: Any, env: dict, cons: Any, focus: dict[str, list]) -> bool:
+    """Can a definition's parameter bound to ``arg`` lead to a focus: is ``arg`` one, or a
+    variable with a constraint (whose pattern may)?"""
+    if not isinstance(arg, str):
+        return False  # an operator
+    key = env.get(arg, arg)
+    if type(key) is not str:
+        return False
+    if key in focus:
+        return True
+    link = cons
+    while link is not None:
+        if link[0] is key or link[0] == key:
+            return link[1] is not None
+        link = link[2]
+    return False
+
+
+def _deep_prefilter(body: Pattern) -> list | None:
+    """The deep pre-check of ``body`` (see the module's docstring): a shape every match's
+    root fits, or None where there is none beyond the depth of :func:`_prefilter`'s."""
+    try:
+        if not _error_free(body):
+            return None
+        focus = _early_shapes(body)
+        if not focus:
+            return None
+        shape, hit = _focus(body, _DEEP_DEPTH, [_DEEP_BUDGET], None, [1], _TOP_CTX, focus)
+    except (RecursionError, _OverBudget):
+        return None
+    if shape is None or not hit or _depth(shape) <= _SHAPE_DEPTH:
+        return None  # (no deeper than the pre-check: it decides as much)
+    return shape
+
+
+def _depth(shape: _Shape, memo: dict[int, int] | None = None) -> int:
+    """Levels below the root a shape looks at (-1: none). ``memo`` (per shape object) keeps
+    a shape that shares sub-shapes linear to measure."""
+    if shape is None:
+        return -1
+    if memo is None:
+        memo = {}
+    known = memo.get(id(shape))
+    if known is not None:
+        return known
+    deepest = 0
+    for _, _, kids in shape:
+        if kids is not None:
+            deepest = max(deepest, 1 + max(_depth(k, memo) for k in kids))
+    memo[id(shape)] = deepest
+    return deepest

@@ -33,6 +33,7 @@ from pypm_jax.core.errors import PatternDefinitionError
 from pypm_jax.core.graph import Graph
 from pypm_jax.core.terms import OpClass, Operator, const, leaf
 from pypm_jax.engine import codegen as _codegen
+from pypm_jax.engine import compiled as _compiled
 from pypm_jax.engine import fast as _fast
 from pypm_jax.engine import machine as _trail
 from pypm_jax.engine import precheck as _precheck
@@ -618,7 +619,11 @@ def test_early_refusal_cuts_the_search_the_solutions_stay():
         steps = {}
         for name, early in (("early", _trail._early), ("none", no_early)):
             run = MatchRun()
-            with mock.patch.object(_trail, "_early", early):
+            # (the deep pre-check, which refuses x's term before the machine starts, off)
+            with (
+                mock.patch.object(_trail, "_early", early),
+                mock.patch.object(_compiled, "_deep_prefilter", lambda body: None),
+            ):
                 cp = CompiledPattern(p, backend="machine")
                 sols = [(th, ph) for th, ph, _ in cp.solutions(t, run)]
             assert sols == _reference(p, t) and len(sols) == found
@@ -627,6 +632,11 @@ def test_early_refusal_cuts_the_search_the_solutions_stay():
             assert steps["early"] == steps["none"]  # (nothing to cut)
         else:  # refused where x is bound, before the chain
             assert 2 * steps["early"] < steps["none"], steps
+        # with the deep pre-check: the machine does not start where x's term cannot match
+        run = MatchRun()
+        cp = CompiledPattern(p, backend="machine")
+        assert cp._deep is not None
+        assert len(list(cp.solutions(t, run))) == found and (run.steps == 0) == (not found)
 
 
 def test_branchy_patterns_run_generator_functions_with_early_refusals():
