@@ -32,7 +32,7 @@ from ..core.match import Match
 from ..core.terms import CONST, OpClass, Operator
 from .analysis import _ByIdentity, _calls_self, _Unsupported, root_set
 from .codegen import _generate
-from .machine import MatchRun, RawSolution, _trail_machine
+from .machine import _EXACT, MatchRun, RawSolution, _pre_guards, _trail_machine
 from .precheck import _SHAPE_DEPTH, _fits, _prefilter, _Shape
 
 
@@ -46,7 +46,9 @@ class CompiledPattern:
     None for any.
     """
 
-    __slots__ = ("pdef", "backend", "source", "root_ops", "unique", "_first", "_all", "_shape")
+    __slots__ = (
+        "pdef", "backend", "source", "root_ops", "unique", "_first", "_all", "_shape", "_pre"
+    )  # fmt: skip
 
     def __init__(self, pdef: PatternDef, *, backend: str | None = None):
         self.pdef = pdef
@@ -68,12 +70,19 @@ class CompiledPattern:
                     raise _Unsupported("pattern too deep to generate") from None
         if self.backend == "machine":
             self._shape = _prefilter(body)
+            self._pre = _UNSET
             self._all = self._machine_all
             self._first = self._machine_first
 
     def _machine_first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:
         if self._shape is not None and not _fits(self._shape, t):
             return None
+        pre = self._pre
+        if pre is not None:
+            if pre is _UNSET:
+                pre = self._pre = _pre_guards(self.pdef.body)
+            if pre is not None and pre.refuse(t, _EXACT if run is None else run):
+                return None
         for sol in _trail_machine(self.pdef.body, t, run=run):
             return sol
         return None
@@ -81,6 +90,12 @@ class CompiledPattern:
     def _machine_all(self, t: Any, run: MatchRun | None = None) -> Iterator[RawSolution]:
         if self._shape is not None and not _fits(self._shape, t):
             return iter(())
+        pre = self._pre
+        if pre is not None:
+            if pre is _UNSET:
+                pre = self._pre = _pre_guards(self.pdef.body)
+            if pre is not None and pre.refuse(t, _EXACT if run is None else run):
+                return iter(())
         return _trail_machine(self.pdef.body, t, run=run)
 
     def first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:
@@ -103,6 +118,7 @@ class CompiledPattern:
 
 
 _compiled = _ByIdentity(CompiledPattern)
+_UNSET: Any = object()  # ``CompiledPattern._pre`` not worked out yet (it is at the first match)
 
 
 # ------------------------------------------------------- summaries of compiled patterns
@@ -270,6 +286,7 @@ def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
     cp.backend = "machine"
     cp.unique = False
     cp._shape = pre
+    cp._pre = _UNSET
     cp._all = cp._machine_all
     cp._first = cp._machine_first
     return _compiled.put(pdef, cp)

@@ -323,6 +323,7 @@ guarded_pattern = _ByIdentity(_guarded)  # one per rule object, so compiled once
 
 
 _CONST_DEPTH = 8  # how deep constant_only looks for literals
+_OUTSIDE_SEARCH = 64  # nodes ``outside`` visits at most
 
 
 def _interpreted_guard(g: Any) -> Any:
@@ -390,6 +391,9 @@ class _Driver:
         # per rule: does its matcher go on from its first solution to the rest (the machine
         # runs one enumeration; generated code finds the first solution more cheaply alone)
         self.resumable = [self.fast and cp.backend == "machine" for cp in matcher.compiled]
+        # do the ranks (``rank``) still grow along every edge? (then a reader ranked after a
+        # root is no node of any match there: :meth:`doomed`)
+        self.ranks_ok = True
         self.pos = 0
         self.started = self.last_log = time.monotonic()
 
@@ -577,13 +581,54 @@ class _Driver:
             return False
         params = self.params[ri]
         seen = {tuple(id((phi if op else theta).get(name)) for name, op in params)}
+        mrun = self.mrun
+        single = self.rules[ri].single_use and self.fast
         try:
+            if single and v.node.id in self.blocked:
+                mrun.forbid = self.doomed(v)  # (see below)
             if rest is None:
-                mrun = self.mrun
                 mrun.steps = 0
                 rest = cp.solutions(v, mrun)
-                next(rest, None)  # the first solution again
+                if mrun.forbid is None:
+                    next(rest, None)  # the first solution again (else its key skips it)
             for sol in rest:
+                theta, phi, _ = sol
+                key = tuple(id((phi if op else theta).get(name)) for name, op in params)
+                if key in seen:
+                    continue
+                seen.add(key)
+                if mrun.forbid is not None:
+                    if self.fire_branch(ri, v, sol, pos, probe=True):
+                        mrun.forbid = None
+                        return self.try_all(ri, cp, v, pos)
+                    continue
+                if self.fire_branch(ri, v, sol, pos):
+                    return True
+                if single and v.node.id in self.blocked:
+                    mrun.forbid = self.doomed(v)  # (read by the machine from its next step)
+        except MatchBudgetError as exc:  # (nothing fired: a firing ends the search)
+            self.give_up(ri, v, exc)
+        finally:
+            mrun.forbid = None
+        return False
+
+    # Single use refused a match at a root: the root is blocked (revisited once something
+    # is removed). Every further match there covering a *doomed* value (:meth:`doomed`) is
+    # refused too and changes nothing, so the search goes on without them (``forbid``). A
+    # search left without them is not the same sequence with some solutions taken out: the
+    # driver drops a solution whose parameters repeat an earlier one's, and the earlier one
+    # may have been left out. So a solution that would fire there is not fired: the rule's
+    # search runs again in full (:meth:`try_all`), which fires what the full search fires.
+
+    def try_all(self, ri: int, cp: CompiledPattern, v: Value, pos: int) -> bool:
+        """``try_rule`` from the start, nothing left out: every solution in order, repeated
+        parameters dropped, until one fires."""
+        params = self.params[ri]
+        seen: set[tuple] = set()
+        mrun = self.mrun
+        mrun.steps = 0
+        try:
+            for sol in cp.solutions(v, mrun):
                 theta, phi, _ = sol
                 key = tuple(id((phi if op else theta).get(name)) for name, op in params)
                 if key in seen:
@@ -591,16 +636,123 @@ class _Driver:
                 seen.add(key)
                 if self.fire_branch(ri, v, sol, pos):
                     return True
-        except MatchBudgetError as exc:  # (nothing fired: a firing ends the search)
+        except MatchBudgetError as exc:
             self.give_up(ri, v, exc)
         return False
 
-    def fire_branch(self, ri: int, v: Value, sol: tuple, pos: int) -> bool:
+    def rank(self, node: Node) -> tuple[int, int] | None:
+        """The node's place in an order in which, while ``ranks_ok``, every node comes after
+        the nodes it reads: an original node's (major, 0), a node a rewrite made its (major,
+        minor) (see the sweep); nodes that read nothing first. None: not known."""
+        if not node.inputs:
+            return (-1, 0)
+        made = self.new_rank.get(node.id)
+        if made is not None:
+            return made
+        nid = node.id
+        if nid >= self.mark0:
+            return None
+        return (nid, 0) if self.rank_of is None else (self.rank_of[nid], 0)
+
+    def ranks_grow(self, nodes: Iterable[Node]) -> bool:
+        """Does each live node of ``nodes`` rank after every node it reads?"""
+        rank = self.rank
+        for n in nodes:
+            if not n.alive:
+                continue
+            mine = rank(n)
+            if mine is None:
+                return False
+            for v in n.inputs:
+                theirs = rank(v.node)
+                if theirs is None or not theirs < mine:
+                    return False
+        return True
+
+    def doomed(self, root: Value) -> Callable[[Value], bool] | None:
+        """A predicate on values: does every match at ``root`` that covers this value have
+        single use refuse it? True of a value whose node is not the root's, not a graph
+        input, a literal or computed from literals alone (``constant_only``), not
+        ``shareable``, and has an output that is a graph output or is read by a node that
+        the root does not read, directly or not (:meth:`outside`). A match covers the root
+        and values it reads, so such an output has a reader outside every match there, and
+        nothing makes it cheap to share. None where the ranks cannot tell (``ranks_ok`` is
+        false: a rewrite made a node read one ranked after it)."""
+        if not self.ranks_ok:
+            return None
+        rnode = root.node
+        top = self.rank(rnode)
+        if top is None:
+            return None
+        g, shareable = self.g, self.shareable
+        memo: dict[int, bool] = {}
+        away: dict[int, bool] = {}  # reader node id -> outside (the root does not read it)
+
+        def doomed(t: Value) -> bool:
+            n = t.node
+            hit = memo.get(n.id)
+            if hit is not None:
+                return hit
+            out = False
+            if n is not rnode and n.op is not CONST and n.inputs:
+                for w in n.outputs:
+                    escapes = g.is_output(w)
+                    if not escapes:
+                        for u in g.users(w):
+                            far = away.get(u.id)
+                            if far is None:
+                                far = away[u.id] = self.outside(u, rnode, top)
+                            if far:
+                                escapes = True
+                                break
+                    if escapes:
+                        out = not self.constant_only(n) and (shareable is None or not shareable(n))
+                        break
+            memo[n.id] = out
+            return out
+
+        return doomed
+
+    def outside(self, u: Node, rnode: Node, top: tuple[int, int]) -> bool:
+        """Is ``u`` (not ``rnode``) a node ``rnode`` does not read, directly or not? Ranks
+        grow along every edge (``ranks_ok``), so a node ranked after the root is one, and
+        otherwise the nodes reading ``u`` are searched, those ranked before the root only
+        (a path from ``u`` to the root runs through such nodes), at most
+        ``_OUTSIDE_SEARCH`` of them (past that: False, not known)."""
+        rank = self.rank
+        mine = rank(u)
+        if mine is None:
+            return False
+        if mine > top:
+            return True
+        users = self.g.users
+        stack, seen = [u], {u.id}
+        while stack:
+            x = stack.pop()
+            for w in x.outputs:
+                for y in users(w):
+                    if y is rnode:
+                        return False
+                    if y.id in seen:
+                        continue
+                    theirs = rank(y)
+                    if theirs is None or len(seen) >= _OUTSIDE_SEARCH:
+                        return False
+                    if theirs < top:
+                        seen.add(y.id)
+                        stack.append(y)
+        return True
+
+    def fire_branch(self, ri: int, v: Value, sol: tuple, pos: int, probe: bool = False) -> bool:
         """Fire the rule's first branch whose guard holds on the solution ``sol``; False
-        when none holds or single use refuses the match."""
+        when none holds or single use refuses the match. ``probe``: only say whether it
+        would fire (a guard holds and single use lets the match through), changing nothing."""
         theta, phi, struct = sol
         for branch, holds, build in self.branches[ri]:
             if self.checked[ri] or holds(theta, phi):  # (the matcher checked it: once is enough)
+                if probe:
+                    rule = self.rules[ri]
+                    return not rule.single_use or self.unshared(v, self.covered(v, struct))
                 return self.fire(self.rules[ri], v, theta, phi, branch, build, struct, pos)
         return False
 
@@ -814,6 +966,8 @@ class _Driver:
                 if (wild or n.op in table) and n.alive:  # (else no rule can start at it)
                     queued.add(nid)
                     heapq.heappush(heap, (major, m, nid, n))
+        if self.ranks_ok:  # (the edges this rewrite made: the new nodes' and the touched')
+            self.ranks_ok = self.ranks_grow(itertools.chain(created, touched))
         if touched:
             self.requeue(touched, pos)
         if rnode.alive:  # x → f(x): x lives on, read by f(x) only
