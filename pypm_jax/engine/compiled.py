@@ -77,26 +77,32 @@ class CompiledPattern:
     def _machine_first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:
         if self._shape is not None and not _fits(self._shape, t):
             return None
+        held = 0
         pre = self._pre
         if pre is not None:
             if pre is _UNSET:
                 pre = self._pre = _pre_guards(self.pdef.body)
-            if pre is not None and pre.refuse(t, _EXACT if run is None else run):
-                return None
-        for sol in _trail_machine(self.pdef.body, t, run=run):
+            if pre is not None:
+                held = pre.check(t, _EXACT if run is None else run)
+                if held is None:
+                    return None
+        for sol in _trail_machine(self.pdef.body, t, run=run, held=held):
             return sol
         return None
 
     def _machine_all(self, t: Any, run: MatchRun | None = None) -> Iterator[RawSolution]:
         if self._shape is not None and not _fits(self._shape, t):
             return iter(())
+        held = 0
         pre = self._pre
         if pre is not None:
             if pre is _UNSET:
                 pre = self._pre = _pre_guards(self.pdef.body)
-            if pre is not None and pre.refuse(t, _EXACT if run is None else run):
-                return iter(())
-        return _trail_machine(self.pdef.body, t, run=run)
+            if pre is not None:
+                held = pre.check(t, _EXACT if run is None else run)
+                if held is None:
+                    return iter(())
+        return _trail_machine(self.pdef.body, t, run=run, held=held)
 
     def first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:
         """The machine's first (θ, φ, matched terms) at ``t``, or None."""

@@ -420,8 +420,9 @@ _early = _ByIdentity(_make_early_checks)
 # and check guards. A guard there that reads only variables bound to the root is evaluated
 # on the root alone, and when it fails the machine stops with no solution, having done
 # nothing else. So these guards, evaluated in that order before the machine starts, tell
-# that the run would find nothing (``CompiledPattern`` does, in front of the machine): the
-# same guards are evaluated in the same order, and the machine is not started for nothing.
+# that the run would find nothing (``CompiledPattern`` does, in front of the machine), and
+# where they hold the machine takes them as held (``held``): the same guards are evaluated,
+# once, in the same order, and the machine is not started for nothing.
 _PREFIX_STEPS = 64
 
 
@@ -437,16 +438,17 @@ class _PreGuards:
         self.items = items
         self.steps = steps
 
-    def refuse(self, t: Any, run: MatchRun) -> bool:
-        """Does a guard before the first choice fail at ``t`` (the machine would stop there
-        with no solution)? False also where the machine would reach its step budget first
-        (the machine runs then, and raises)."""
+    def check(self, t: Any, run: MatchRun) -> int | None:
+        """None where a guard before the first choice fails at ``t`` (the machine would stop
+        there with no solution), else how many of them hold (the machine, run next, takes
+        them as held): 0 where the machine would reach its step budget first (it runs and
+        raises)."""
         if run.budget is not None and run.steps + self.steps >= run.budget:
-            return False
+            return 0
         for holds, env, names in self.items:
             if not holds(dict.fromkeys(names, t), {}, env):
-                return True
-        return False
+                return None
+        return len(self.items)
 
 
 def _find_pre_guards(body: Pattern) -> _PreGuards | None:
@@ -536,6 +538,7 @@ def _machine(
     cell: list[int] | None = None,
     run: MatchRun | None = None,
     observer: Observer | None = None,
+    held: int = 0,
 ) -> Iterator[RawSolution]:
     """The paper's machine with a trail: yields ``(θ, φ, matched terms)`` per solution.
 
@@ -545,6 +548,8 @@ def _machine(
     recursive sub-pattern passes the arguments it has bound); ``cell`` is the fresh-name
     counter ``[next number]``, shared with that code; ``run`` counts steps (budget, progress)
     and says whether solutions are kept per parameters only (``MatchRun.distinct``).
+    ``held``: the first guards the run reaches are known to hold, checked before it started
+    (:class:`_PreGuards`), and are not evaluated again.
 
     ST-Match-Mu does not copy the body: entering ``μP(xs)[ys]. p`` makes a context whose
     environment maps ``xs`` to ``ys`` (and each ∃ met later to its fresh name), and every
@@ -736,7 +741,10 @@ def _machine(
                 else:
                     raise TypeError(f"not a pattern: {a!r}")
             elif tag == _GUARD:
-                ok = _env_guard(a)(theta, phi, ctx[0])
+                if held:  # (one of the guards checked before the run: it holds)
+                    held -= 1
+                else:
+                    ok = _env_guard(a)(theta, phi, ctx[0])
                 if _OBSERVED:
                     if ok:
                         observer.step("guard", b, None, theta, phi)

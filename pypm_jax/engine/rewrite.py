@@ -319,6 +319,29 @@ def _guarded(rule: RuleDef) -> PatternDef:
 guarded_pattern = _ByIdentity(_guarded)  # one per rule object, so compiled once
 
 
+def _reads_params(rule: RuleDef) -> bool:
+    """Do ``rule``'s branch guards read its pattern's parameters only?"""
+    names: set[str] = set()
+    for b in rule.branches:
+        _expr_names(b.guard, names)
+    return names <= {p.name for p in rule.pattern.params}
+
+
+def _result_vars(rhs: Rhs) -> list[str]:
+    """The variables a rule result reads (its ``RVar`` s)."""
+    found: list[str] = []
+    stack = [rhs]
+    while stack:
+        r = stack.pop()
+        if type(r) is RVar:
+            found.append(r.name)
+        elif type(r) is RApp:
+            stack.extend(r.args)
+        elif type(r) is RTuple:
+            stack.extend(r.items)
+    return found
+
+
 # ---------------------------------------------------------------------------- the driver
 
 
@@ -391,6 +414,14 @@ class _Driver:
         # per rule: does its matcher go on from its first solution to the rest (the machine
         # runs one enumeration; generated code finds the first solution more cheaply alone)
         self.resumable = [self.fast and cp.backend == "machine" for cp in matcher.compiled]
+        self.compiled = matcher.compiled
+        # per rule: does its search leave out doomed matches from the start (``doomed``)?
+        # Single-use rules whose guards read parameters only: a left-out match's guard is
+        # that of the match with its parameters the search goes on to (if any)
+        self.prunable = [self.fast and r.single_use and _reads_params(r) for r in rules]
+        # roots where such a search left something out and nothing blocked them: whether the
+        # full search would have is decided before the graph next changes (``decide``)
+        self.undecided: dict[int, tuple[Node, list[int]]] = {}
         # do the ranks (``rank``) still grow along every edge? (then a reader ranked after a
         # root is no node of any match there: :meth:`doomed`)
         self.ranks_ok = True
@@ -457,7 +488,7 @@ class _Driver:
         n_order = len(order)
         fast, is_read, try_rule = self.fast, g.is_read, self.try_rule
         rank_of = self.rank_of
-        resumable = self.resumable
+        resumable, prunable = self.resumable, self.prunable
         visits = pos = 0
         next_check = _PROGRESS_STRIDE
         mrun, over = self.mrun, self.over_budget
@@ -489,10 +520,15 @@ class _Driver:
                 continue
             # the common case, inlined: a single-output node, the compiled patterns
             v = node.outputs[0]
+            doomed: Any = None  # (made for the node's first prunable rule: see ``doomed``)
             for ri, _, cp in cands:
                 if over and (ri, node.id) in over:
                     continue
                 mrun.steps = 0
+                if prunable[ri]:
+                    if doomed is None:
+                        doomed = (is_read(v) and self.doomed(v)) or False
+                    mrun.forbid = doomed or None
                 try:
                     if resumable[ri]:  # (the machine: its first solution, and the rest)
                         rest = cp._all(v, mrun)
@@ -501,15 +537,30 @@ class _Driver:
                         rest = None
                         first = cp._first(v, mrun)
                 except MatchBudgetError as exc:
+                    mrun.forbid = None
                     self.give_up(ri, v, exc)
+                    if doomed and doomed.hits[0]:
+                        self.left_out(ri, node, doomed)
                     continue
                 if first is not None:
                     if not is_read(v):
                         break  # nothing reads it: nothing to rewrite (asked only now, as
                         # reading a value's users is one more object to fetch per node)
                     if try_rule(ri, cp, v, first, pos, rest):
+                        mrun.forbid = None
                         break
+                mrun.forbid = None
+                if doomed and doomed.hits[0]:
+                    self.left_out(ri, node, doomed)
         self.visits = visits
+
+    def left_out(self, ri: int, node: Node, doomed: Any) -> None:
+        """Rule ``ri``'s search at ``node`` left out doomed matches and fired nothing: unless
+        the node is blocked already, whether the full search would have blocked it is
+        decided later (:meth:`decide`)."""
+        doomed.hits[0] = 0
+        if node.id not in self.blocked:
+            self.undecided.setdefault(node.id, (node, []))[1].append(ri)
 
     def major(self, node: Node) -> int:
         new = self.new_rank.get(node.id)
@@ -571,20 +622,25 @@ class _Driver:
         solution is tried). ``rest``: the solutions after ``first``, where the matcher that
         found it can go on (the machine); else they are found again from the start."""
         theta, phi, struct = first
-        if self.checked[ri]:  # (``fire_branch``, inline: the matcher checked the guard)
+        mrun = self.mrun
+        if mrun.forbid is not None and mrun.forbid.hits[0]:  # (matches left out: see below)
+            if self.fire_branch(ri, v, first, pos, probe=True):
+                mrun.forbid = None
+                return self.try_all(ri, cp, v, pos)
+        elif self.checked[ri]:  # (``fire_branch``, inline: the matcher checked the guard)
             branch, _, build = self.branches[ri][0]
             if self.fire(self.rules[ri], v, theta, phi, branch, build, struct, pos):
                 return True
         elif self.fire_branch(ri, v, first, pos):
             return True
         if cp.unique:
+            mrun.forbid = None
             return False
         params = self.params[ri]
         seen = {tuple(id((phi if op else theta).get(name)) for name, op in params)}
-        mrun = self.mrun
         single = self.rules[ri].single_use and self.fast
         try:
-            if single and v.node.id in self.blocked:
+            if mrun.forbid is None and single and v.node.id in self.blocked:
                 mrun.forbid = self.doomed(v)  # (see below)
             if rest is None:
                 mrun.steps = 0
@@ -597,7 +653,7 @@ class _Driver:
                 if key in seen:
                     continue
                 seen.add(key)
-                if mrun.forbid is not None:
+                if mrun.forbid is not None and mrun.forbid.hits[0]:
                     if self.fire_branch(ri, v, sol, pos, probe=True):
                         mrun.forbid = None
                         return self.try_all(ri, cp, v, pos)
@@ -612,13 +668,24 @@ class _Driver:
             mrun.forbid = None
         return False
 
-    # Single use refused a match at a root: the root is blocked (revisited once something
-    # is removed). Every further match there covering a *doomed* value (:meth:`doomed`) is
-    # refused too and changes nothing, so the search goes on without them (``forbid``). A
-    # search left without them is not the same sequence with some solutions taken out: the
-    # driver drops a solution whose parameters repeat an earlier one's, and the earlier one
-    # may have been left out. So a solution that would fire there is not fired: the rule's
-    # search runs again in full (:meth:`try_all`), which fires what the full search fires.
+    # Leaving out doomed matches. A match at a root that covers a *doomed* value
+    # (:meth:`doomed`) is one single use refuses, so no such match fires; the search goes on
+    # without them (``MatchRun.forbid``). What else a refusal does, the search must still do:
+    #
+    # * once a match was left out, a solution that would fire is not fired: a search
+    #   without the doomed matches is not the full sequence with some solutions taken out
+    #   (the driver drops a solution whose parameters repeat an earlier one's, and the
+    #   earlier one may have been left out), so the rule's search runs again in full
+    #   (:meth:`try_all`), and fires what that fires (until one is left out, the search is
+    #   the full one: its solutions fire as usual);
+    # * a refusal of a match whose branch guard holds blocks the root (it is revisited once
+    #   something is removed). Once the root is blocked, leaving out more changes nothing:
+    #   every rule leaves doomed matches out after a refusal there. A single-use rule whose
+    #   guards read its parameters only (``prunable``) leaves them out from the start: a
+    #   match it keeps blocks the root as the full search's match with its parameters would
+    #   (their guards agree); where it left some out and the root is not blocked, the full
+    #   search decides (:meth:`decide`), once, before the graph next changes, unless that
+    #   change removes the root.
 
     def try_all(self, ri: int, cp: CompiledPattern, v: Value, pos: int) -> bool:
         """``try_rule`` from the start, nothing left out: every solution in order, repeated
@@ -639,6 +706,92 @@ class _Driver:
         except MatchBudgetError as exc:
             self.give_up(ri, v, exc)
         return False
+
+    def decide(self, rule: RuleDef, root: Value, covered: dict[int, Node], theta: dict,
+               branch: RuleBranch) -> None:  # fmt: skip
+        """Before ``rule`` fires at ``root`` (covering ``covered``, θ ``theta``) and the graph
+        changes: for each undecided root, does the full search of the rules that left
+        matches out there block it? Not asked of a root the firing removes."""
+        undecided, self.undecided = self.undecided, {}
+        for nid, (node, ris) in undecided.items():
+            if not node.alive or nid in self.blocked:
+                continue
+            if self.removed_by(node, rule, root, covered, theta, branch):
+                continue
+            v = node.outputs[0]
+            for ri in ris:
+                if self.blocks(ri, v):
+                    break
+
+    def blocks(self, ri: int, v: Value) -> bool:
+        """Does rule ``ri``'s full search at ``v`` (nothing left out, nothing fired) reach a
+        match whose branch guard holds and that single use refuses? Then ``v``'s node is
+        blocked."""
+        node = v.node
+        if (ri, node.id) in self.over_budget:
+            return False
+        params = self.params[ri]
+        run = MatchRun(self.mrun.budget, distinct=True, every=_PROGRESS_STEPS,
+                       on_check=self.progress)  # fmt: skip
+        seen: set[tuple] = set()
+        try:
+            for sol in self.compiled[ri].solutions(v, run):
+                theta, phi, struct = sol
+                key = tuple(id((phi if op else theta).get(name)) for name, op in params)
+                if key in seen:
+                    continue
+                seen.add(key)
+                for _, holds, _ in self.branches[ri]:
+                    if self.checked[ri] or holds(theta, phi):
+                        if not self.unshared(v, self.covered(v, struct)):
+                            self.blocked[node.id] = node
+                            return True
+                        break
+        except MatchBudgetError as exc:
+            self.give_up(ri, v, exc)
+        return False
+
+    def removed_by(self, node: Node, rule: RuleDef, root: Value, covered: dict[int, Node],
+                   theta: dict, branch: RuleBranch) -> bool:  # fmt: skip
+        """Does firing ``rule``'s ``branch`` at ``root`` remove ``node`` for sure? Yes where
+        the rule is single-use, the node an interior one of its match, pure, neither
+        computed from literals nor ``shareable`` (so only nodes of the match read it, and
+        only such nodes can stay alive with outside readers), the match's nodes all pure
+        (dead code removal removes them), and no value the result reads is computed from the
+        node (``_result_vars``; searched through nodes ranked after it)."""
+        rnode = root.node
+        if (
+            not rule.single_use
+            or node is rnode
+            or node.id not in covered
+            or len(rnode.outputs) != 1
+            or not self.ranks_ok
+            or self.constant_only(node)
+            or (self.shareable is not None and self.shareable(node))
+            or not all(n.op.pure for n in covered.values())
+        ):
+            return False
+        rank = self.rank
+        mine = rank(node)
+        if mine is None:
+            return False
+        stack = [
+            v.node for name in _result_vars(branch.result) if type(v := theta.get(name)) is Value
+        ]
+        seen: set[int] = set()
+        while stack:
+            n = stack.pop()
+            if n is node:
+                return False
+            if n.id in seen:
+                continue
+            seen.add(n.id)
+            theirs = rank(n)
+            if theirs is None or len(seen) > _OUTSIDE_SEARCH:
+                return False
+            if theirs > mine:
+                stack.extend(v.node for v in n.inputs)
+        return True
 
     def rank(self, node: Node) -> tuple[int, int] | None:
         """The node's place in an order in which, while ``ranks_ok``, every node comes after
@@ -687,11 +840,14 @@ class _Driver:
         g, shareable = self.g, self.shareable
         memo: dict[int, bool] = {}
         away: dict[int, bool] = {}  # reader node id -> outside (the root does not read it)
+        hits = [0]  # how often it held since the driver last looked (``left_out``)
 
         def doomed(t: Value) -> bool:
             n = t.node
             hit = memo.get(n.id)
             if hit is not None:
+                if hit:
+                    hits[0] += 1
                 return hit
             out = False
             if n is not rnode and n.op is not CONST and n.inputs:
@@ -699,6 +855,8 @@ class _Driver:
                     escapes = g.is_output(w)
                     if not escapes:
                         for u in g.users(w):
+                            if u is rnode:
+                                continue
                             far = away.get(u.id)
                             if far is None:
                                 far = away[u.id] = self.outside(u, rnode, top)
@@ -709,8 +867,11 @@ class _Driver:
                         out = not self.constant_only(n) and (shareable is None or not shareable(n))
                         break
             memo[n.id] = out
+            if out:
+                hits[0] += 1
             return out
 
+        doomed.hits = hits  # type: ignore[attr-defined]
         return doomed
 
     def outside(self, u: Node, rnode: Node, top: tuple[int, int]) -> bool:
@@ -751,8 +912,10 @@ class _Driver:
         for branch, holds, build in self.branches[ri]:
             if self.checked[ri] or holds(theta, phi):  # (the matcher checked it: once is enough)
                 if probe:
-                    rule = self.rules[ri]
-                    return not rule.single_use or self.unshared(v, self.covered(v, struct))
+                    if not self.rules[ri].single_use or self.unshared(v, self.covered(v, struct)):
+                        return True
+                    self.blocked[v.node.id] = v.node  # (as ``fire`` does)
+                    return False
                 return self.fire(self.rules[ri], v, theta, phi, branch, build, struct, pos)
         return False
 
@@ -893,6 +1056,8 @@ class _Driver:
         records = self.records
         if len(records) >= self.limit:
             raise self.limit_error(rule, rnode)
+        if self.undecided:
+            self.decide(rule, root, covered, theta, branch)
         mark = g.next_id  # nodes with ids from here on are new
         built: dict[int, Node] = {}  # every node the result consists of, new or not
         meta = rnode.metadata

@@ -146,6 +146,12 @@ def test_a_reader_ranked_before_the_root_is_outside_when_the_root_does_not_read_
     d_value = v.inputs[0]
     assert doomed is not None and doomed(d_value)
     assert not doomed(v)  # the root itself never is
+    # a value only the root reads is not doomed
+    g1 = Graph([F1(G2(A, B))])
+    only = _rewrite._Driver(g1, tuple(rules), "fast", 100)
+    only.mark0, only.rank_of = g1.next_id, None
+    (top,) = g1.outputs
+    assert not only.doomed(top)(top.inputs[0])
     with full_search():
         assert _outcome([out], rules) == _outcome([out], rules, engine="reference")
 
@@ -183,7 +189,7 @@ def alternates(draw) -> PatternDef:
     for _ in range(draw(st.integers(2, 4))):
         below = [draw(covering(draw(st.integers(1, 2)), app=True)), draw(covering(1))]
         if draw(st.booleans()):
-            root = PApp(F1, below[:1])
+            root = PApp(F1, (below[0],))
         else:
             root = PApp(G2, tuple(below if draw(st.booleans()) else below[::-1]))
         alt = PExists("e", root)
