@@ -13,6 +13,19 @@ fires when no interior value has such a reader -- except values computed from li
 alone, and values a caller declares cheap to share (``shareable``: the JAX layer's mask
 plumbing, which several attention layers read).
 
+A single-use rule's search leaves out the matches that single use would refuse whatever
+else they cover: those covering a *doomed* value, one that something outside every match at
+the root reads (a graph output, or a node the root does not read, directly or not, found
+with ranks that grow along every edge) and that is neither computed from literals nor
+``shareable``. The matcher skips the search below such a value (``MatchRun.forbid``, honoured
+by the iterative machine). What fires, and which roots a refusal blocks, stay those of the
+full search: a solution that would fire once something was left out sends the rule's search
+round again in full; a search that left something out of a root nothing blocked is decided by
+the full search before the graph next changes, unless that change removes the root. The
+match budget counts the steps of the search the driver runs, so leaving matches out can keep
+within the budget a search that the full one would exceed, and the guards of left-out matches
+are not evaluated (a guard function that raises only there is not reported).
+
 After a rewrite only what is near the change is looked at again: the new nodes (next, before
 the sweep goes on), the nodes whose inputs changed and their users up to the depth of the
 deepest pattern, and roots that a single-use rule had to skip. The sweep itself never starts
@@ -728,8 +741,6 @@ class _Driver:
         match whose branch guard holds and that single use refuses? Then ``v``'s node is
         blocked."""
         node = v.node
-        if (ri, node.id) in self.over_budget:
-            return False
         params = self.params[ri]
         run = MatchRun(self.mrun.budget, distinct=True, every=_PROGRESS_STEPS,
                        on_check=self.progress)  # fmt: skip
@@ -748,7 +759,8 @@ class _Driver:
                             return True
                         break
         except MatchBudgetError as exc:
-            self.give_up(ri, v, exc)
+            if (ri, node.id) not in self.over_budget:  # (else warned already)
+                self.give_up(ri, v, exc)
         return False
 
     def removed_by(self, node: Node, rule: RuleDef, root: Value, covered: dict[int, Node],
