@@ -432,6 +432,10 @@ class _Driver:
         # Single-use rules whose guards read parameters only: a left-out match's guard is
         # that of the match with its parameters the search goes on to (if any)
         self.prunable = [self.fast and r.single_use and _reads_params(r) for r in rules]
+        # ... and does it, from now on: once single use has refused one of its matches (a
+        # search that leaves nothing out pays for the predicate and gains nothing)
+        self.armed = [False] * len(rules)
+        self.rule_index = {id(r): i for i, r in enumerate(rules)}
         # roots where such a search left something out and nothing blocked them: whether the
         # full search would have is decided before the graph next changes (``decide``)
         self.undecided: dict[int, tuple[Node, list[int]]] = {}
@@ -501,7 +505,7 @@ class _Driver:
         n_order = len(order)
         fast, is_read, try_rule = self.fast, g.is_read, self.try_rule
         rank_of = self.rank_of
-        resumable, prunable = self.resumable, self.prunable
+        resumable, armed = self.resumable, self.armed
         visits = pos = 0
         next_check = _PROGRESS_STRIDE
         mrun, over = self.mrun, self.over_budget
@@ -538,7 +542,7 @@ class _Driver:
                 if over and (ri, node.id) in over:
                     continue
                 mrun.steps = 0
-                if prunable[ri]:
+                if armed[ri]:
                     if doomed is None:
                         doomed = (is_read(v) and self.doomed(v)) or False
                     mrun.forbid = doomed or None
@@ -694,11 +698,12 @@ class _Driver:
     # * a refusal of a match whose branch guard holds blocks the root (it is revisited once
     #   something is removed). Once the root is blocked, leaving out more changes nothing:
     #   every rule leaves doomed matches out after a refusal there. A single-use rule whose
-    #   guards read its parameters only (``prunable``) leaves them out from the start: a
-    #   match it keeps blocks the root as the full search's match with its parameters would
-    #   (their guards agree); where it left some out and the root is not blocked, the full
-    #   search decides (:meth:`decide`), once, before the graph next changes, unless that
-    #   change removes the root.
+    #   guards read its parameters only (``prunable``) leaves them out from the start, once
+    #   single use has refused one of its matches in the run (``armed``): a match it keeps
+    #   blocks the root as the full search's match with its parameters would (their guards
+    #   agree); where it left some out and the root is not blocked, the full search decides
+    #   (:meth:`decide`), once, before the graph next changes, unless that change removes
+    #   the root.
 
     def try_all(self, ri: int, cp: CompiledPattern, v: Value, pos: int) -> bool:
         """``try_rule`` from the start, nothing left out: every solution in order, repeated
@@ -1064,6 +1069,9 @@ class _Driver:
                 covered[n.id] = n
         if rule.single_use and not self.unshared(root, covered):
             self.blocked[rnode.id] = rnode
+            i = self.rule_index.get(id(rule))
+            if i is not None and self.prunable[i]:
+                self.armed[i] = True
             return False
         records = self.records
         if len(records) >= self.limit:
