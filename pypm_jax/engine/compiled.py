@@ -33,7 +33,7 @@ from ..core.match import Match
 from ..core.terms import CONST, OpClass, Operator
 from .analysis import OpSpec, _ByIdentity, _calls_self, _Unsupported, root_set
 from .codegen import _generate
-from .machine import MatchRun, RawSolution, _trail_machine
+from .machine import _EXACT, MatchRun, RawSolution, _pre_guards, _trail_machine
 from .precheck import (
     _DEEP_LIMIT,
     _SHAPE_DEPTH,
@@ -57,6 +57,7 @@ class CompiledPattern:
 
     __slots__ = (
         "pdef", "backend", "source", "root_ops", "unique", "_first", "_all", "_shape", "_deep",
+        "_pre",
     )  # fmt: skip
 
     def __init__(self, pdef: PatternDef, *, backend: str | None = None):
@@ -80,6 +81,7 @@ class CompiledPattern:
         if self.backend == "machine":
             self._shape = _prefilter(body)
             self._deep = _deep_prefilter(body)
+            self._pre = _UNSET
             self._all = self._machine_all
             self._first = self._machine_first
 
@@ -88,7 +90,16 @@ class CompiledPattern:
             return None
         if self._deep is not None and not _fits(self._deep, t):
             return None
-        for sol in _trail_machine(self.pdef.body, t, run=run):
+        held = 0
+        pre = self._pre
+        if pre is not None:
+            if pre is _UNSET:
+                pre = self._pre = _pre_guards(self.pdef.body)
+            if pre is not None:
+                held = pre.check(t, _EXACT if run is None else run)
+                if held is None:
+                    return None
+        for sol in _trail_machine(self.pdef.body, t, run=run, held=held):
             return sol
         return None
 
@@ -97,7 +108,16 @@ class CompiledPattern:
             return iter(())
         if self._deep is not None and not _fits(self._deep, t):
             return iter(())
-        return _trail_machine(self.pdef.body, t, run=run)
+        held = 0
+        pre = self._pre
+        if pre is not None:
+            if pre is _UNSET:
+                pre = self._pre = _pre_guards(self.pdef.body)
+            if pre is not None:
+                held = pre.check(t, _EXACT if run is None else run)
+                if held is None:
+                    return iter(())
+        return _trail_machine(self.pdef.body, t, run=run, held=held)
 
     def first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:
         """The machine's first (θ, φ, matched terms) at ``t``, or None."""
@@ -119,6 +139,7 @@ class CompiledPattern:
 
 
 _compiled = _ByIdentity(CompiledPattern)
+_UNSET: Any = object()  # ``CompiledPattern._pre`` not worked out yet (it is at the first match)
 
 
 # ------------------------------------------------------- summaries of compiled patterns
@@ -423,6 +444,7 @@ def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
     cp.unique = False
     cp._shape = pre
     cp._deep = deep
+    cp._pre = _UNSET
     cp._all = cp._machine_all
     cp._first = cp._machine_first
     return _compiled.put(pdef, cp)

@@ -38,6 +38,13 @@ gets there by running that machine ahead of time instead of at match time:
   must have at its root and the four levels below (``x <= q`` constraints included),
   computed once per pattern; a term that fails it has no match, so the machine is not
   started.
+* **Guards before the first choice**, also in front of the machine: the guards the
+  machine checks on the root alone before it first branches or looks below the root (a
+  constraint on the root whose definition is guards, such as the region rule's
+  ``FedByGemm``), found by running the machine's first actions symbolically. They are
+  evaluated in the machine's order; where one fails the machine is not started, and where
+  all hold it takes them as held, so each is evaluated once. Worked out at a pattern's
+  first match, for patterns loaded from summaries too.
 
 :class:`Matcher` indexes many patterns by the operators their root can have, read from the
 pattern (an application; an operator variable: any pure operator of its arity and output

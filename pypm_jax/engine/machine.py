@@ -41,7 +41,7 @@ from ..core.calculus import (
 from ..core.errors import PatternDefinitionError
 from ..core.terms import Operator, const_equal
 from ..semantics.subst import unfold
-from .analysis import _ByIdentity, _error_free, _root_var, _tabling
+from .analysis import _ByIdentity, _error_free, _expr_names, _root_var, _tabling
 from .guard_code import _env_guard
 
 
@@ -94,9 +94,15 @@ class MatchRun:
     ``pm.match``, the rewrite driver). Then a tabled recursive call also answers each
     binding of its arguments once (see ``docs/SEMANTICS.md``, "Tabling"), and a solution's
     θ leaves out the local variables bound inside tabled calls.
+
+    ``forbid``: None, or a predicate on terms: while it is set, an application or operator
+    variable does not match a term it holds for, so solutions covering such a term are left
+    out and the search below it is skipped (the others keep their order). The machine reads
+    it when it starts and after each solution it yields. The rewrite driver sets it where
+    every solution covering such a term is one it refuses (single use).
     """
 
-    __slots__ = ("steps", "budget", "distinct", "every", "on_check")
+    __slots__ = ("steps", "budget", "distinct", "every", "on_check", "forbid")
 
     def __init__(
         self,
@@ -111,6 +117,7 @@ class MatchRun:
         self.distinct = distinct
         self.every = every
         self.on_check = on_check
+        self.forbid: Callable[[Any], bool] | None = None
 
     def limit(self) -> int | float:
         """The step count at which the machine next calls :meth:`check`."""
@@ -447,6 +454,121 @@ _alt_checks = _ByIdentity(_make_alt_checks)
 _looks_ahead = _ByIdentity(_error_free)
 
 
+# Guards before the first choice: the machine's first actions at a root, up to its first
+# alternate, application or literal, bind variables to the root itself, enter definitions
+# and check guards. A guard there that reads only variables bound to the root is evaluated
+# on the root alone, and when it fails the machine stops with no solution, having done
+# nothing else. So these guards, evaluated in that order before the machine starts, tell
+# that the run would find nothing (``CompiledPattern`` does, in front of the machine), and
+# where they hold the machine takes them as held (``held``): the same guards are evaluated,
+# once, in the same order, and the machine is not started for nothing.
+_PREFIX_STEPS = 64
+
+
+class _PreGuards:
+    """The guards the machine evaluates on the root alone before its first choice (see
+    above): ``items`` holds per guard (its compiled form on θ, φ and the environment, that
+    environment, the names bound to the root then), in evaluation order; ``steps`` is the
+    machine's step count once the last of them is evaluated."""
+
+    __slots__ = ("items", "steps")
+
+    def __init__(self, items: tuple, steps: int):
+        self.items = items
+        self.steps = steps
+
+    def check(self, t: Any, run: MatchRun) -> int | None:
+        """None where a guard before the first choice fails at ``t`` (the machine would stop
+        there with no solution), else how many of them hold (the machine, run next, takes
+        them as held): 0 where the machine would reach its step budget first (it runs and
+        raises)."""
+        if run.budget is not None and run.steps + self.steps >= run.budget:
+            return 0
+        for holds, env, names in self.items:
+            if not holds(dict.fromkeys(names, t), {}, env):
+                return None
+        return len(self.items)
+
+
+def _find_pre_guards(body: Pattern) -> _PreGuards | None:
+    """Run the machine's first actions symbolically (as ``_machine`` runs them at a root
+    term) and collect the guards of :class:`_PreGuards`; None when there are none. Stops at
+    the first action that could branch, look below the root, fail other than by a guard,
+    raise or refuse a binding early."""
+    early = None if type(body) is PMu else _early(body)
+    cell = [1]
+    k: Any = ((_MATCH, body, _TOP_CTX), None)
+    bound: list[str] = []  # the variables bound (to the root), in binding order
+    found: list[tuple] = []
+    steps = 0
+    last = 0
+    while k is not None and steps < _PREFIX_STEPS:
+        (tag, a, ctx), k = k
+        steps += 1
+        if tag == _MATCH:
+            cls = type(a)
+            if cls is PVar:
+                name = ctx[0].get(a.name, a.name)
+                if not isinstance(name, str):
+                    break
+                if name not in bound:
+                    if early is not None and name in early:
+                        break
+                    bound.append(name)
+            elif cls is PGuard:
+                k = ((_MATCH, a.pat, ctx), ((_GUARD, a.guard, ctx), k))
+            elif cls is PExists:
+                env, info, base, scope = ctx
+                if info is None:
+                    name = a.var
+                else:
+                    name = f"{a.var.split('#', 1)[0]}#{base + info.offsets[id(a)]}"
+                if name != env.get(a.var, a.var):
+                    ctx = ({**env, a.var: name}, info, base, scope)
+                k = ((_MATCH, a.body, ctx), ((_CHECK, (name, a.kind), ctx), k))
+            elif cls is PConstr:
+                var = ctx[0].get(a.var, a.var)
+                k = ((_MATCH, a.pat, ctx), ((_CONSTR, (var, a.constraint), ctx), k))
+            elif cls is PMu or cls is PCall:
+                if cls is PMu:
+                    params, dbody = a.params, a.body
+                else:
+                    d = ctx[3].get(a.name)
+                    if d is None:
+                        break  # (the machine raises here)
+                    params, dbody = d
+                try:
+                    q, inner = _enter(a.name, params, a.args, dbody, ctx, cell)
+                except TypeError:
+                    break
+                k = ((_MATCH, q, inner), k)
+            else:  # an application, a literal, an operator variable, an alternate
+                break
+        elif tag == _GUARD:
+            names: set[str] = set()
+            _expr_names(a, names)
+            env = ctx[0]
+            if not all(env.get(n, n) in bound for n in names):
+                break  # (reads an operator, or a variable not bound to the root)
+            found.append((_env_guard(a), env, tuple(bound)))
+            last = steps
+        elif tag == _CHECK:
+            name, kind = a
+            if kind != "term" or name not in bound:
+                break
+        else:  # _CONSTR
+            var, q = a
+            if var not in bound:
+                break
+            k = ((_MATCH, q, ctx), k)
+    if not found:
+        return None
+    return _PreGuards(tuple(found), last)
+
+
+_pre_guards = _ByIdentity(_find_pre_guards)
+
+
 def _machine(
     body: Pattern,
     t0: Any,
@@ -455,6 +577,7 @@ def _machine(
     cell: list[int] | None = None,
     run: MatchRun | None = None,
     observer: Observer | None = None,
+    held: int = 0,
 ) -> Iterator[RawSolution]:
     """The paper's machine with a trail: yields ``(θ, φ, matched terms)`` per solution.
 
@@ -464,6 +587,8 @@ def _machine(
     recursive sub-pattern passes the arguments it has bound); ``cell`` is the fresh-name
     counter ``[next number]``, shared with that code; ``run`` counts steps (budget, progress)
     and says whether solutions are kept per parameters only (``MatchRun.distinct``).
+    ``held``: the first guards the run reaches are known to hold, checked before it started
+    (:class:`_PreGuards`), and are not evaluated again.
 
     ST-Match-Mu does not copy the body: entering ``μP(xs)[ys]. p`` makes a context whose
     environment maps ``xs`` to ``ys`` (and each ∃ met later to its fresh name), and every
@@ -499,6 +624,7 @@ def _machine(
     frames: list[tuple] = []
     steps = run.steps
     limit = run.limit()
+    forbid = run.forbid
     # early refusals at the top of a pattern (not where generated code runs a recursive
     # sub-pattern, a μ); none where explain watches the reference's transitions
     early = None if _OBSERVED or type(body) is PMu else _early(body)
@@ -516,6 +642,7 @@ def _machine(
             yield dict(theta), dict(phi), _flat(struct) if table else tuple(struct)
             steps = run.steps
             limit = run.limit()
+            forbid = run.forbid
             ok = False
         else:
             (tag, a, b, ctx), k = k
@@ -545,7 +672,12 @@ def _machine(
                 elif cls is PApp:
                     ins = t.inputs
                     args = a.args
-                    if t.op is a.op and t.index == a.index and len(ins) == len(args):
+                    if (
+                        t.op is a.op
+                        and t.index == a.index
+                        and len(ins) == len(args)
+                        and (forbid is None or not forbid(t))
+                    ):
                         struct.append(t)
                         for i in range(len(args) - 1, -1, -1):
                             k = ((_MATCH, args[i], ins[i], ctx), k)
@@ -618,6 +750,8 @@ def _machine(
                             trail.append((phi, var))
                         elif bound is not f:
                             ok = False
+                    if ok and forbid is not None and forbid(t):
+                        ok = False
                     if ok:
                         struct.append(t)
                         for i in range(len(args) - 1, -1, -1):
@@ -662,7 +796,10 @@ def _machine(
                 else:
                     raise TypeError(f"not a pattern: {a!r}")
             elif tag == _GUARD:
-                ok = _env_guard(a)(theta, phi, ctx[0])
+                if held:  # (one of the guards checked before the run: it holds)
+                    held -= 1
+                else:
+                    ok = _env_guard(a)(theta, phi, ctx[0])
                 if _OBSERVED:
                     if ok:
                         observer.step("guard", b, None, theta, phi)

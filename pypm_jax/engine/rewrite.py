@@ -14,6 +14,19 @@ fires when no interior value has such a reader -- except values computed from li
 alone, and values a caller declares cheap to share (``shareable``: the JAX layer's mask
 plumbing, which several attention layers read).
 
+A single-use rule's search leaves out the matches that single use would refuse whatever
+else they cover: those covering a *doomed* value, one that something outside every match at
+the root reads (a graph output, or a node the root does not read, directly or not, found
+with ranks that grow along every edge) and that is neither computed from literals nor
+``shareable``. The matcher skips the search below such a value (``MatchRun.forbid``, honoured
+by the iterative machine). What fires, and which roots a refusal blocks, stay those of the
+full search: a solution that would fire once something was left out sends the rule's search
+round again in full; a search that left something out of a root nothing blocked is decided by
+the full search before the graph next changes, unless that change removes the root. The
+match budget counts the steps of the search the driver runs, so leaving matches out can keep
+within the budget a search that the full one would exceed, and the guards of left-out matches
+are not evaluated (a guard function that raises only there is not reported).
+
 After a rewrite only what is near the change is looked at again: the new nodes (next, before
 the sweep goes on), the nodes whose inputs changed and their users up to the depth of the
 deepest pattern, and roots that a single-use rule had to skip. The sweep itself never starts
@@ -321,6 +334,29 @@ def _guarded(rule: RuleDef) -> PatternDef:
 guarded_pattern = _ByIdentity(_guarded)  # one per rule object, so compiled once
 
 
+def _reads_params(rule: RuleDef) -> bool:
+    """Do ``rule``'s branch guards read its pattern's parameters only?"""
+    names: set[str] = set()
+    for b in rule.branches:
+        _expr_names(b.guard, names)
+    return names <= {p.name for p in rule.pattern.params}
+
+
+def _result_vars(rhs: Rhs) -> list[str]:
+    """The variables a rule result reads (its ``RVar`` s)."""
+    found: list[str] = []
+    stack = [rhs]
+    while stack:
+        r = stack.pop()
+        if type(r) is RVar:
+            found.append(r.name)
+        elif type(r) is RApp:
+            stack.extend(r.args)
+        elif type(r) is RTuple:
+            stack.extend(r.items)
+    return found
+
+
 # ---------------------------------------------------------------------------- the driver
 
 
@@ -344,6 +380,7 @@ class _Candidates(dict):
     def __missing__(self, op: Any) -> tuple:
         cands = self[op] = self.table.get(op, self.wild)
         return cands
+_OUTSIDE_SEARCH = 64  # nodes ``outside`` visits at most
 
 
 def _interpreted_guard(g: Any) -> Any:
@@ -414,6 +451,21 @@ class _Driver:
         # per rule: does its matcher go on from its first solution to the rest (the machine
         # runs one enumeration; generated code finds the first solution more cheaply alone)
         self.resumable = [self.fast and cp.backend == "machine" for cp in matcher.compiled]
+        self.compiled = matcher.compiled
+        # per rule: does its search leave out doomed matches from the start (``doomed``)?
+        # Single-use rules whose guards read parameters only: a left-out match's guard is
+        # that of the match with its parameters the search goes on to (if any)
+        self.prunable = [self.fast and r.single_use and _reads_params(r) for r in rules]
+        # ... and does it, from now on: once single use has refused one of its matches (a
+        # search that leaves nothing out pays for the predicate and gains nothing)
+        self.armed = [False] * len(rules)
+        self.rule_index = {id(r): i for i, r in enumerate(rules)}
+        # roots where such a search left something out and nothing blocked them: whether the
+        # full search would have is decided before the graph next changes (``decide``)
+        self.undecided: dict[int, tuple[Node, list[int]]] = {}
+        # do the ranks (``rank``) still grow along every edge? (then a reader ranked after a
+        # root is no node of any match there: :meth:`doomed`)
+        self.ranks_ok = True
         self.pos = 0
         self.started = self.last_log = time.monotonic()
 
@@ -480,7 +532,7 @@ class _Driver:
         heap, queued = self.heap, self.queued
         n_order = len(order)
         slow, is_read, try_rule = not self.fast, g.is_read, self.try_rule
-        resumable = self.resumable
+        resumable, armed = self.resumable, self.armed
         visits = pos = 0
         sweep = majors[0]  # the sweep's next major
         next_check = _PROGRESS_STRIDE
@@ -511,10 +563,15 @@ class _Driver:
                 continue
             # the common case, inlined: a single-output node, the compiled patterns
             v = outs[0]
+            doomed: Any = None  # (made for the node's first prunable rule: see ``doomed``)
             for ri, _, cp in cands:
                 if over and (ri, node.id) in over:
                     continue
                 mrun.steps = 0
+                if armed[ri]:
+                    if doomed is None:
+                        doomed = (is_read(v) and self.doomed(v)) or False
+                    mrun.forbid = doomed or None
                 try:
                     if resumable[ri]:  # (the machine: its first solution, and the rest)
                         rest = cp._all(v, mrun)
@@ -523,15 +580,30 @@ class _Driver:
                         rest = None
                         first = cp._first(v, mrun)
                 except MatchBudgetError as exc:
+                    mrun.forbid = None
                     self.give_up(ri, v, exc)
+                    if doomed and doomed.hits[0]:
+                        self.left_out(ri, node, doomed)
                     continue
                 if first is not None:
                     if not is_read(v):
                         break  # nothing reads it: nothing to rewrite (asked only now, as
                         # reading a value's users is one more object to fetch per node)
                     if try_rule(ri, cp, v, first, pos, rest):
+                        mrun.forbid = None
                         break
+                mrun.forbid = None
+                if doomed and doomed.hits[0]:
+                    self.left_out(ri, node, doomed)
         self.visits = visits
+
+    def left_out(self, ri: int, node: Node, doomed: Any) -> None:
+        """Rule ``ri``'s search at ``node`` left out doomed matches and fired nothing: unless
+        the node is blocked already, whether the full search would have blocked it is
+        decided later (:meth:`decide`)."""
+        doomed.hits[0] = 0
+        if node.id not in self.blocked:
+            self.undecided.setdefault(node.id, (node, []))[1].append(ri)
 
     def major(self, node: Node) -> int:
         new = self.new_rank.get(node.id)
@@ -593,23 +665,81 @@ class _Driver:
         solution is tried). ``rest``: the solutions after ``first``, where the matcher that
         found it can go on (the machine); else they are found again from the start."""
         theta, phi, struct = first
-        if self.checked[ri]:  # (``fire_branch``, inline: the matcher checked the guard)
+        mrun = self.mrun
+        if mrun.forbid is not None and mrun.forbid.hits[0]:  # (matches left out: see below)
+            if self.fire_branch(ri, v, first, pos, probe=True):
+                mrun.forbid = None
+                return self.try_all(ri, cp, v, pos)
+        elif self.checked[ri]:  # (``fire_branch``, inline: the matcher checked the guard)
             branch, _, build = self.branches[ri][0]
             if self.fire(self.rules[ri], v, theta, phi, branch, build, struct, pos):
                 return True
         elif self.fire_branch(ri, v, first, pos):
             return True
         if cp.unique:
+            mrun.forbid = None
             return False
         params = self.params[ri]
         seen = {tuple(id((phi if op else theta).get(name)) for name, op in params)}
+        single = self.rules[ri].single_use and self.fast
         try:
+            if mrun.forbid is None and single and v.node.id in self.blocked:
+                mrun.forbid = self.doomed(v)  # (see below)
             if rest is None:
-                mrun = self.mrun
                 mrun.steps = 0
                 rest = cp.solutions(v, mrun)
-                next(rest, None)  # the first solution again
+                if mrun.forbid is None:
+                    next(rest, None)  # the first solution again (else its key skips it)
             for sol in rest:
+                theta, phi, _ = sol
+                key = tuple(id((phi if op else theta).get(name)) for name, op in params)
+                if key in seen:
+                    continue
+                seen.add(key)
+                if mrun.forbid is not None and mrun.forbid.hits[0]:
+                    if self.fire_branch(ri, v, sol, pos, probe=True):
+                        mrun.forbid = None
+                        return self.try_all(ri, cp, v, pos)
+                    continue
+                if self.fire_branch(ri, v, sol, pos):
+                    return True
+                if single and v.node.id in self.blocked:
+                    mrun.forbid = self.doomed(v)  # (read by the machine from its next step)
+        except MatchBudgetError as exc:  # (nothing fired: a firing ends the search)
+            self.give_up(ri, v, exc)
+        finally:
+            mrun.forbid = None
+        return False
+
+    # Leaving out doomed matches. A match at a root that covers a *doomed* value
+    # (:meth:`doomed`) is one single use refuses, so no such match fires; the search goes on
+    # without them (``MatchRun.forbid``). What else a refusal does, the search must still do:
+    #
+    # * once a match was left out, a solution that would fire is not fired: a search
+    #   without the doomed matches is not the full sequence with some solutions taken out
+    #   (the driver drops a solution whose parameters repeat an earlier one's, and the
+    #   earlier one may have been left out), so the rule's search runs again in full
+    #   (:meth:`try_all`), and fires what that fires (until one is left out, the search is
+    #   the full one: its solutions fire as usual);
+    # * a refusal of a match whose branch guard holds blocks the root (it is revisited once
+    #   something is removed). Once the root is blocked, leaving out more changes nothing:
+    #   every rule leaves doomed matches out after a refusal there. A single-use rule whose
+    #   guards read its parameters only (``prunable``) leaves them out from the start, once
+    #   single use has refused one of its matches in the run (``armed``): a match it keeps
+    #   blocks the root as the full search's match with its parameters would (their guards
+    #   agree); where it left some out and the root is not blocked, the full search decides
+    #   (:meth:`decide`), once, before the graph next changes, unless that change removes
+    #   the root.
+
+    def try_all(self, ri: int, cp: CompiledPattern, v: Value, pos: int) -> bool:
+        """``try_rule`` from the start, nothing left out: every solution in order, repeated
+        parameters dropped, until one fires."""
+        params = self.params[ri]
+        seen: set[tuple] = set()
+        mrun = self.mrun
+        mrun.steps = 0
+        try:
+            for sol in cp.solutions(v, mrun):
                 theta, phi, _ = sol
                 key = tuple(id((phi if op else theta).get(name)) for name, op in params)
                 if key in seen:
@@ -617,16 +747,218 @@ class _Driver:
                 seen.add(key)
                 if self.fire_branch(ri, v, sol, pos):
                     return True
-        except MatchBudgetError as exc:  # (nothing fired: a firing ends the search)
+        except MatchBudgetError as exc:
             self.give_up(ri, v, exc)
         return False
 
-    def fire_branch(self, ri: int, v: Value, sol: tuple, pos: int) -> bool:
+    def decide(self, rule: RuleDef, root: Value, covered: dict[int, Node], theta: dict,
+               branch: RuleBranch) -> None:  # fmt: skip
+        """Before ``rule`` fires at ``root`` (covering ``covered``, θ ``theta``) and the graph
+        changes: for each undecided root, does the full search of the rules that left
+        matches out there block it? Not asked of a root the firing removes."""
+        undecided, self.undecided = self.undecided, {}
+        for nid, (node, ris) in undecided.items():
+            if not node.alive or nid in self.blocked:
+                continue
+            if self.removed_by(node, rule, root, covered, theta, branch):
+                continue
+            v = node.outputs[0]
+            for ri in ris:
+                if self.blocks(ri, v):
+                    break
+
+    def blocks(self, ri: int, v: Value) -> bool:
+        """Does rule ``ri``'s full search at ``v`` (nothing left out, nothing fired) reach a
+        match whose branch guard holds and that single use refuses? Then ``v``'s node is
+        blocked."""
+        node = v.node
+        params = self.params[ri]
+        run = MatchRun(self.mrun.budget, distinct=True, every=_PROGRESS_STEPS,
+                       on_check=self.progress)  # fmt: skip
+        seen: set[tuple] = set()
+        try:
+            for sol in self.compiled[ri].solutions(v, run):
+                theta, phi, struct = sol
+                key = tuple(id((phi if op else theta).get(name)) for name, op in params)
+                if key in seen:
+                    continue
+                seen.add(key)
+                for _, holds, _ in self.branches[ri]:
+                    if self.checked[ri] or holds(theta, phi):
+                        if not self.unshared(v, self.covered(v, struct)):
+                            self.blocked[node.id] = node
+                            return True
+                        break
+        except MatchBudgetError as exc:
+            if (ri, node.id) not in self.over_budget:  # (else warned already)
+                self.give_up(ri, v, exc)
+        return False
+
+    def removed_by(self, node: Node, rule: RuleDef, root: Value, covered: dict[int, Node],
+                   theta: dict, branch: RuleBranch) -> bool:  # fmt: skip
+        """Does firing ``rule``'s ``branch`` at ``root`` remove ``node`` for sure? Yes where
+        the rule is single-use, the node an interior one of its match, pure, neither
+        computed from literals nor ``shareable`` (so only nodes of the match read it, and
+        only such nodes can stay alive with outside readers), the match's nodes all pure
+        (dead code removal removes them), and no value the result reads is computed from the
+        node (``_result_vars``; searched through nodes ranked after it)."""
+        rnode = root.node
+        if (
+            not rule.single_use
+            or node is rnode
+            or node.id not in covered
+            or len(rnode.outputs) != 1
+            or not self.ranks_ok
+            or self.constant_only(node)
+            or (self.shareable is not None and self.shareable(node))
+            or not all(n.op.pure for n in covered.values())
+        ):
+            return False
+        rank = self.rank
+        mine = rank(node)
+        if mine is None:
+            return False
+        stack = [
+            v.node for name in _result_vars(branch.result) if type(v := theta.get(name)) is Value
+        ]
+        seen: set[int] = set()
+        while stack:
+            n = stack.pop()
+            if n is node:
+                return False
+            if n.id in seen:
+                continue
+            seen.add(n.id)
+            theirs = rank(n)
+            if theirs is None or len(seen) > _OUTSIDE_SEARCH:
+                return False
+            if theirs > mine:
+                stack.extend(v.node for v in n.inputs)
+        return True
+
+    def rank(self, node: Node) -> tuple[int, int] | None:
+        """The node's place in an order in which, while ``ranks_ok``, every node comes after
+        the nodes it reads: an original node's (major, 0), a node a rewrite made its (major,
+        minor) (see the sweep); nodes that read nothing first. None: not known."""
+        if not node.inputs:
+            return (-1, 0)
+        made = self.new_rank.get(node.id)
+        if made is not None:
+            return made
+        nid = node.id
+        if nid >= self.mark0:
+            return None
+        return (nid, 0) if self.rank_of is None else (self.rank_of[nid], 0)
+
+    def ranks_grow(self, nodes: Iterable[Node]) -> bool:
+        """Does each live node of ``nodes`` rank after every node it reads?"""
+        rank = self.rank
+        for n in nodes:
+            if not n.alive:
+                continue
+            mine = rank(n)
+            if mine is None:
+                return False
+            for v in n.inputs:
+                theirs = rank(v.node)
+                if theirs is None or not theirs < mine:
+                    return False
+        return True
+
+    def doomed(self, root: Value) -> Callable[[Value], bool] | None:
+        """A predicate on values: does every match at ``root`` that covers this value have
+        single use refuse it? True of a value whose node is not the root's, not a graph
+        input, a literal or computed from literals alone (``constant_only``), not
+        ``shareable``, and has an output that is a graph output or is read by a node that
+        the root does not read, directly or not (:meth:`outside`). A match covers the root
+        and values it reads, so such an output has a reader outside every match there, and
+        nothing makes it cheap to share. None where the ranks cannot tell (``ranks_ok`` is
+        false: a rewrite made a node read one ranked after it)."""
+        if not self.ranks_ok:
+            return None
+        rnode = root.node
+        top = self.rank(rnode)
+        if top is None:
+            return None
+        g, shareable = self.g, self.shareable
+        memo: dict[int, bool] = {}
+        away: dict[int, bool] = {}  # reader node id -> outside (the root does not read it)
+        hits = [0]  # how often it held since the driver last looked (``left_out``)
+
+        def doomed(t: Value) -> bool:
+            n = t.node
+            hit = memo.get(n.id)
+            if hit is not None:
+                if hit:
+                    hits[0] += 1
+                return hit
+            out = False
+            if n is not rnode and n.op is not CONST and n.inputs:
+                for w in n.outputs:
+                    escapes = g.is_output(w)
+                    if not escapes:
+                        for u in g.users(w):
+                            if u is rnode:
+                                continue
+                            far = away.get(u.id)
+                            if far is None:
+                                far = away[u.id] = self.outside(u, rnode, top)
+                            if far:
+                                escapes = True
+                                break
+                    if escapes:
+                        out = not self.constant_only(n) and (shareable is None or not shareable(n))
+                        break
+            memo[n.id] = out
+            if out:
+                hits[0] += 1
+            return out
+
+        doomed.hits = hits  # type: ignore[attr-defined]
+        return doomed
+
+    def outside(self, u: Node, rnode: Node, top: tuple[int, int]) -> bool:
+        """Is ``u`` (not ``rnode``) a node ``rnode`` does not read, directly or not? Ranks
+        grow along every edge (``ranks_ok``), so a node ranked after the root is one, and
+        otherwise the nodes reading ``u`` are searched, those ranked before the root only
+        (a path from ``u`` to the root runs through such nodes), at most
+        ``_OUTSIDE_SEARCH`` of them (past that: False, not known)."""
+        rank = self.rank
+        mine = rank(u)
+        if mine is None:
+            return False
+        if mine > top:
+            return True
+        users = self.g.users
+        stack, seen = [u], {u.id}
+        while stack:
+            x = stack.pop()
+            for w in x.outputs:
+                for y in users(w):
+                    if y is rnode:
+                        return False
+                    if y.id in seen:
+                        continue
+                    theirs = rank(y)
+                    if theirs is None or len(seen) >= _OUTSIDE_SEARCH:
+                        return False
+                    if theirs < top:
+                        seen.add(y.id)
+                        stack.append(y)
+        return True
+
+    def fire_branch(self, ri: int, v: Value, sol: tuple, pos: int, probe: bool = False) -> bool:
         """Fire the rule's first branch whose guard holds on the solution ``sol``; False
-        when none holds or single use refuses the match."""
+        when none holds or single use refuses the match. ``probe``: only say whether it
+        would fire (a guard holds and single use lets the match through), changing nothing."""
         theta, phi, struct = sol
         for branch, holds, build in self.branches[ri]:
             if self.checked[ri] or holds(theta, phi):  # (the matcher checked it: once is enough)
+                if probe:
+                    if not self.rules[ri].single_use or self.unshared(v, self.covered(v, struct)):
+                        return True
+                    self.blocked[v.node.id] = v.node  # (as ``fire`` does)
+                    return False
                 return self.fire(self.rules[ri], v, theta, phi, branch, build, struct, pos)
         return False
 
@@ -765,10 +1097,15 @@ class _Driver:
                 covered[nid] = n
         if rule.single_use and not self.unshared(root, covered):
             self.blocked[rid] = rnode
+            i = self.rule_index.get(id(rule))
+            if i is not None and self.prunable[i]:
+                self.armed[i] = True
             return False
         records = self.records
         if len(records) >= self.limit:
             raise self.limit_error(rule, rnode)
+        if self.undecided:
+            self.decide(rule, root, covered, theta, branch)
         mark = g.next_id  # nodes with ids from here on are new
         built: dict[int, Node] = {}  # every node the result consists of, new or not
         meta = rnode.metadata
@@ -844,6 +1181,8 @@ class _Driver:
                 if cands_of[n.op] and n.alive:  # (else no rule can start at it)
                     queued.add(nid)
                     heapq.heappush(heap, (major, m, nid, n))
+        if self.ranks_ok:  # (the edges this rewrite made: the new nodes' and the touched')
+            self.ranks_ok = self.ranks_grow(itertools.chain(created, touched))
         if touched:
             self.requeue(touched, pos)
         if rnode.alive:  # x → f(x): x lives on, read by f(x) only
