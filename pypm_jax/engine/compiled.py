@@ -85,38 +85,35 @@ class CompiledPattern:
             self._all = self._machine_all
             self._first = self._machine_first
 
-    def _machine_first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:
+    def _checks(self, t: Any, run: MatchRun | None) -> int | None:
+        """What runs before the machine at ``t``: the structural pre-checks, then the guards
+        before its first choice (:func:`~pypm_jax.engine.machine._pre_guards`). None: no
+        match at ``t``; else how many of those guards the machine takes as held."""
         if self._shape is not None and not _fits(self._shape, t):
             return None
         if self._deep is not None and not _fits(self._deep, t):
             return None
-        held = 0
         pre = self._pre
-        if pre is not None:
-            if pre is _UNSET:
-                pre = self._pre = _pre_guards(self.pdef.body)
-            if pre is not None:
-                held = pre.check(t, _EXACT if run is None else run)
-                if held is None:
-                    return None
+        if pre is None:
+            return 0
+        if pre is _UNSET:
+            pre = self._pre = _pre_guards(self.pdef.body)
+            if pre is None:
+                return 0
+        return pre.check(t, _EXACT if run is None else run)
+
+    def _machine_first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:
+        held = self._checks(t, run)
+        if held is None:
+            return None
         for sol in _trail_machine(self.pdef.body, t, run=run, held=held):
             return sol
         return None
 
     def _machine_all(self, t: Any, run: MatchRun | None = None) -> Iterator[RawSolution]:
-        if self._shape is not None and not _fits(self._shape, t):
+        held = self._checks(t, run)
+        if held is None:
             return iter(())
-        if self._deep is not None and not _fits(self._deep, t):
-            return iter(())
-        held = 0
-        pre = self._pre
-        if pre is not None:
-            if pre is _UNSET:
-                pre = self._pre = _pre_guards(self.pdef.body)
-            if pre is not None:
-                held = pre.check(t, _EXACT if run is None else run)
-                if held is None:
-                    return iter(())
         return _trail_machine(self.pdef.body, t, run=run, held=held)
 
     def first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:
