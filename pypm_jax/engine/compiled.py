@@ -33,7 +33,15 @@ from ..core.match import Match
 from ..core.terms import CONST, OpClass, Operator
 from .analysis import OpSpec, _ByIdentity, _calls_self, _Unsupported, root_set
 from .codegen import _generate
-from .machine import _EXACT, MatchRun, RawSolution, _pre_guards, _trail_machine
+from .machine import (
+    _EARLY_DEPTH,
+    _EXACT,
+    MatchRun,
+    RawSolution,
+    _early_shapes,
+    _pre_guards,
+    _trail_machine,
+)
 from .precheck import (
     _DEEP_LIMIT,
     _SHAPE_DEPTH,
@@ -168,6 +176,9 @@ def summary(cp: CompiledPattern) -> dict[str, Any] | None:
     data: dict[str, Any] = {"backend": "machine", "root_ops": None, "shape": shape(cp._shape)}
     if cp._deep is not None:
         data["deep"] = _shared(cp._deep)
+    if type(cp.pdef.body) is not PMu:  # (the machine's early checks: none on a bare μ)
+        early = _early_shapes(cp.pdef.body)
+        data["early"] = None if early is None else {v: _shared(sh) for v, sh in early.items()}
     if cp.root_ops is not None:
         ops = [r for r in cp.root_ops if isinstance(r, Operator)]
         classes = [r for r in cp.root_ops if isinstance(r, OpClass)]
@@ -429,6 +440,18 @@ def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
             return None  # (classes and specs narrow a set of roots; "any root" has none)
         pre = shape(data.get("shape"), 0)
         deep = shared(data.get("deep"), _DEEP_LIMIT)
+        early: Any = _UNSET  # (no "early": worked out at the first match, as when compiled)
+        if "early" in data:
+            raw = data["early"]
+            if type(pdef.body) is PMu or (raw is not None and type(raw) is not dict):
+                return None
+            early = None
+            if raw:
+                early = {}
+                for var, sh in raw.items():
+                    if type(var) is not str or (parsed := shared(sh, _EARLY_DEPTH)) is None:
+                        return None
+                    early[var] = parsed
     except (KeyError, ValueError, TypeError):
         return None
     if root_ops is not None and None in root_ops:
@@ -444,6 +467,8 @@ def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
     cp._pre = _UNSET
     cp._all = cp._machine_all
     cp._first = cp._machine_first
+    if early is not _UNSET:
+        _early_shapes.put(pdef.body, early)
     return _compiled.put(pdef, cp)
 
 

@@ -160,6 +160,8 @@ def test_a_summary_carries_the_deep_pre_check(case):
     cp = CompiledPattern(pdef, backend="machine")
     loaded = from_summary(PatternDef(pdef.name, pdef.params, pdef.body), summary(cp))
     assert loaded is not None and loaded._deep == cp._deep
+    # and the machine's early checks, as working them out gives them
+    assert _trail._early_shapes(pdef.body) == _trail._find_early_shapes(pdef.body)
     for t in targets:
         assert compiled(loaded, t) == reference(pdef, t)
 
@@ -205,6 +207,9 @@ def test_a_summary_with_a_bad_shared_shape_is_refused():
     assert from_summary(pdef, data) is not None
     for bad in ([refs, 7], [[[7]], root], [refs], "deep", [[*refs, root], len(refs) + 1]):
         assert from_summary(PatternDef("P", pdef.params, body), {**data, "deep": bad}) is None
+    assert data["early"] is not None and set(data["early"]) == {"x"}
+    for bad in ("early", ["x"], {"x": None}, {"x": [refs, 7]}, {1: data["early"]["x"]}):
+        assert from_summary(PatternDef("P", pdef.params, body), {**data, "early": bad}) is None
 
 
 # ------------------------------------------------------------ look-ahead at alternates

@@ -24,6 +24,7 @@ import pypm_jax as pm
 import pypm_jax.rules as R
 from pypm_jax.engine import compiled as _compiled
 from pypm_jax.engine import fast as _fast
+from pypm_jax.engine import machine as _trail
 from pypm_jax.engine import rewrite as _rewrite
 from pypm_jax.engine.rewrite import guarded_pattern
 from pypm_jax.jax import lift, prims
@@ -109,6 +110,10 @@ def test_a_load_gives_what_the_frontend_builds(frontend_runs):
         primed = _fast.compile_pattern(pdef)
         assert primed.backend == "machine"
         assert (primed.root_ops, primed._shape) == (fresh.root_ops, fresh._shape)
+        assert primed._deep == fresh._deep
+        # the machine's early checks, loaded rather than worked out at the first match
+        assert id(pdef.body) in _trail._early_shapes.entries
+        assert _trail._early_shapes(pdef.body) == _trail._find_early_shapes(fresh.pdef.body)
         # and the driver's reach of the pattern, as it would work it out
         reach = _rewrite._reach_of.entries[id(b.definition.pattern)]
         assert reach == (b.definition.pattern, _rewrite._reach(a.definition.pattern.body, [500]))
