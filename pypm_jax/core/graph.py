@@ -847,24 +847,18 @@ class Graph:
         self._nodes.pop(node.id, None)
         if node._key is not None:
             self._stale += 1  # (its entry in the hash-consing table goes stale: Graph._cse)
-        if journal is None:
-            for v in node.inputs:
-                users = v.readers
-                if type(users) is list:
-                    users.remove(node)  # (_unuse, inline)
-                else:
-                    _unuse(v, node, None)
-            return
-        where = []
+        where: list[int] | None = None if journal is None else []
         for v in node.inputs:
             users = v.readers
             if type(users) is list:
                 i = users.index(node)  # (_unuse, inline)
                 del users[i]
-                where.append(i)
             else:
-                where.append(_unuse(v, node, journal))
-        journal.log.append((_REMOVE, node, where))
+                i = _unuse(v, node, journal)
+            if where is not None:
+                where.append(i)
+        if where is not None:
+            journal.log.append((_REMOVE, node, where))
 
     def remove_dead(self, nodes: Iterable[Node]) -> list[Node]:
         """Remove the given nodes if nothing reads them, then their inputs likewise.
@@ -873,11 +867,10 @@ class Graph:
         what is removed. Graph inputs and impure nodes stay. Returns the removed nodes in
         removal order.
         """
-        outs, live, journal = self._output_ids, self._nodes, self._journal
+        outs, live = self._output_ids, self._nodes
         stack = list(nodes)
         stack.reverse()
         removed: list[Node] = []
-        stale = 0
         while stack:
             node = stack.pop()
             op = node.op
@@ -887,39 +880,12 @@ class Graph:
                 if v.readers or id(v) in outs:
                     break
             else:
-                # (``_remove``, inline)
-                if journal is not None and journal.order is None:
-                    journal.order = list(live.values())
-                node.alive = False
-                live.pop(node.id, None)
-                if node._key is not None:
-                    stale += 1  # (its entry in the hash-consing table goes stale: Graph._cse)
-                ins = node.inputs
-                if journal is None:
-                    for v in ins:
-                        users = v.readers
-                        if type(users) is list:
-                            users.remove(node)  # (_unuse, inline)
-                        else:
-                            _unuse(v, node, None)
-                else:
-                    where = []
-                    for v in ins:
-                        users = v.readers
-                        if type(users) is list:
-                            i = users.index(node)  # (_unuse, inline)
-                            del users[i]
-                            where.append(i)
-                        else:
-                            where.append(_unuse(v, node, journal))
-                    journal.log.append((_REMOVE, node, where))
+                self._remove(node)
                 removed.append(node)
-                for v in reversed(ins):
+                for v in reversed(node.inputs):
                     if not v.readers:  # (an input something else reads stays)
                         stack.append(v.node)
-        if stale:
-            self._stale += stale
-        if self._stale > _STALE_MIN and journal is None:
+        if self._stale > _STALE_MIN and self._journal is None:
             self._purge()
         return removed
 

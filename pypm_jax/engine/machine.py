@@ -207,6 +207,27 @@ class _CellFresh:
 _TOP_CTX: tuple = ({}, None, 0, {})
 
 
+def _exists_ctx(a: PExists, ctx: tuple) -> tuple[str, tuple]:
+    """The name the machine binds ``∃x.p``'s ``x`` to in ``ctx`` (in an entered body, the
+    fresh name unfolding would give it), and the context reading ``x`` as that name. The
+    machine's loop does this inline; the walkers that follow it (pre-checks, pre-guards)
+    call this."""
+    env, info, base, scope = ctx
+    name = a.var if info is None else f"{a.var.split('#', 1)[0]}#{base + info.offsets[id(a)]}"
+    if name != env.get(a.var, a.var):
+        ctx = ({**env, a.var: name}, info, base, scope)
+    return name, ctx
+
+
+def _definition(a: PMu | PCall, ctx: tuple) -> tuple[tuple, Pattern] | None:
+    """The parameters and body of the definition ``a`` enters (a reference's from the
+    scope of ``ctx``), or None for a reference outside its definition (the machine raises
+    there). Inline in the machine's loop, as ``_exists_ctx``."""
+    if type(a) is PMu:
+        return a.params, a.body
+    return ctx[3].get(a.name)
+
+
 def _enter(
     name: str, params: tuple, args: tuple, body: Pattern, ctx: tuple, cell: list[int]
 ) -> tuple[Pattern, tuple]:
@@ -518,25 +539,16 @@ def _find_pre_guards(body: Pattern) -> _PreGuards | None:
             elif cls is PGuard:
                 k = ((_MATCH, a.pat, ctx), ((_GUARD, a.guard, ctx), k))
             elif cls is PExists:
-                env, info, base, scope = ctx
-                if info is None:
-                    name = a.var
-                else:
-                    name = f"{a.var.split('#', 1)[0]}#{base + info.offsets[id(a)]}"
-                if name != env.get(a.var, a.var):
-                    ctx = ({**env, a.var: name}, info, base, scope)
+                name, ctx = _exists_ctx(a, ctx)
                 k = ((_MATCH, a.body, ctx), ((_CHECK, (name, a.kind), ctx), k))
             elif cls is PConstr:
                 var = ctx[0].get(a.var, a.var)
                 k = ((_MATCH, a.pat, ctx), ((_CONSTR, (var, a.constraint), ctx), k))
             elif cls is PMu or cls is PCall:
-                if cls is PMu:
-                    params, dbody = a.params, a.body
-                else:
-                    d = ctx[3].get(a.name)
-                    if d is None:
-                        break  # (the machine raises here)
-                    params, dbody = d
+                d = _definition(a, ctx)
+                if d is None:
+                    break  # (the machine raises here)
+                params, dbody = d
                 try:
                     q, inner = _enter(a.name, params, a.args, dbody, ctx, cell)
                 except TypeError:

@@ -31,7 +31,7 @@ from ..core.calculus import (
 )
 from ..core.terms import CONST, Operator
 from .analysis import _def_facts, _error_free
-from .machine import _EARLY_DEPTH, _TOP_CTX, _early_shapes, _enter
+from .machine import _EARLY_DEPTH, _TOP_CTX, _definition, _early_shapes, _enter, _exists_ctx
 
 # A shape: None (any term) or a list of alternatives (op or None, arity or None, kids), kids
 # being None (not looked at) or one shape per input. A necessary condition for a match.
@@ -60,13 +60,7 @@ def _shape(
         return None
     cls = type(p)
     if cls is PExists:
-        env, info, base, scope = ctx
-        if info is not None:  # in an entered body: the ∃'s fresh name
-            var = p.var
-            name = f"{var.split('#', 1)[0]}#{base + info.offsets[id(p)]}"
-            if name != env.get(var, var):
-                ctx = ({**env, var: name}, info, base, scope)
-        return _shape(p.body, depth, budget, cons, cell, ctx)
+        return _shape(p.body, depth, budget, cons, cell, _exists_ctx(p, ctx)[1])
     if cls is PConstr:
         cons = (ctx[0].get(p.var, p.var), (p.constraint, ctx), cons)
         return _shape(p.pat, depth, budget, cons, cell, ctx)
@@ -190,13 +184,7 @@ def _focus(
         raise _OverBudget
     cls = type(p)
     if cls is PExists:
-        env, info, base, scope = ctx
-        if info is not None:  # in an entered body: the ∃'s fresh name (as in _shape)
-            var = p.var
-            name = f"{var.split('#', 1)[0]}#{base + info.offsets[id(p)]}"
-            if name != env.get(var, var):
-                ctx = ({**env, var: name}, info, base, scope)
-        return _focus(p.body, depth, budget, cons, cell, ctx, focus, path)
+        return _focus(p.body, depth, budget, cons, cell, _exists_ctx(p, ctx)[1], focus, path)
     if cls is PConstr:
         cons = (ctx[0].get(p.var, p.var), (p.constraint, ctx), cons)
         return _focus(p.pat, depth, budget, cons, cell, ctx, focus, path)
@@ -237,13 +225,10 @@ def _focus(
             return None, False
         return a + b, hit_a or hit_b
     if cls is PMu or cls is PCall:
-        if cls is PMu:
-            params, body = p.params, p.body
-        else:
-            definition = ctx[3].get(p.name)
-            if definition is None:
-                return None, False
-            params, body = definition
+        definition = _definition(p, ctx)
+        if definition is None:
+            return None, False
+        params, body = definition
         closed, free, _, _ = _def_facts(p.name, params, body)
         if (
             closed
