@@ -722,3 +722,36 @@ def _error_free_walk(body: Pattern) -> bool:
                 defs = defs | {q.name}
         stack.extend((c, defs) for c in children(q))
     return True
+
+
+def _find_draws_names(p: Pattern) -> bool:
+    """May matching ``p`` draw a fresh name: enter a definition of ``p`` whose unfolding
+    renames an ∃ (ST-Match-Mu), or call a definition ``p`` does not contain (whose
+    unfolding may)? A cut that skips a failing part of the search (an early refusal, a
+    side of an alternate not tried) changes no later fresh name only where that part
+    draws none: the machine's exact solutions (θ with the reference's fresh names) need
+    it, the distinct ones (parameters only) do not."""
+    inside: dict[str, int] = {}  # the definitions of p entered, by name (a count: nesting)
+    depth = 0
+    stack: list[tuple[Pattern, bool]] = [(p, False)]
+    while stack:
+        q, leaving = stack.pop()
+        cls = type(q)
+        if leaving:  # (q: a definition whose body has been walked)
+            inside[q.name] -= 1
+            depth -= 1
+        elif cls is PExists and depth:
+            return True
+        elif cls is PCall and not inside.get(q.name):
+            return True
+        elif cls is PMu:
+            inside[q.name] = inside.get(q.name, 0) + 1
+            depth += 1
+            stack.append((q, True))
+            stack.append((q.body, False))
+        else:
+            stack.extend((c, False) for c in children(q))
+    return False
+
+
+_draws_names = _ByIdentity(_find_draws_names)

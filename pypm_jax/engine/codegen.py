@@ -53,6 +53,7 @@ from .analysis import (
     _calls_self,
     _closed,
     _definitely_bound,
+    _draws_names,
     _has_call,
     _paths,
     _plain_names,
@@ -181,6 +182,9 @@ class _Codegen(_GuardCodegen):
         # variable -> the constant holding the shape its term must fit when bound (the
         # machine's early refusals, :func:`pypm_jax.engine.machine._early_shapes`)
         self.checks: dict[str, str] = {}
+        # the early refusals skip code that draws fresh names: only in distinct runs (exact
+        # ones keep the reference's names, :func:`pypm_jax.engine.analysis._draws_names`)
+        self.checks_distinct = False
         self.outs: list[tuple[str, bool]] = []  # "sub": the arguments it yields
 
     # -- small utilities
@@ -221,6 +225,7 @@ class _Codegen(_GuardCodegen):
             shapes = _early_shapes(body)
             if shapes:
                 self.checks = {var: self.const(shape) for var, shape in shapes.items()}
+                self.checks_distinct = _draws_names(body)
         if self.subs is not None or _has_call(body):
             # recursive sub-patterns and definitions' generators share the counter
             self.ctr = "C[0]"
@@ -249,6 +254,8 @@ class _Codegen(_GuardCodegen):
                         shape = self.checks.get(name)
                         if shape is not None:  # an early refusal
                             test = self.shape_test(self.ns[shape], t)
+                            if self.checks_distinct:  # (R: the run, None for exact)
+                                test = f"({test}) or R is None or not R.distinct"
                             line(ind, f"if not ({test}): {fail}")
                     elif bound != t:
                         line(ind, f"if {t} is not {bound}: {fail}")  # -Bound / -Conflict
@@ -470,6 +477,7 @@ class _Codegen(_GuardCodegen):
             tuple((c, o) for c, o, _ in ins),
             tuple((c, o) for c, o, _ in outs),
             tuple(checks),
+            self.checks_distinct and bool(checks),
         )
         if name is None:
             return False
@@ -604,11 +612,13 @@ class _Subs:
         ins: tuple[tuple[str, bool], ...],
         outs: tuple[tuple[str, bool], ...],
         checks: tuple[tuple[str, str], ...],
+        checks_distinct: bool,
     ) -> str | None:
         """The generator function's name, or None where a solution of the definition may
-        leave an argument unbound (the caller unfolds it in place)."""
+        leave an argument unbound (the caller unfolds it in place). ``checks``: the early
+        refusals passed down, made in distinct runs only where ``checks_distinct``."""
         args = tuple(a if isinstance(a, str) else id(a) for a in mu.args)
-        key = (id(mu.body), mu.name, mu.params, args, ins, outs, checks)
+        key = (id(mu.body), mu.name, mu.params, args, ins, outs, checks_distinct, checks)
         hit = self.made.get(key)
         if hit is not None:
             return hit[1]  # (None: left to the caller to unfold)
@@ -630,6 +640,7 @@ class _Subs:
         self.made[key] = (mu, name)  # (holds the body and operators: their ids stay theirs)
         gen = _Codegen("sub", self.ns, self.counter, subs=self)
         gen.checks = dict(checks)
+        gen.checks_distinct = checks_distinct
         try:
             src = gen.sub_function(name, mu, ins, outs)
         except _Unbound:

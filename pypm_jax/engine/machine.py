@@ -41,7 +41,7 @@ from ..core.calculus import (
 from ..core.errors import PatternDefinitionError
 from ..core.terms import Operator, const_equal
 from ..semantics.subst import unfold
-from .analysis import _ByIdentity, _error_free, _expr_names, _root_var, _tabling
+from .analysis import _ByIdentity, _draws_names, _error_free, _expr_names, _root_var, _tabling
 from .guard_code import _env_guard
 
 
@@ -471,7 +471,18 @@ def _make_alt_checks(alt: PAlt) -> tuple:
     return tuple(checks)
 
 
+def _make_exact_alt_checks(alt: PAlt) -> tuple:
+    """``_alt_checks`` for runs that keep the reference's fresh names: a side that may draw
+    names (:func:`~pypm_jax.engine.analysis._draws_names`) is always tried, since skipping
+    it would renumber the names drawn after it."""
+    return tuple(
+        None if check is None or _draws_names(side) else check
+        for check, side in zip(_alt_checks(alt), (alt.left, alt.right), strict=True)
+    )
+
+
 _alt_checks = _ByIdentity(_make_alt_checks)
+_exact_alt_checks = _ByIdentity(_make_exact_alt_checks)
 _looks_ahead = _ByIdentity(_error_free)
 
 
@@ -640,8 +651,13 @@ def _machine(
     # early refusals at the top of a pattern (not where generated code runs a recursive
     # sub-pattern, a μ); none where explain watches the reference's transitions
     early = None if _OBSERVED or type(body) is PMu else _early(body)
+    # (runs that keep θ exact keep its fresh names the reference's: no cut may skip a
+    # part of the search that draws names)
+    if early is not None and not distinct and _draws_names(body):
+        early = None
     look = not _OBSERVED and _looks_ahead(body)
-    alts = _alt_checks.entries
+    alt_checks = _alt_checks if distinct else _exact_alt_checks
+    alts = alt_checks.entries
 
     while True:
         steps += 1
@@ -711,7 +727,7 @@ def _machine(
                 elif cls is PAlt:
                     if look:
                         hit = alts.get(id(a))
-                        left, right = hit[1] if hit is not None and hit[0] is a else _alt_checks(a)
+                        left, right = hit[1] if hit is not None and hit[0] is a else alt_checks(a)
                         if left is not None and not left(t):
                             if right is None or right(t):
                                 k = ((_MATCH, a.right, t, ctx), k)

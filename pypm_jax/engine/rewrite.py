@@ -380,6 +380,8 @@ class _Candidates(dict):
     def __missing__(self, op: Any) -> tuple:
         cands = self[op] = self.table.get(op, self.wild)
         return cands
+
+
 _OUTSIDE_SEARCH = 64  # nodes ``outside`` visits at most
 
 

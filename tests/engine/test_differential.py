@@ -12,6 +12,7 @@ import itertools
 from contextlib import nullcontext
 from unittest import mock
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,12 +26,16 @@ from pypm_jax.core.calculus import (
     EOr,
     Expr,
     PAlt,
+    PApp,
+    Param,
     Pattern,
     PatternDef,
+    PCall,
     PConstr,
     PExists,
     PFunVar,
     PGuard,
+    PMu,
     PVar,
     RApp,
     RuleBranch,
@@ -43,14 +48,16 @@ from pypm_jax.core.terms import OpClass, Operator
 from pypm_jax.engine import codegen as _codegen
 from pypm_jax.engine import fast as _fast
 from pypm_jax.engine import rewrite as _rewrite
-from pypm_jax.engine.analysis import admits, root_set, rule_roots
+from pypm_jax.engine.analysis import _draws_names, admits, root_set, rule_roots
 from pypm_jax.engine.fast import CompiledPattern, Matcher, compile_guard
 from pypm_jax.engine.index import _Index
 from pypm_jax.engine.rewrite import rewrite
 from pypm_jax.semantics import machine as _machine
 from pypm_jax.semantics.guards import guard_holds
+from pypm_jax.semantics.subst import FreshNames
 from pypm_testing.engine import (
     F1,
+    G2,
     LEAVES,
     OPS,
     PARAMS,
@@ -348,6 +355,84 @@ def test_matcher_index_finds_what_trying_every_pattern_finds(pdefs, pool):
                 expected.append((v, i, m.key()))
                 break
     assert found == expected
+
+
+# Cuts and fresh names. The machine and generated code skip parts of a search that cannot
+# succeed (an early refusal of a spine-constrained variable, a side of an alternate the
+# term cannot match). Where the skipped part would have drawn fresh names, the exact
+# solutions would renumber the names drawn after it; so exact runs cut only where nothing
+# skipped draws a name, and distinct runs (parameters only) cut everywhere.
+
+_H = PMu("H", (), (), PExists("z", PVar("z")))  # one unfolding draws z#N
+_REFUSED_THEN_NAMED = PatternDef(  # x bound in an alternate, refused early, then H
+    "P",
+    (Param("x"),),
+    PConstr(
+        PApp(G2, (PAlt(PApp(F1, (PVar("x"),)), PVar("x")), _H)),
+        "x",
+        PApp(F1, (PVar("w"),)),
+    ),
+)
+_R0_BODY = PAlt(
+    PExists("y", PConstr(PVar("x"), "x", PFunVar("f", (PCall("R0", ("y", "f", "g")),)))),
+    PAlt(
+        PExists(
+            "y",
+            PExists(
+                "z",
+                PConstr(
+                    PVar("x"),
+                    "x",
+                    PFunVar("g", (PCall("R0", ("y", "f", "g")), PCall("R0", ("z", "f", "g")))),
+                ),
+            ),
+        ),
+        PVar("x"),
+    ),
+)
+_R0_PARAMS = (Param("x"), Param("f", "op"), Param("g", "op"))
+_SKIPPED_THEN_NAMED = PatternDef(  # a side that cannot match G2(A, A), drawing F4#1
+    "P0",
+    _R0_PARAMS,
+    PAlt(
+        PMu("H5", (), (), PExists("F4", PFunVar("F4", ()), kind="op")),
+        PMu("R0", _R0_PARAMS, ("x", "f", "g"), _R0_BODY),
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("pdef", "t"),
+    [(_REFUSED_THEN_NAMED, G2(F1(A), B)), (_SKIPPED_THEN_NAMED, G2(A, A))],
+    ids=["early-refusal", "alternate-look-ahead"],
+)
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "generators"])
+def test_cuts_keep_the_fresh_names_of_exact_solutions(pdef, t, inline):
+    names = {n for key in reference_solutions(pdef, t) for n, _ in key[0] if "#" in n}
+    assert names  # (the example: a solution binds a name drawn after the cut)
+    with mock.patch.object(_codegen, "_INLINE_PATHS", _codegen._INLINE_PATHS if inline else 0):
+        check_same(pdef, t)
+
+
+@given(pattern_defs(), dags(), st.data())
+def test_a_pattern_that_draws_no_names_says_so(pdef, pool, data):
+    """``_draws_names`` is what exact runs' cuts rely on: where it says a pattern draws no
+    fresh name, the reference machine draws none while matching it."""
+    t = data.draw(st.sampled_from(pool[-4:]))
+    drawn = []
+    real = FreshNames.__call__
+
+    def draw(self, name):
+        drawn.append(name)
+        return real(self, name)
+
+    with mock.patch.object(FreshNames, "__call__", draw):
+        try:
+            reference_solutions(pdef, t)
+        except PyPMError:
+            pass  # (a pattern that raises: what it drew before is still counted)
+    if not _draws_names(pdef.body):
+        assert drawn == []
 
 
 # The shared strategies of tests/core: patterns abstracted from random terms (so many match,
