@@ -383,6 +383,7 @@ class _Candidates(dict):
 
 
 _OUTSIDE_SEARCH = 64  # nodes ``outside`` visits at most
+_UNRANKED_LIMIT = 4096  # nodes ``unranked`` holds before they are checked (and let go)
 
 
 def _interpreted_guard(g: Any) -> Any:
@@ -466,8 +467,10 @@ class _Driver:
         # full search would have is decided before the graph next changes (``decide``)
         self.undecided: dict[int, tuple[Node, list[int]]] = {}
         # do the ranks (``rank``) still grow along every edge? (then a reader ranked after a
-        # root is no node of any match there: :meth:`doomed`)
+        # root is no node of any match there: :meth:`doomed`) Checked when asked
+        # (:meth:`ranks_hold`) on the nodes whose inputs rewrites made since (``unranked``)
         self.ranks_ok = True
+        self.unranked: list[Node] = []
         self.pos = 0
         self.started = self.last_log = time.monotonic()
 
@@ -810,7 +813,7 @@ class _Driver:
             or node is rnode
             or node.id not in covered
             or len(rnode.outputs) != 1
-            or not self.ranks_ok
+            or not self.ranks_hold()
             or self.constant_only(node)
             or (self.shareable is not None and self.shareable(node))
             or not all(n.op.pure for n in covered.values())
@@ -852,6 +855,18 @@ class _Driver:
             return None
         return (nid, 0) if self.rank_of is None else (self.rank_of[nid], 0)
 
+    def ranks_hold(self) -> bool:
+        """Do the ranks grow along every edge of the graph now (``ranks_ok``)? The edges
+        of the run's first graph do; every edge a rewrite made is an input of a node it
+        created or rewired (``unranked``, checked here, live ones as they are now). Once
+        false it stays false (a conservative answer)."""
+        unranked = self.unranked
+        if unranked:
+            self.unranked = []
+            if self.ranks_ok:
+                self.ranks_ok = self.ranks_grow(unranked)
+        return self.ranks_ok
+
     def ranks_grow(self, nodes: Iterable[Node]) -> bool:
         """Does each live node of ``nodes`` rank after every node it reads?"""
         rank = self.rank
@@ -876,7 +891,7 @@ class _Driver:
         and values it reads, so such an output has a reader outside every match there, and
         nothing makes it cheap to share. None where the ranks cannot tell (``ranks_ok`` is
         false: a rewrite made a node read one ranked after it)."""
-        if not self.ranks_ok:
+        if not self.ranks_hold():
             return None
         rnode = root.node
         top = self.rank(rnode)
@@ -1184,7 +1199,11 @@ class _Driver:
                     queued.add(nid)
                     heapq.heappush(heap, (major, m, nid, n))
         if self.ranks_ok:  # (the edges this rewrite made: the new nodes' and the touched')
-            self.ranks_ok = self.ranks_grow(itertools.chain(created, touched))
+            unranked = self.unranked
+            unranked += created
+            unranked += touched
+            if len(unranked) > _UNRANKED_LIMIT:
+                self.ranks_hold()
         if touched:
             self.requeue(touched, pos)
         if rnode.alive:  # x → f(x): x lives on, read by f(x) only
