@@ -11,6 +11,7 @@ force fresh names at each unfolding).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any
 
@@ -72,6 +73,22 @@ TWO = const(2)
 LEAVES = (A, B, C, HALF, TWO)
 
 
+# Strategies the generators draw from, made once: a strategy object made afresh at each
+# draw is validated afresh, which costs more than the draw (the same choices either way).
+_OPS = st.sampled_from(OPS)
+_UNARY = st.sampled_from((F1, F2))
+_OP_ARGS = st.sampled_from(OPS[:4])
+_CONSTS = st.sampled_from((0.5, 2, 2.0, 3))
+_N_OUTS = st.sampled_from((None, 1, 2))
+_LEAF_KINDS = st.sampled_from(("var", "var", "const"))
+_KINDS = st.sampled_from((
+    "var", "var", "const", "app", "app", "app", "alt", "alt", "guard", "exists", "constr",
+    "funvar", "mu", "mu_op", "rec", "rec_constr",
+))  # fmt: skip
+_BRANCHY_KINDS = st.sampled_from(("def", "def", "def", "app", "constr", "guard", "leaf"))
+_BRANCHY_OPS = st.sampled_from((F1, F2, G2))
+
+
 # ----------------------------------------------------------------------------- random DAGs
 
 
@@ -80,12 +97,12 @@ def dags(draw: Any, max_nodes: int = 10) -> list[Term]:
     """A list of terms built bottom-up; later terms use earlier ones (so they share)."""
     pool: list[Term] = list(LEAVES)
     for _ in range(draw(st.integers(1, max_nodes))):
-        op = draw(st.sampled_from(OPS))
-        recent = st.integers(0, len(pool) - 1).map(lambda i: pool[i])
+        op = draw(_OPS)
+        recent = st.integers(0, len(pool) - 1)
         if op is CAT:
-            args = draw(st.lists(recent, min_size=1, max_size=3))
+            args = [pool[i] for i in draw(st.lists(recent, min_size=1, max_size=3))]
         else:
-            args = [draw(recent) for _ in range(op.n_in or 0)]
+            args = [pool[draw(recent)] for _ in range(op.n_in or 0)]
         out = op(*args)
         if isinstance(out, tuple):
             pool.extend(out)
@@ -99,8 +116,10 @@ def dags(draw: Any, max_nodes: int = 10) -> list[Term]:
 TERM_VARS = ("x", "y", "z")
 OP_VARS = ("F", "G")
 PARAMS = (Param("x"), Param("y"), Param("F", "op"))
+_CALL_OPS = st.sampled_from((*OP_VARS, *OPS[:3]))
 
 
+@functools.lru_cache(maxsize=None)  # (one strategy object per arguments: see _OPS)
 @st.composite
 def guards(draw: Any, names: tuple[str, ...], op_names: tuple[str, ...]) -> Expr:
     """A guard: an atom (true, false or undefined on a given match), maybe combined."""
@@ -145,6 +164,7 @@ def guards(draw: Any, names: tuple[str, ...], op_names: tuple[str, ...]) -> Expr
 _mu_names = itertools.count()
 
 
+@functools.lru_cache(maxsize=None)  # (one strategy object per arguments: see _OPS)
 @st.composite
 def patterns(
     draw: Any,
@@ -155,18 +175,13 @@ def patterns(
 ) -> Pattern:
     """A random pattern over the given variable names (every construct but bare PCall)."""
     sub = lambda d=depth - 1: patterns(d, names, op_names, exist_names)  # noqa: E731
-    leafy = ["var", "var", "const"]
-    kinds = leafy if depth <= 0 else leafy + [
-        "app", "app", "app", "alt", "alt", "guard", "exists", "constr", "funvar",
-        "mu", "mu_op", "rec", "rec_constr",
-    ]  # fmt: skip
-    kind = draw(st.sampled_from(kinds))
+    kind = draw(_LEAF_KINDS if depth <= 0 else _KINDS)
     if kind == "var":
         return PVar(draw(st.sampled_from(names)))
     if kind == "const":
-        return PConst(draw(st.sampled_from([0.5, 2, 2.0, 3])))
+        return PConst(draw(_CONSTS))
     if kind == "app":
-        op = draw(st.sampled_from(OPS))
+        op = draw(_OPS)
         n = draw(st.integers(1, 3)) if op is CAT else op.n_in
         index = draw(st.integers(0, 1)) if op is SPLIT else 0
         return PApp(op, tuple(draw(sub()) for _ in range(n)), index)
@@ -182,7 +197,7 @@ def patterns(
         return PConstr(draw(sub()), draw(st.sampled_from(names)), draw(sub()))
     if kind == "funvar":
         n = draw(st.integers(0, 2))
-        n_out = draw(st.sampled_from([None, 1, 2]))
+        n_out = draw(_N_OUTS)
         index = draw(st.integers(0, 1)) if n_out == 2 else 0
         return PFunVar(draw(st.sampled_from(op_names)), tuple(draw(sub()) for _ in range(n)),
                        index, n_out)  # fmt: skip
@@ -190,12 +205,12 @@ def patterns(
         name = f"S{next(_mu_names)}"
         params = (Param("p"), Param("H", "op"))
         body = draw(patterns(depth - 1, ("p",), ("H",), ("e",)))
-        op_arg = draw(st.sampled_from(op_names)) if kind == "mu" else draw(st.sampled_from(OPS[:4]))
+        op_arg = draw(st.sampled_from(op_names)) if kind == "mu" else draw(_OP_ARGS)
         return PMu(name, params, (draw(st.sampled_from(names)), op_arg), body)
     # recursion that consumes structure: μR(u). op(R(u)) ‖ base, in either order
     name = f"R{next(_mu_names)}"
     base = draw(patterns(min(depth - 1, 1), ("u",), op_names, ("e",)))
-    op = draw(st.sampled_from([F1, F2]))
+    op = draw(_UNARY)
     if kind == "rec":
         step: Pattern = PApp(op, (PCall(name, ("u",)),))
         if draw(st.booleans()):
@@ -206,6 +221,7 @@ def patterns(
     return PMu(name, (Param("u"),), (draw(st.sampled_from(names)),), body)
 
 
+@functools.lru_cache(maxsize=None)  # (one strategy object per arguments: see _OPS)
 @st.composite
 def branchy_patterns(draw: Any, depth: int = 3, names: tuple[str, ...] = TERM_VARS) -> Pattern:
     """Patterns that call definitions with alternates of their own, nested in applications,
@@ -216,11 +232,11 @@ def branchy_patterns(draw: Any, depth: int = 3, names: tuple[str, ...] = TERM_VA
     sub = lambda d=depth - 1, ns=names: branchy_patterns(d, ns)  # noqa: E731
     if depth <= 0:
         return draw(st.sampled_from([PVar(n) for n in names] + [PConst(2.0)]))
-    kind = draw(st.sampled_from(["def", "def", "def", "app", "constr", "guard", "leaf"]))
+    kind = draw(_BRANCHY_KINDS)
     if kind == "leaf":
         return draw(patterns(1, names))
     if kind == "app":
-        op = draw(st.sampled_from([F1, F2, G2]))
+        op = draw(_BRANCHY_OPS)
         return PApp(op, tuple(draw(sub()) for _ in range(op.n_in)))
     if kind == "constr":
         return PConstr(draw(sub()), draw(st.sampled_from(names)), draw(sub()))
@@ -264,7 +280,7 @@ def branchy_patterns(draw: Any, depth: int = 3, names: tuple[str, ...] = TERM_VA
     args = (
         draw(st.sampled_from(names)),
         draw(st.sampled_from(names)),
-        draw(st.sampled_from([*OP_VARS, *OPS[:3]])),
+        draw(_CALL_OPS),
     )
     call = PMu(name, params, args, body)
     return PApp(G2, (call, draw(sub()))) if draw(st.booleans()) else call
