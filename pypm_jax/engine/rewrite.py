@@ -440,9 +440,7 @@ class _Driver:
         guard = compile_guard if self.fast else _interpreted_guard
         # per rule: its (branch, guard, result builder) triples, in order
         self.branches = [
-            tuple(
-                (b, guard(b.guard), build) for b, build in zip(r.branches, _results(r), strict=True)
-            )
+            tuple((b, guard(b.guard), _deferred_result(r, i)) for i, b in enumerate(r.branches))
             for r in rules
         ]
         self.params = [[(p.name, p.kind == "op") for p in r.pattern.params] for r in rules]
@@ -1464,6 +1462,16 @@ def _compile_result(rule: RuleDef, rhs: Rhs) -> Callable[..., Any]:
 
 # per rule: its branches' results, compiled
 _results = _ByIdentity(lambda rule: tuple(_compile_result(rule, b.result) for b in rule.branches))
+
+
+def _deferred_result(rule: RuleDef, i: int) -> Callable[..., Any]:
+    """Branch ``i``'s result of ``rule`` (:func:`_compile_result`), compiled when first built:
+    most rules never fire in a given program."""
+
+    def build(g: Graph, theta: dict, phi: dict, root: Value, cx: list) -> Any:
+        return _results(rule)[i](g, theta, phi, root, cx)
+
+    return build
 
 
 # ------------------------------------------------------------------------------ the API
