@@ -638,7 +638,7 @@ def _reject_constant(name: str) -> Any:
     raise FormatError(f"{name} is not JSON (non-finite floats are written as strings)")
 
 
-def _parse(blob: Any) -> Any:
+def _parse(blob: Any, checked: bool = True) -> Any:
     if isinstance(blob, memoryview):
         if blob.nbytes > MAX_BLOB_BYTES:
             raise FormatError(f"blob of {blob.nbytes} bytes exceeds the limit of {MAX_BLOB_BYTES}")
@@ -661,7 +661,7 @@ def _parse(blob: Any) -> Any:
         raise FormatError("not a pypm blob: JSON nested too deeply (the format is flat)") from None
     except ValueError as exc:  # JSONDecodeError, or an integer with too many digits
         raise FormatError(f"not valid JSON (truncated or corrupt?): {exc}") from None
-    if type(doc) is dict:
+    if checked and type(doc) is dict:
         for key, value in doc.items():
             _check_scalars(key, [value])
     return doc
@@ -710,8 +710,11 @@ class _Budget:
 
 
 class _Reader:
-    def __init__(self, ops: Any) -> None:
+    def __init__(self, ops: Any, checked: bool = True) -> None:
         self.by_qual, self.by_name = _user_ops(ops)
+        # False: the blob's bytes are ones a checked reader accepted (_deserialize_pinned):
+        # what is a function of those bytes alone is not checked again
+        self.checked = checked
         self.t: dict[str, list[Any]] = {t: [] for t in TABLES}
         # expanded (tree) size of each entry, capped: shared entries count at every use
         self.size: dict[str, list[int]] = {t: [] for t in ("exprs", "patterns", "rhs")}
@@ -733,7 +736,7 @@ class _Reader:
     # --- top level ---
 
     def read(self, blob: Any) -> list[Item]:
-        doc = _parse(blob)
+        doc = _parse(blob, self.checked)
         self._header(doc)
         self._read_ops(self._list(doc, "ops"))
         self._read_guard_fns(self._list(doc, "guard_fns"))
@@ -744,6 +747,21 @@ class _Reader:
         if "guard_locs" in doc:  # optional (minor >= 1; _header refuses it before)
             self._read_guard_locs(self._list(doc, "guard_locs"))
         self.where = "the blob"
+        if self.checked:
+            self._check_definitions()
+        items: list[Item] = []
+        for n, raw in enumerate(self._list(doc, "items")):
+            self.where = f"items[{n}]"
+            entry = self._record(raw, ("i", "k"))
+            k = entry["k"]
+            if type(k) is not str or k not in _ITEM_TABLES:
+                raise self.fail(f"unknown item kind {_short(k)}; expected op, pattern or rule")
+            items.append(self._ref(entry["i"], _ITEM_TABLES[k], None, "i"))
+        return items
+
+    def _check_definitions(self) -> None:
+        """The definitions' expanded size is bounded, and each is closed (its variables
+        bound, recursion under an application, results using the pattern's parameters)."""
         size = self.size
         total = sum(size["patterns"][d] for d in self.body_index)
         total += sum(size["exprs"][g] + size["rhs"][r] for g, r in self.branch_index)
@@ -760,15 +778,7 @@ class _Reader:
         for i, r in enumerate(self.t["rules"]):
             self.where = f"rules[{i}]"
             _check_rule(r, f"rule {_short(r.name)} (rules[{i}])", budget, needs)
-        items: list[Item] = []
-        for n, raw in enumerate(self._list(doc, "items")):
-            self.where = f"items[{n}]"
-            entry = self._record(raw, ("i", "k"))
-            k = entry["k"]
-            if type(k) is not str or k not in _ITEM_TABLES:
-                raise self.fail(f"unknown item kind {_short(k)}; expected op, pattern or rule")
-            items.append(self._ref(entry["i"], _ITEM_TABLES[k], None, "i"))
-        return items
+        self.where = "the blob"
 
     def _header(self, doc: Any) -> None:
         if type(doc) is not dict:
@@ -1063,9 +1073,11 @@ class _Reader:
                         continue
                 args.append(get(ftype, v, name, table, i))
             obj = cls(*args)
+            out.append(obj)
+            if not self.checked:
+                continue
             if cls in _LOCALLY_CHECKED:
                 self._check_local(obj)
-            out.append(obj)
             # the indices are valid now: account for the expanded size
             if table == "exprs":
                 self._check_expr_depth(fields, e)
@@ -1557,13 +1569,31 @@ def deserialize(
     registered). Guard functions must be registered in this process. Never executes code
     from the blob; raises :class:`FormatError` — and only that — for anything wrong with it.
     """
+    return _read(blob, ops, True)[0]
+
+
+def _deserialize_pinned(blob: bytes) -> tuple[list[Item], dict[str, Operator]]:
+    """:func:`deserialize` of bytes known to be exactly ones it accepted: a blob whose
+    digest is pinned in code (the standard rules' shipped data, see
+    :mod:`pypm_jax.rules._prebuilt`; any other bytes there are read by :func:`deserialize`).
+    The same items, without the checks whose verdict is a function of the blob's bytes
+    (scalar limits, expanded sizes and depths, arities, closedness): they held when the
+    bytes were pinned. What depends on this process -- operators resolve, with the blob's
+    signatures, and guard functions are registered -- is checked as by :func:`deserialize`,
+    and anything wrong still raises :class:`FormatError` only. Also returns the operators
+    the blob names, by qualified name."""
+    items, reader = _read(blob, None, False)
+    return items, {op.qualname: op for op in reader.t["ops"]}
+
+
+def _read(blob: Any, ops: Any, checked: bool) -> tuple[list[Item], _Reader]:
     reader: _Reader | None = None
     loaded = False
     try:
-        reader = _Reader(ops)
+        reader = _Reader(ops, checked)
         items = reader.read(blob)
         loaded = True
-        return items
+        return items, reader
     except FormatError:
         raise
     except RecursionError:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 __all__ = ["rule_summary", "load_rule_summary"]
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..core.calculus import RuleDef
+from ..core.terms import Operator
 from .fast import CompiledPattern, from_summary, summary
 from .rewrite import _reach_of, guarded_pattern
 
@@ -34,15 +36,16 @@ def rule_summary(rule: RuleDef) -> dict[str, Any] | None:
     return None if data is None else {**data, "reach": _reach_of(rule.pattern)}
 
 
-def load_rule_summary(rule: RuleDef, data: Any) -> bool:
+def load_rule_summary(rule: RuleDef, data: Any, ops: Mapping[str, Operator] | None = None) -> bool:
     """Make what ``data`` (from :func:`rule_summary`) describes the compiled form of
     ``rule``'s pattern, and its reach the driver's, so the driver does not compile them
     again; False, with nothing changed, when ``data`` is not a well-formed summary naming
-    only the pattern's operators."""
+    only the pattern's operators. ``ops``: as :func:`~pypm_jax.engine.compiled.from_summary`
+    takes it (the operators of the definitions ``rule`` was read with)."""
     reach = data.get("reach", False) if type(data) is dict else False
     if reach is not None and (type(reach) is not int or not 0 <= reach <= _MAX_REACH):
         return False
-    if from_summary(guarded_pattern(rule), data) is None:
+    if from_summary(guarded_pattern(rule), data, ops) is None:
         return False
     _reach_of.put(rule.pattern, reach)
     return True

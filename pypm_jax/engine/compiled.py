@@ -15,7 +15,7 @@ __all__ = [
 ]
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..core.calculus import (
@@ -144,6 +144,7 @@ class CompiledPattern:
 
 
 _compiled = _ByIdentity(CompiledPattern)
+_CONST_NAME = CONST.qualname
 _UNSET: Any = object()  # ``CompiledPattern._pre`` not worked out yet (it is at the first match)
 
 
@@ -366,16 +367,24 @@ def _guard_constants(p: Pattern) -> tuple[dict[str, OpClass], frozenset[str]]:
     return found, frozenset(strings)
 
 
-def from_summary(pdef: PatternDef, data: Any) -> CompiledPattern | None:
+def from_summary(
+    pdef: PatternDef, data: Any, ops: Mapping[str, Operator] | None = None
+) -> CompiledPattern | None:
     """The compiled form of ``pdef`` that ``data`` (from :func:`summary`) describes, made
     the one ``compile_pattern(pdef)`` returns; None (nothing changed) when ``data`` is not a
-    well-formed summary naming only operators, op classes and operator names of ``pdef``."""
-    ops = _operators_of(pdef.body)
+    well-formed summary naming only operators, op classes and operator names of ``pdef``.
+
+    ``ops``: the operators the summary may name, by qualified name, where the caller knows
+    them to be those of ``pdef`` (the definitions' own table, when the summary was written
+    for exactly these definitions); by default worked out from ``pdef``."""
+    if ops is None:
+        ops = _operators_of(pdef.body)
+    const = _CONST_NAME
 
     def op_of(name: Any) -> Operator | None:
         if name is None:
             return None
-        if name == CONST.qualname:
+        if name == const:
             return CONST
         return ops[name]  # KeyError: an operator the pattern does not name
 

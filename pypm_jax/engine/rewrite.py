@@ -334,12 +334,15 @@ def _guarded(rule: RuleDef) -> PatternDef:
 guarded_pattern = _ByIdentity(_guarded)  # one per rule object, so compiled once
 
 
-def _reads_params(rule: RuleDef) -> bool:
+def _guards_read_params(rule: RuleDef) -> bool:
     """Do ``rule``'s branch guards read its pattern's parameters only?"""
     names: set[str] = set()
     for b in rule.branches:
         _expr_names(b.guard, names)
     return names <= {p.name for p in rule.pattern.params}
+
+
+_reads_params = _ByIdentity(_guards_read_params)  # (asked once single use refused a match)
 
 
 def _result_vars(rhs: Rhs) -> list[str]:
@@ -440,9 +443,7 @@ class _Driver:
         guard = compile_guard if self.fast else _interpreted_guard
         # per rule: its (branch, guard, result builder) triples, in order
         self.branches = [
-            tuple(
-                (b, guard(b.guard), build) for b, build in zip(r.branches, _results(r), strict=True)
-            )
+            tuple((b, guard(b.guard), _deferred_result(r, i)) for i, b in enumerate(r.branches))
             for r in rules
         ]
         self.params = [[(p.name, p.kind == "op") for p in r.pattern.params] for r in rules]
@@ -455,12 +456,11 @@ class _Driver:
         # runs one enumeration; generated code finds the first solution more cheaply alone)
         self.resumable = [self.fast and cp.backend == "machine" for cp in matcher.compiled]
         self.compiled = matcher.compiled
-        # per rule: does its search leave out doomed matches from the start (``doomed``)?
-        # Single-use rules whose guards read parameters only: a left-out match's guard is
-        # that of the match with its parameters the search goes on to (if any)
-        self.prunable = [self.fast and r.single_use and _reads_params(r) for r in rules]
-        # ... and does it, from now on: once single use has refused one of its matches (a
-        # search that leaves nothing out pays for the predicate and gains nothing)
+        # per rule: does its search leave out doomed matches (``doomed``) from now on? Single-
+        # use rules whose guards read parameters only (``_reads_params``: a left-out match's
+        # guard is that of the match with its parameters the search goes on to, if any), once
+        # single use has refused one of their matches (a search that leaves nothing out pays
+        # for the predicate and gains nothing)
         self.armed = [False] * len(rules)
         self.rule_index = {id(r): i for i, r in enumerate(rules)}
         # roots where such a search left something out and nothing blocked them: whether the
@@ -568,7 +568,7 @@ class _Driver:
                 continue
             # the common case, inlined: a single-output node, the compiled patterns
             v = outs[0]
-            doomed: Any = None  # (made for the node's first prunable rule: see ``doomed``)
+            doomed: Any = None  # (made for the node's first armed rule: see ``doomed``)
             for ri, _, cp in cands:
                 if over and (ri, node.id) in over:
                     continue
@@ -729,7 +729,7 @@ class _Driver:
     # * a refusal of a match whose branch guard holds blocks the root (it is revisited once
     #   something is removed). Once the root is blocked, leaving out more changes nothing:
     #   every rule leaves doomed matches out after a refusal there. A single-use rule whose
-    #   guards read its parameters only (``prunable``) leaves them out from the start, once
+    #   guards read its parameters only (``_reads_params``) leaves them out from the start, once
     #   single use has refused one of its matches in the run (``armed``): a match it keeps
     #   blocks the root as the full search's match with its parameters would (their guards
     #   agree); where it left some out and the root is not blocked, the full search decides
@@ -1115,7 +1115,7 @@ class _Driver:
         if rule.single_use and not self.unshared(root, covered):
             self.blocked[rid] = rnode
             i = self.rule_index.get(id(rule))
-            if i is not None and self.prunable[i]:
+            if i is not None and self.fast and _reads_params(rule):
                 self.armed[i] = True
             return False
         records = self.records
@@ -1464,6 +1464,16 @@ def _compile_result(rule: RuleDef, rhs: Rhs) -> Callable[..., Any]:
 
 # per rule: its branches' results, compiled
 _results = _ByIdentity(lambda rule: tuple(_compile_result(rule, b.result) for b in rule.branches))
+
+
+def _deferred_result(rule: RuleDef, i: int) -> Callable[..., Any]:
+    """Branch ``i``'s result of ``rule`` (:func:`_compile_result`), compiled when first built:
+    most rules never fire in a given program."""
+
+    def build(g: Graph, theta: dict, phi: dict, root: Value, cx: list) -> Any:
+        return _results(rule)[i](g, theta, phi, root, cx)
+
+    return build
 
 
 # ------------------------------------------------------------------------------ the API

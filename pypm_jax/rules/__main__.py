@@ -1,6 +1,7 @@
 """``python -m pypm_jax.rules --regenerate``: rebuild the standard rules' shipped data
-(``pypm_jax/rules/_prebuilt.pypm``) from their sources; ``--check`` only says whether it is
-current (exit status 1 when not)."""
+(``pypm_jax/rules/_prebuilt.pypm``) from their sources, and the digest pinning it
+(``_prebuilt_digest.py``); ``--check`` only says whether both are current and the data loads
+with every check (exit status 1 when not)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rules = standard_rules()
     if args.check:
-        current = _prebuilt.read_data() == _prebuilt.render(rules)
-        print(
-            f"{_prebuilt.DATA_PATH}: {'current' if current else 'stale; run ' + _prebuilt.REGENERATE}"
-        )
-        return 0 if current else 1
+        problem = _prebuilt.check(rules)
+        if problem is None:
+            print(f"{_prebuilt.DATA_PATH}: current")
+            return 0
+        print(f"{_prebuilt.DATA_PATH}: stale ({problem}); run {_prebuilt.REGENERATE}")
+        return 1
     changed = _prebuilt.regenerate(rules)
     print(f"{_prebuilt.DATA_PATH}: {'rewritten' if changed else 'already current'}")
     return 0

@@ -523,3 +523,18 @@ def test_the_schema_lists_each_entry_class_fields_in_order():
     classes = [c for kinds in _KINDED.values() for c in kinds.values()] + list(_SINGLE.values())
     for cls, fields in classes:
         assert [f.name for f in dataclasses.fields(cls)] == [name for name, _ in fields], cls
+
+
+def test_a_pinned_read_gives_the_same_items_and_only_format_errors():
+    """``format._deserialize_pinned`` (for bytes a checked read accepted) reads what
+    ``deserialize`` reads; bytes it cannot read are still a FormatError, never a crash."""
+    from pypm_jax.format import _deserialize_pinned
+
+    blob = serialize(ITEMS)
+    items, ops = _deserialize_pinned(blob)
+    assert serialize(items) == serialize(deserialize(blob)) == blob  # (a fresh operator
+    # is made anew by each read: the items compare through their bytes)
+    assert ops[MatMul.qualname] is MatMul
+    for bad in (blob[: len(blob) // 2], b"", b"[]", blob.replace(b'"n_in":2', b'"n_in":3', 1)):
+        with pytest.raises(pm.FormatError):
+            _deserialize_pinned(bad)

@@ -239,17 +239,90 @@ def test_a_summary_that_does_not_fit_is_compiled_as_usual(tmp_path, caplog):
         assert id(guarded_pattern(r.definition)) not in _compiled._compiled.entries
 
 
+def test_the_shipped_bytes_are_pinned_and_not_checked_again(monkeypatch):
+    from pypm_jax import format as F
+    from pypm_jax.engine.compiled import _operators_of
+    from pypm_jax.rules import _prebuilt, _prebuilt_digest
+
+    assert _prebuilt.digest(_prebuilt.read_data()) == _prebuilt_digest.DIGEST
+    assert _prebuilt.check(R.standard_rules()) is None
+    pinned_reads: list[bytes] = []
+    original = F._deserialize_pinned
+    monkeypatch.setattr(F, "_deserialize_pinned", lambda b: pinned_reads.append(b) or original(b))
+    pinned = _prebuilt._load(fresh_rules())
+    assert len(pinned_reads) == 1  # the shipped file takes the pinned path
+    checked = _prebuilt._load(fresh_rules(), pinned=False)
+    assert len(pinned_reads) == 1 and checked[2] is None
+    # the same definitions and summaries as a load with every check
+    assert pm.serialize(pinned[0]) == pm.serialize(checked[0])
+    assert pinned[0] == checked[0] and pinned[1] == checked[1]
+    # the operators the summaries may name include every one the patterns name, the same
+    # objects the definitions hold
+    for d in pinned[0]:
+        named = _operators_of(guarded_pattern(d).body)
+        assert named.items() <= pinned[2].items()
+
+
+def test_bytes_not_pinned_get_every_check(tmp_path, monkeypatch, frontend_runs, caplog):
+    from pypm_jax import format as F
+    from pypm_jax.rules import _prebuilt
+
+    # a definition reading a variable nothing binds: refused only by the checks that a
+    # pinned read leaves out
+    head, summaries, blob = _prebuilt.read_data().split(b"\n", 2)
+    doc = json.loads(blob)
+    first_var = next(p for p in doc["patterns"] if p["k"] == "var")
+    first_var["name"] = "nowhere"
+    bad = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    F._deserialize_pinned(bad)  # (no error: what a pinned read does not check)
+    with pytest.raises(pm.FormatError, match="nowhere"):
+        pm.deserialize(bad)
+    path = tmp_path / "_prebuilt.pypm"
+    path.write_bytes(head + b"\n" + summaries + b"\n" + bad)
+
+    def not_pinned(blob):
+        raise AssertionError("bytes that are not the pinned ones read without checks")
+
+    monkeypatch.setattr(F, "_deserialize_pinned", not_pinned)
+    rules = fresh_rules()
+    with caplog.at_level(logging.DEBUG, logger="pypm_jax.rules"):
+        _prebuilt.prime(rules, str(path))
+    assert all(r._definition is None for r in rules)
+    assert "nowhere" in _debug_lines(caplog)
+    assert built(rules) == built(fresh_rules())  # the frontend builds them on demand
+
+
+def test_regenerate_pins_only_data_that_loads(tmp_path, monkeypatch):
+    from pypm_jax.rules import _prebuilt
+
+    data, pin = tmp_path / "_prebuilt.pypm", tmp_path / "_prebuilt_digest.py"
+    rules = R.standard_rules()
+    assert _prebuilt.regenerate(rules, str(data), str(pin))
+    assert data.read_bytes() == _prebuilt.read_data()
+    assert pin.read_bytes() == _prebuilt.read_data(_prebuilt.DIGEST_PATH)
+    assert not _prebuilt.regenerate(rules, str(data), str(pin))  # both current
+    pin.write_bytes(b"DIGEST = ''\n")
+    assert _prebuilt.regenerate(rules, str(data), str(pin))  # a stale digest is rewritten
+    # data that would not load is never pinned
+    monkeypatch.setattr(_prebuilt, "validate", lambda rules, data: "a summary does not fit")
+    data.unlink()
+    with pytest.raises(ValueError, match="does not fit"):
+        _prebuilt.regenerate(rules, str(data), str(pin))
+    assert not data.exists()
+
+
 def test_regenerate_writes_atomically_for_every_reader(tmp_path):
     from pypm_jax.rules import _prebuilt
 
-    path = tmp_path / "_prebuilt.pypm"
+    path, pin = tmp_path / "_prebuilt.pypm", tmp_path / "_prebuilt_digest.py"
     path.write_bytes(b"old")
     rules = R.standard_rules()
-    assert _prebuilt.regenerate(rules, str(path)) is True
+    assert _prebuilt.regenerate(rules, str(path), str(pin)) is True
     assert path.read_bytes() == _prebuilt.read_data()
-    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # package data, as the code
-    assert os.listdir(tmp_path) == ["_prebuilt.pypm"]  # no temporary file left
-    assert _prebuilt.regenerate(rules, str(path)) is False  # already current
+    for written in (path, pin):
+        assert stat.S_IMODE(written.stat().st_mode) == 0o644  # package data, as the code
+    assert sorted(os.listdir(tmp_path)) == sorted([pin.name, path.name])  # no temporary file left
+    assert _prebuilt.regenerate(rules, str(path), str(pin)) is False  # already current
 
 
 # ------------------------------------------------------------- reading without trust
