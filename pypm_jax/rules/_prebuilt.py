@@ -118,8 +118,8 @@ def read_data(path: str = DATA_PATH, limit: int = MAX_BYTES) -> bytes | None:
 def sources_key(rules_dir: str | None = None) -> str:
     """A hash of what the definitions are built from: every source file of the rules'
     package (name and bytes; default :data:`RULES_DIR`) but the pinned digest
-    (:data:`DIGEST_FILE`), the file layout's and the format's versions. Python's version is not part of it: the frontend builds the same definitions on
-    every supported Python (``tests/rules/test_rules_cache.py`` checks the shipped data on
+    (:data:`DIGEST_FILE`), the file layout's and the format's versions. Python's version is
+    not part of it: the frontend builds the same definitions on every supported Python (``tests/rules/test_rules_cache.py`` checks the shipped data on
     each stack ``make test`` and ``make test-newest`` run)."""
     rules_dir = RULES_DIR if rules_dir is None else rules_dir
     h = hashlib.sha256()

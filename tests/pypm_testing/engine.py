@@ -119,7 +119,7 @@ PARAMS = (Param("x"), Param("y"), Param("F", "op"))
 _CALL_OPS = st.sampled_from((*OP_VARS, *OPS[:3]))
 
 
-@functools.lru_cache(maxsize=None)  # (one strategy object per arguments: see _OPS)
+@functools.cache  # (one strategy object per arguments: see _OPS)
 @st.composite
 def guards(draw: Any, names: tuple[str, ...], op_names: tuple[str, ...]) -> Expr:
     """A guard: an atom (true, false or undefined on a given match), maybe combined."""
@@ -164,7 +164,7 @@ def guards(draw: Any, names: tuple[str, ...], op_names: tuple[str, ...]) -> Expr
 _mu_names = itertools.count()
 
 
-@functools.lru_cache(maxsize=None)  # (one strategy object per arguments: see _OPS)
+@functools.cache  # (one strategy object per arguments: see _OPS)
 @st.composite
 def patterns(
     draw: Any,
@@ -221,7 +221,7 @@ def patterns(
     return PMu(name, (Param("u"),), (draw(st.sampled_from(names)),), body)
 
 
-@functools.lru_cache(maxsize=None)  # (one strategy object per arguments: see _OPS)
+@functools.cache  # (one strategy object per arguments: see _OPS)
 @st.composite
 def branchy_patterns(draw: Any, depth: int = 3, names: tuple[str, ...] = TERM_VARS) -> Pattern:
     """Patterns that call definitions with alternates of their own, nested in applications,
