@@ -361,8 +361,6 @@ def _result_vars(rhs: Rhs) -> list[str]:
 
 
 _CONST_DEPTH = 8  # how deep constant_only looks for literals
-_op_of = operator.attrgetter("op")
-_id_of = operator.attrgetter("id")
 _AFTER_ALL = float("inf")  # a major after every node's
 
 
@@ -532,17 +530,18 @@ class _Driver:
         if not cands_of.wild:
             # the sweep skips nodes no pattern can start at (one pass here is cheaper than
             # asking at each step); their op never changes, so the skip stays right
-            order = list(itertools.compress(order, map(cands_of.__getitem__, map(_op_of, order))))
+            order = [n for n in order if cands_of[n.op]]
         self.order = order
         # the sweep's nodes' majors (original nodes: their ids, or their places in the
         # order), and past the last one a major after every rank
-        ids = list(map(_id_of, order))
+        ids = [n.id for n in order]
         self.majors = majors = ids if self.rank_of is None else list(map(self.rank_of.get, ids))
         majors.append(_AFTER_ALL)
         heap, queued = self.heap, self.queued
         n_order = len(order)
         slow, is_read, try_rule = not self.fast, g.is_read, self.try_rule
         resumable, armed = self.resumable, self.armed
+        checked, branches, rules, fire = self.checked, self.branches, self.rules, self.fire
         visits = pos = 0
         sweep = majors[0]  # the sweep's next major
         next_check = _PROGRESS_STRIDE
@@ -600,7 +599,15 @@ class _Driver:
                     if not is_read(v):
                         break  # nothing reads it: nothing to rewrite (asked only now, as
                         # reading a value's users is one more object to fetch per node)
-                    if try_rule(ri, cp, v, first, pos, rest):
+                    if mrun.forbid is None and checked[ri]:
+                        # (``try_rule``'s first step, inline: the matcher checked the guard)
+                        branch, _, build = branches[ri][0]
+                        theta, phi, struct = first
+                        if fire(rules[ri], v, theta, phi, branch, build, struct, pos):
+                            break
+                        if not cp.unique and try_rule(ri, cp, v, first, pos, rest, True):
+                            break
+                    elif try_rule(ri, cp, v, first, pos, rest):
                         mrun.forbid = None
                         break
                 mrun.forbid = None
@@ -669,24 +676,28 @@ class _Driver:
         first: tuple,
         pos: int,
         rest: Iterator[tuple] | None = None,
+        tried: bool = False,
     ) -> bool:
         """The rule's branches on each solution of ``cp`` (the rule's guarded pattern; the
         first solution is ``first``), in order, repeated parameters dropped: the first
         branch whose guard holds fires (unless single use refuses that match; then the next
         solution is tried). ``rest``: the solutions after ``first``, where the matcher that
-        found it can go on (the machine); else they are found again from the start."""
+        found it can go on (the machine); else they are found again from the start.
+        ``tried``: ``first`` was fired already (the sweep does, where nothing is left out and
+        the matcher checked the guard) and single use refused it."""
         theta, phi, struct = first
         mrun = self.mrun
-        if mrun.forbid is not None and mrun.forbid.hits[0]:  # (matches left out: see below)
-            if self.fire_branch(ri, v, first, pos, probe=True):
-                mrun.forbid = None
-                return self.try_all(ri, cp, v, pos)
-        elif self.checked[ri]:  # (``fire_branch``, inline: the matcher checked the guard)
-            branch, _, build = self.branches[ri][0]
-            if self.fire(self.rules[ri], v, theta, phi, branch, build, struct, pos):
+        if not tried:
+            if mrun.forbid is not None and mrun.forbid.hits[0]:  # (left out: see below)
+                if self.fire_branch(ri, v, first, pos, probe=True):
+                    mrun.forbid = None
+                    return self.try_all(ri, cp, v, pos)
+            elif self.checked[ri]:  # (``fire_branch``, inline: the matcher checked the guard)
+                branch, _, build = self.branches[ri][0]
+                if self.fire(self.rules[ri], v, theta, phi, branch, build, struct, pos):
+                    return True
+            elif self.fire_branch(ri, v, first, pos):
                 return True
-        elif self.fire_branch(ri, v, first, pos):
-            return True
         if cp.unique:
             mrun.forbid = None
             return False
@@ -1226,25 +1237,45 @@ class _Driver:
         """The run's records as :class:`RewriteRecord` s, in firing order."""
         report = RewriteReport()
         append = report.append
+        texts: dict[tuple, str] = {}  # (shape, dtype) -> its printed type (``show_type``)
         for rule, rnode, covered, live, module_path in self.records:
-            ids = []
-            kernels = []
-            described = False
-            for n in live:
-                ids.append(n.id)
+            if len(live) == 1:  # (the common case: one node, no lists)
+                (n,) = live
+                ids: Any = (n.id,)
+                kernels: Any = ()
                 outs = n.outputs
                 if outs:
                     out = outs[0]
-                    kernels.append(_built(n.op, n.attrs, show_type(out.shape, out.dtype)))
-                if n.op.describe is not None:
-                    described = True
-            append(
-                _record(
-                    rule.name, rule.pattern.name, rnode.id, covered, rnode.loc, module_path,
-                    rnode.op.name, tuple(ids), tuple(kernels),
-                    _detail(live) if described else "",
-                )
-            )  # fmt: skip
+                    key = (out.shape, out.dtype)
+                    text = texts.get(key)
+                    if text is None:
+                        text = texts[key] = show_type(out.shape, out.dtype)
+                    kernels = (tuple.__new__(Built, (n.op, n.attrs, text)),)  # (``_built``)
+                described = n.op.describe is not None
+            else:
+                ids, kernels, described = [], [], False
+                for n in live:
+                    ids.append(n.id)
+                    outs = n.outputs
+                    if outs:
+                        out = outs[0]
+                        kernels.append(_built(n.op, n.attrs, show_type(out.shape, out.dtype)))
+                    if n.op.describe is not None:
+                        described = True
+                ids, kernels = tuple(ids), tuple(kernels)
+            r = _Unfrozen()  # (``_record``, inline)
+            r.rule = rule.name
+            r.pattern = rule.pattern.name
+            r.root = rnode.id
+            r.replaced = covered
+            r.source = rnode.loc
+            r.module_path = module_path
+            r.op = rnode.op.name
+            r.created = ids
+            r.built = kernels
+            r.detail = _detail(live) if described else ""
+            r.__class__ = RewriteRecord  # type: ignore[assignment]
+            append(r)
         return report
 
     def check_types(self, rule: RuleDef, pairs: list[tuple[Value, Value]]) -> None:
