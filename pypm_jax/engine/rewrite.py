@@ -381,7 +381,9 @@ class _Candidates(dict):
 
 
 _OUTSIDE_SEARCH = 64  # nodes ``outside`` visits at most
-_UNRANKED_LIMIT = 4096  # nodes ``unranked`` holds before they are checked (and let go)
+# nodes ``unranked`` holds before they are checked (and let go): this many, or as many as the
+# graph has nodes (so that a pass that never asks holds no more than the graph, and checks none)
+_UNRANKED_LIMIT = 4096
 
 
 def _interpreted_guard(g: Any) -> Any:
@@ -474,6 +476,7 @@ class _Driver:
         # (:meth:`ranks_hold`) on the nodes whose inputs rewrites made since (``unranked``)
         self.ranks_ok = True
         self.unranked: list[Node] = []
+        self.unranked_limit = max(_UNRANKED_LIMIT, len(graph))
         self.pos = 0
         self.started = self.last_log = time.monotonic()
 
@@ -1190,14 +1193,21 @@ class _Driver:
             self.const_memo.clear()  # inputs changed somewhere: recompute on demand
         # what the report needs, as it is now (the records are made at the end of the run):
         # the new nodes alive once it fired
-        created = []
-        live = []
-        for i, n in built.items():
-            if i >= mark:
-                created.append(n)
-                if n.alive:
-                    live.append(n)
-        records.append((rule, rnode, tuple(covered), live, meta.get("module_path")))
+        if len(built) == 1:  # (one node, the common case: the loop below, in short)
+            (n,) = built.values()
+            created = live = [n] if n.id >= mark else []
+            if created and not n.alive:
+                live = []
+        else:
+            created = []
+            live = []
+            for i, n in built.items():
+                if i >= mark:
+                    created.append(n)
+                    if n.alive:
+                        live.append(n)
+        module_path = meta.get("module_path") if meta else None
+        records.append((rule, rnode, tuple(covered), live, module_path))
         if created:
             # the new nodes: visited next (by rank), before the sweep goes on (``push``,
             # inline: nothing has queued a node this rewrite made)
@@ -1219,7 +1229,7 @@ class _Driver:
             unranked = self.unranked
             unranked += created
             unranked += touched
-            if len(unranked) > _UNRANKED_LIMIT:
+            if len(unranked) > self.unranked_limit:
                 self.ranks_hold()
         if touched:
             self.requeue(touched, pos)
