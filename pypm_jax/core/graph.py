@@ -173,6 +173,25 @@ def _readers(v: Value) -> list[Node]:
     return list(dict.fromkeys(users)) if type(users) is list else list(users)
 
 
+def _new_values(
+    node: Node, op: Operator, inputs: tuple[Value, ...], attrs: Mapping[str, Any], types: Any
+) -> list[Value]:
+    """A new node's output values, one per (shape, dtype) of ``types``."""
+    outs = []
+    for i, (shape, dtype) in enumerate(types):
+        v = object.__new__(Value)
+        v.op = op
+        v.inputs = inputs
+        v.index = i
+        v.attrs = attrs
+        v.shape = shape
+        v.dtype = dtype
+        v.node = node
+        v.readers = []
+        outs.append(v)
+    return outs
+
+
 def _short(value: Any, width: int = 60) -> str:
     """``repr`` for printing a graph, cut short (attributes may hold whole arrays)."""
     text = repr(value).replace("\n", " ")
@@ -332,19 +351,7 @@ class Graph:
         node.id = self._next_id
         self._next_id += 1
         node._graph, node._key, node.alive = self, key, True
-        outs = []
-        for i, (shape, dtype) in enumerate(types):
-            v = object.__new__(Value)
-            v.op = op
-            v.inputs = inputs
-            v.index = i
-            v.attrs = attrs
-            v.shape = shape
-            v.dtype = dtype
-            v.node = node
-            v.readers = []
-            outs.append(v)
-        node.outputs = tuple(outs)
+        node.outputs = tuple(_new_values(node, op, inputs, attrs, types))
         for v in inputs:
             users = v.readers
             if type(users) is list and len(users) < _FEW_USERS:
@@ -448,13 +455,35 @@ class Graph:
                 found = _MISSING
         else:
             types = _type_lists.get(t) or _intern_types(t)
-        node = self._new_node(op, ins, attrs, types, loc, meta, key)  # (it copies meta)
-        if key is not None:
-            log = self._log
-            if log is not None:
+        # (``_new_node``, inline: the driver makes a node per rewrite)
+        node = object.__new__(Node)
+        node.op, node.inputs, node.attrs = op, list(ins), attrs
+        node.loc, node._meta = loc, dict(meta) if meta else None
+        node.id = nid = self._next_id
+        self._next_id = nid + 1
+        node._graph, node._key, node.alive = self, key, True
+        if len(types) == 1:  # (one output: no loop)
+            ((shape, dtype),) = types
+            v = object.__new__(Value)
+            v.op, v.inputs, v.index, v.attrs = op, ins, 0, attrs
+            v.shape, v.dtype, v.node, v.readers = shape, dtype, node, []
+            node.outputs = (v,)
+        else:
+            node.outputs = tuple(_new_values(node, op, ins, attrs, types))
+        for v in ins:
+            users = v.readers
+            if type(users) is list and len(users) < _FEW_USERS:
+                users.append(node)  # (_use, inline: the common case)
+            else:
+                _use(v, node, self._journal)
+        log = self._log
+        if log is not None:  # (after the reads it makes: undone before what they logged)
+            log.append((_NEW, node))
+            if key is not None:
                 log.append((_CSE, key, found))
+        if key is not None:
             self._cse[key] = node
-        self._nodes[node.id] = node
+        self._nodes[nid] = node
         return node
 
     def all_live(self, values: Iterable[Any]) -> bool:
@@ -750,22 +779,23 @@ class Graph:
             users = old.readers
             if type(users) is list:  # (a copy: the loop changes it)
                 readers = users.copy() if len(users) < 2 else list(dict.fromkeys(users))
+                olds = users  # (a list stays a list: ``_unuse``)
             else:
                 readers = list(users)
+                olds = None
+            first = i == 1
             for node in readers:
-                if not node.alive or (i == 1 and node in kept):
+                if not node.alive or (first and node in kept):
                     continue
                 # node reads new wherever it read old (``_set_inputs``, inline)
                 old_inputs = node.inputs
                 ins = old_inputs.copy()
-                where: list[int] | None = None if log is None else []
-                j = ins.index(old)
+                where = []
                 while True:
-                    ins[j] = new
-                    users = old.readers
-                    if type(users) is list:
-                        k = users.index(node)  # (_unuse, inline: the common case)
-                        del users[k]
+                    ins[ins.index(old)] = new
+                    if olds is not None:
+                        k = olds.index(node)  # (_unuse, inline: the common case)
+                        del olds[k]
                     else:
                         k = _unuse(old, node, journal)
                     users = new.readers
@@ -773,17 +803,16 @@ class Graph:
                         users.append(node)  # (_use, inline)
                     else:
                         _use(new, node, journal)
-                    if where is not None:
-                        where.append(k)
+                    where.append(k)
                     if old not in ins:
-                        break
-                    j = ins.index(old)  # (read more than once)
+                        break  # (else it reads old more than once)
                 outs = node.outputs
                 key = node._key
-                if log is not None:
-                    vins = outs[0].inputs if outs else ()
-                    log.append((_SETIN, node, old_inputs, key, vins, where))
                 t = tuple(ins)
+                if log is not None:
+                    log.append(
+                        (_SETIN, node, old_inputs, key, outs[0].inputs if outs else (), where)
+                    )
                 node.inputs = ins  # (never changed in place: the journal keeps the old list)
                 for v in outs:
                     v.inputs = t
@@ -830,14 +859,11 @@ class Graph:
         nodes whose inputs changed and the nodes removed, or None when nothing but ``keep``
         and ``new``'s node reads ``old`` and it is no output: then nothing changed."""
         kept = (new.node, *keep)  # (a few nodes: a tuple is searched faster than a set is made)
-        if id(old) not in self._output_ids:
-            users = old.readers
-            for node in users:
-                if node not in kept:
-                    break
-            else:
-                return None
-        return self._replace([(old, new)], kept), self.remove_dead((old.node,))
+        output = id(old) in self._output_ids
+        touched = self._replace([(old, new)], kept)
+        if not touched and not output:
+            return None  # (nothing changed: ``_replace`` skipped every reader)
+        return touched, self.remove_dead((old.node,))
 
     def _remove(self, node: Node) -> None:
         journal = self._journal
@@ -867,7 +893,7 @@ class Graph:
         what is removed. Graph inputs and impure nodes stay. Returns the removed nodes in
         removal order.
         """
-        outs, live = self._output_ids, self._nodes
+        outs, live, journal = self._output_ids, self._nodes, self._journal
         stack = list(nodes)
         stack.reverse()
         removed: list[Node] = []
@@ -880,7 +906,24 @@ class Graph:
                 if v.readers or id(v) in outs:
                     break
             else:
-                self._remove(node)
+                # (``_remove``, inline: the driver removes a node or two per rewrite)
+                if journal is not None and journal.order is None:
+                    journal.order = list(live.values())
+                node.alive = False
+                live.pop(node.id, None)
+                if node._key is not None:
+                    self._stale += 1  # (its hash-consing entry goes stale: Graph._cse)
+                where = []
+                for v in node.inputs:
+                    users = v.readers
+                    if type(users) is list:
+                        i = users.index(node)  # (_unuse, inline)
+                        del users[i]
+                    else:
+                        i = _unuse(v, node, journal)
+                    where.append(i)
+                if journal is not None:
+                    journal.log.append((_REMOVE, node, where))
                 removed.append(node)
                 for v in reversed(node.inputs):
                     if not v.readers:  # (an input something else reads stays)

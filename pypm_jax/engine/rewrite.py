@@ -364,8 +364,6 @@ def _result_vars(rhs: Rhs) -> list[str]:
 
 
 _CONST_DEPTH = 8  # how deep constant_only looks for literals
-_op_of = operator.attrgetter("op")
-_id_of = operator.attrgetter("id")
 _AFTER_ALL = float("inf")  # a major after every node's
 
 
@@ -386,7 +384,9 @@ class _Candidates(dict):
 
 
 _OUTSIDE_SEARCH = 64  # nodes ``outside`` visits at most
-_UNRANKED_LIMIT = 4096  # nodes ``unranked`` holds before they are checked (and let go)
+# nodes ``unranked`` holds before they are checked (and let go): this many, or as many as the
+# graph has nodes (so that a pass that never asks holds no more than the graph, and checks none)
+_UNRANKED_LIMIT = 4096
 
 
 def _interpreted_guard(g: Any) -> Any:
@@ -439,6 +439,11 @@ class _Driver:
         self.const_memo: dict[int, bool] = {}  # node id -> computed from literals alone
         self.new_rank: dict[int, tuple[int, int]] = {}  # node made by this run -> rank
         self.queued: set[int] = set()
+        # nodes no rule can start at that ``requeue`` reached: node id -> the rank the queue
+        # would hold it at. Such a node is not queued (a visit would skip it), but it counts
+        # as queued as a queue entry would, until the run passes its rank (``passed``)
+        self.unvisited: dict[int, tuple[int, int]] = {}
+        self.popped: tuple = (-1, None)  # (sweep position, rank) of the latest revisit
         self.changed = False  # did the latest rewrite that fired change the graph?
         guard = compile_guard if self.fast else _interpreted_guard
         # per rule: its (branch, guard, result builder) triples, in order
@@ -471,6 +476,7 @@ class _Driver:
         # (:meth:`ranks_hold`) on the nodes whose inputs rewrites made since (``unranked``)
         self.ranks_ok = True
         self.unranked: list[Node] = []
+        self.unranked_limit = max(_UNRANKED_LIMIT, len(graph))
         self.pos = 0
         self.started = self.last_log = time.monotonic()
 
@@ -527,25 +533,27 @@ class _Driver:
         if not cands_of.wild:
             # the sweep skips nodes no pattern can start at (one pass here is cheaper than
             # asking at each step); their op never changes, so the skip stays right
-            order = list(itertools.compress(order, map(cands_of.__getitem__, map(_op_of, order))))
+            order = [n for n in order if cands_of[n.op]]
         self.order = order
         # the sweep's nodes' majors (original nodes: their ids, or their places in the
         # order), and past the last one a major after every rank
-        ids = list(map(_id_of, order))
+        ids = [n.id for n in order]
         self.majors = majors = ids if self.rank_of is None else list(map(self.rank_of.get, ids))
         majors.append(_AFTER_ALL)
         heap, queued = self.heap, self.queued
         n_order = len(order)
         slow, is_read, try_rule = not self.fast, g.is_read, self.try_rule
         resumable, armed = self.resumable, self.armed
+        checked, branches, rules, fire = self.checked, self.branches, self.rules, self.fire
         visits = pos = 0
         sweep = majors[0]  # the sweep's next major
         next_check = _PROGRESS_STRIDE
         mrun, over = self.mrun, self.over_budget
         while True:
             if heap and heap[0][0] < sweep:
-                node = heapq.heappop(heap)[3]
-                queued.discard(node.id)
+                major, minor, nid, node = heapq.heappop(heap)
+                queued.discard(nid)
+                self.popped = (pos, (major, minor))
             elif pos < n_order:
                 node = order[pos]
                 pos += 1
@@ -594,7 +602,15 @@ class _Driver:
                     if not is_read(v):
                         break  # nothing reads it: nothing to rewrite (asked only now, as
                         # reading a value's users is one more object to fetch per node)
-                    if try_rule(ri, cp, v, first, pos, rest):
+                    if mrun.forbid is None and checked[ri]:
+                        # (``try_rule``'s first step, inline: the matcher checked the guard)
+                        branch, _, build = branches[ri][0]
+                        theta, phi, struct = first
+                        if fire(rules[ri], v, theta, phi, branch, build, struct, pos):
+                            break
+                        if not cp.unique and try_rule(ri, cp, v, first, pos, rest, True):
+                            break
+                    elif try_rule(ri, cp, v, first, pos, rest):
                         mrun.forbid = None
                         break
                 mrun.forbid = None
@@ -663,24 +679,28 @@ class _Driver:
         first: tuple,
         pos: int,
         rest: Iterator[tuple] | None = None,
+        tried: bool = False,
     ) -> bool:
         """The rule's branches on each solution of ``cp`` (the rule's guarded pattern; the
         first solution is ``first``), in order, repeated parameters dropped: the first
         branch whose guard holds fires (unless single use refuses that match; then the next
         solution is tried). ``rest``: the solutions after ``first``, where the matcher that
-        found it can go on (the machine); else they are found again from the start."""
+        found it can go on (the machine); else they are found again from the start.
+        ``tried``: ``first`` was fired already (the sweep does, where nothing is left out and
+        the matcher checked the guard) and single use refused it."""
         theta, phi, struct = first
         mrun = self.mrun
-        if mrun.forbid is not None and mrun.forbid.hits[0]:  # (matches left out: see below)
-            if self.fire_branch(ri, v, first, pos, probe=True):
-                mrun.forbid = None
-                return self.try_all(ri, cp, v, pos)
-        elif self.checked[ri]:  # (``fire_branch``, inline: the matcher checked the guard)
-            branch, _, build = self.branches[ri][0]
-            if self.fire(self.rules[ri], v, theta, phi, branch, build, struct, pos):
+        if not tried:
+            if mrun.forbid is not None and mrun.forbid.hits[0]:  # (left out: see below)
+                if self.fire_branch(ri, v, first, pos, probe=True):
+                    mrun.forbid = None
+                    return self.try_all(ri, cp, v, pos)
+            elif self.checked[ri]:  # (``fire_branch``, inline: the matcher checked the guard)
+                branch, _, build = self.branches[ri][0]
+                if self.fire(self.rules[ri], v, theta, phi, branch, build, struct, pos):
+                    return True
+            elif self.fire_branch(ri, v, first, pos):
                 return True
-        elif self.fire_branch(ri, v, first, pos):
-            return True
         if cp.unique:
             mrun.forbid = None
             return False
@@ -1173,14 +1193,21 @@ class _Driver:
             self.const_memo.clear()  # inputs changed somewhere: recompute on demand
         # what the report needs, as it is now (the records are made at the end of the run):
         # the new nodes alive once it fired
-        created = []
-        live = []
-        for i, n in built.items():
-            if i >= mark:
-                created.append(n)
-                if n.alive:
-                    live.append(n)
-        records.append((rule, rnode, tuple(covered), live, meta.get("module_path")))
+        if len(built) == 1:  # (one node, the common case: the loop below, in short)
+            (n,) = built.values()
+            created = live = [n] if n.id >= mark else []
+            if created and not n.alive:
+                live = []
+        else:
+            created = []
+            live = []
+            for i, n in built.items():
+                if i >= mark:
+                    created.append(n)
+                    if n.alive:
+                        live.append(n)
+        module_path = meta.get("module_path") if meta else None
+        records.append((rule, rnode, tuple(covered), live, module_path))
         if created:
             # the new nodes: visited next (by rank), before the sweep goes on (``push``,
             # inline: nothing has queued a node this rewrite made)
@@ -1202,7 +1229,7 @@ class _Driver:
             unranked = self.unranked
             unranked += created
             unranked += touched
-            if len(unranked) > _UNRANKED_LIMIT:
+            if len(unranked) > self.unranked_limit:
                 self.ranks_hold()
         if touched:
             self.requeue(touched, pos)
@@ -1220,25 +1247,45 @@ class _Driver:
         """The run's records as :class:`RewriteRecord` s, in firing order."""
         report = RewriteReport()
         append = report.append
+        texts: dict[tuple, str] = {}  # (shape, dtype) -> its printed type (``show_type``)
         for rule, rnode, covered, live, module_path in self.records:
-            ids = []
-            kernels = []
-            described = False
-            for n in live:
-                ids.append(n.id)
+            if len(live) == 1:  # (the common case: one node, no lists)
+                (n,) = live
+                ids: Any = (n.id,)
+                kernels: Any = ()
                 outs = n.outputs
                 if outs:
                     out = outs[0]
-                    kernels.append(_built(n.op, n.attrs, show_type(out.shape, out.dtype)))
-                if n.op.describe is not None:
-                    described = True
-            append(
-                _record(
-                    rule.name, rule.pattern.name, rnode.id, covered, rnode.loc, module_path,
-                    rnode.op.name, tuple(ids), tuple(kernels),
-                    _detail(live) if described else "",
-                )
-            )  # fmt: skip
+                    key = (out.shape, out.dtype)
+                    text = texts.get(key)
+                    if text is None:
+                        text = texts[key] = show_type(out.shape, out.dtype)
+                    kernels = (tuple.__new__(Built, (n.op, n.attrs, text)),)  # (``_built``)
+                described = n.op.describe is not None
+            else:
+                ids, kernels, described = [], [], False
+                for n in live:
+                    ids.append(n.id)
+                    outs = n.outputs
+                    if outs:
+                        out = outs[0]
+                        kernels.append(_built(n.op, n.attrs, show_type(out.shape, out.dtype)))
+                    if n.op.describe is not None:
+                        described = True
+                ids, kernels = tuple(ids), tuple(kernels)
+            r = _Unfrozen()  # (``_record``, inline)
+            r.rule = rule.name
+            r.pattern = rule.pattern.name
+            r.root = rnode.id
+            r.replaced = covered
+            r.source = rnode.loc
+            r.module_path = module_path
+            r.op = rnode.op.name
+            r.created = ids
+            r.built = kernels
+            r.detail = _detail(live) if described else ""
+            r.__class__ = RewriteRecord  # type: ignore[assignment]
+            append(r)
         return report
 
     def check_types(self, rule: RuleDef, pairs: list[tuple[Value, Value]]) -> None:
@@ -1275,12 +1322,15 @@ class _Driver:
                 self.push(idle.pop(v.node.id), pos)
 
     def requeue(self, touched: list[Node], pos: int) -> None:
-        """Revisit nodes whose inputs changed and their users as deep as patterns look."""
+        """Revisit nodes whose inputs changed and their users as deep as patterns look (a
+        node queued already is not looked through again)."""
         last = self.last_level
         queued, rank_of, mark0, heap = self.queued, self.rank_of, self.mark0, self.heap
+        cands_of, unvisited = self.cands, self.unvisited
         # an original node at or after the sweep's position: the sweep will get there, and
         # to its users after it (``pending``, inline)
         sweep = self.majors[pos]
+        at: tuple | None = None  # the rank the run is at (``passed``), once needed
         frontier = touched
         seen: set[int] = set()
         level = 0
@@ -1297,16 +1347,35 @@ class _Driver:
                     major = nid if rank_of is None else rank_of[nid]
                     if major >= sweep:
                         continue
-                    heapq.heappush(heap, (major, 0, nid, n))
+                    rank = (major, 0)
                 else:
                     rank = self.new_rank.get(nid) or (self.major(n), 0)
+                if cands_of[n.op]:
                     heapq.heappush(heap, (rank[0], rank[1], nid, n))
-                queued.add(nid)
+                    queued.add(nid)
+                else:  # (no rule starts at it: it only counts as queued, see ``unvisited``)
+                    held = unvisited.get(nid)
+                    if held is not None:
+                        if at is None:
+                            at = self.passed(pos)
+                        if held > at:
+                            continue  # queued still
+                    unvisited[nid] = rank
                 if level < last:
                     for v in n.outputs:
                         nxt.extend(v.readers)  # (each reader once: ``seen`` drops repeats)
             frontier = nxt
             level += 1
+
+    def passed(self, pos: int) -> tuple[int, int]:
+        """The rank the run is at, visiting a node with sweep position ``pos``: a queue entry
+        ranked after it is in the queue still, one before it was taken out. The latest
+        revisit's rank where it was taken at ``pos``, else the latest swept node's (before
+        any revisit of its major)."""
+        popped = self.popped
+        if popped[0] == pos:
+            return popped[1]
+        return (self.majors[pos - 1], -1)
 
     def limit_error(self, rule: RuleDef, rnode: Node) -> RewriteLimitError:
         """Name the rules of the cycle: those along the lineage of the node being rewritten
@@ -1381,6 +1450,10 @@ def _compile_value(rule: RuleDef, rhs: Rhs) -> _Build:
             fns = tuple(_compile_value(rule, a) for a in args)
             # arguments that are variables of the match (the common case): read directly
             names = tuple(a.name for a in args) if all(type(a) is RVar for a in args) else None
+            # (``tuple(map(theta.get, names))``, in one call; it raises KeyError for a name θ
+            # lacks; one name: the value alone)
+            bound = operator.itemgetter(*names) if names else None
+            one = bound is not None and len(names) == 1
             infer, n_out = op.infer, op.n_out
             evals = tuple((name, e, _compile_attr(e)) for name, e in attrs)
             arity = (
@@ -1390,11 +1463,23 @@ def _compile_value(rule: RuleDef, rhs: Rhs) -> _Build:
             )
 
             def app(g: Graph, theta: dict, phi: dict, replaces: Value | None, cx: list) -> Value:
-                if names is not None:
-                    ins = tuple(map(theta.get, names))
-                    if not g.all_live(ins):
+                if bound is not None:
+                    try:
+                        ins = (bound(theta),) if one else bound(theta)
+                        live = True
+                    except KeyError:  # (a name θ lacks: its ``var`` raises below)
+                        live = False
+                    if live:
+                        for v in ins:  # (``g.all_live(ins)``, inline)
+                            if type(v) is not Value or v.node._graph is not g or not v.node.alive:
+                                live = False
+                                break
+                    if not live:
                         for f in fns:  # (the first bad one raises, naming it)
                             f(g, theta, phi, None, cx)
+                        ins = tuple(map(theta.get, names))
+                elif names is not None:
+                    ins = ()
                 else:
                     ins = tuple([f(g, theta, phi, None, cx) for f in fns])  # (live values of g)
                 if evals:
