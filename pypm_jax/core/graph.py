@@ -351,7 +351,14 @@ class Graph:
         node.id = self._next_id
         self._next_id += 1
         node._graph, node._key, node.alive = self, key, True
-        node.outputs = tuple(_new_values(node, op, inputs, attrs, types))
+        if len(types) == 1:  # (one output: no loop)
+            ((shape, dtype),) = types
+            v = object.__new__(Value)
+            v.op, v.inputs, v.index, v.attrs = op, inputs, 0, attrs
+            v.shape, v.dtype, v.node, v.readers = shape, dtype, node, []
+            node.outputs = (v,)
+        else:
+            node.outputs = tuple(_new_values(node, op, inputs, attrs, types))
         for v in inputs:
             users = v.readers
             if type(users) is list and len(users) < _FEW_USERS:
@@ -455,35 +462,13 @@ class Graph:
                 found = _MISSING
         else:
             types = _type_lists.get(t) or _intern_types(t)
-        # (``_new_node``, inline: the driver makes a node per rewrite)
-        node = object.__new__(Node)
-        node.op, node.inputs, node.attrs = op, list(ins), attrs
-        node.loc, node._meta = loc, dict(meta) if meta else None
-        node.id = nid = self._next_id
-        self._next_id = nid + 1
-        node._graph, node._key, node.alive = self, key, True
-        if len(types) == 1:  # (one output: no loop)
-            ((shape, dtype),) = types
-            v = object.__new__(Value)
-            v.op, v.inputs, v.index, v.attrs = op, ins, 0, attrs
-            v.shape, v.dtype, v.node, v.readers = shape, dtype, node, []
-            node.outputs = (v,)
-        else:
-            node.outputs = tuple(_new_values(node, op, ins, attrs, types))
-        for v in ins:
-            users = v.readers
-            if type(users) is list and len(users) < _FEW_USERS:
-                users.append(node)  # (_use, inline: the common case)
-            else:
-                _use(v, node, self._journal)
-        log = self._log
-        if log is not None:  # (after the reads it makes: undone before what they logged)
-            log.append((_NEW, node))
-            if key is not None:
-                log.append((_CSE, key, found))
+        node = self._new_node(op, ins, attrs, types, loc, meta, key)  # (it copies meta)
         if key is not None:
+            log = self._log
+            if log is not None:
+                log.append((_CSE, key, found))
             self._cse[key] = node
-        self._nodes[nid] = node
+        self._nodes[node.id] = node
         return node
 
     def all_live(self, values: Iterable[Any]) -> bool:
@@ -893,7 +878,7 @@ class Graph:
         what is removed. Graph inputs and impure nodes stay. Returns the removed nodes in
         removal order.
         """
-        outs, live, journal = self._output_ids, self._nodes, self._journal
+        outs, live = self._output_ids, self._nodes
         stack = list(nodes)
         stack.reverse()
         removed: list[Node] = []
@@ -906,24 +891,7 @@ class Graph:
                 if v.readers or id(v) in outs:
                     break
             else:
-                # (``_remove``, inline: the driver removes a node or two per rewrite)
-                if journal is not None and journal.order is None:
-                    journal.order = list(live.values())
-                node.alive = False
-                live.pop(node.id, None)
-                if node._key is not None:
-                    self._stale += 1  # (its hash-consing entry goes stale: Graph._cse)
-                where = []
-                for v in node.inputs:
-                    users = v.readers
-                    if type(users) is list:
-                        i = users.index(node)  # (_unuse, inline)
-                        del users[i]
-                    else:
-                        i = _unuse(v, node, journal)
-                    where.append(i)
-                if journal is not None:
-                    journal.log.append((_REMOVE, node, where))
+                self._remove(node)
                 removed.append(node)
                 for v in reversed(node.inputs):
                     if not v.readers:  # (an input something else reads stays)

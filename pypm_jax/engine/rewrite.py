@@ -439,11 +439,6 @@ class _Driver:
         self.const_memo: dict[int, bool] = {}  # node id -> computed from literals alone
         self.new_rank: dict[int, tuple[int, int]] = {}  # node made by this run -> rank
         self.queued: set[int] = set()
-        # nodes no rule can start at that ``requeue`` reached: node id -> the rank the queue
-        # would hold it at. Such a node is not queued (a visit would skip it), but it counts
-        # as queued as a queue entry would, until the run passes its rank (``passed``)
-        self.unvisited: dict[int, tuple[int, int]] = {}
-        self.popped: tuple = (-1, None)  # (sweep position, rank) of the latest revisit
         self.changed = False  # did the latest rewrite that fired change the graph?
         guard = compile_guard if self.fast else _interpreted_guard
         # per rule: its (branch, guard, result builder) triples, in order
@@ -551,9 +546,8 @@ class _Driver:
         mrun, over = self.mrun, self.over_budget
         while True:
             if heap and heap[0][0] < sweep:
-                major, minor, nid, node = heapq.heappop(heap)
-                queued.discard(nid)
-                self.popped = (pos, (major, minor))
+                node = heapq.heappop(heap)[3]
+                queued.discard(node.id)
             elif pos < n_order:
                 node = order[pos]
                 pos += 1
@@ -1322,15 +1316,12 @@ class _Driver:
                 self.push(idle.pop(v.node.id), pos)
 
     def requeue(self, touched: list[Node], pos: int) -> None:
-        """Revisit nodes whose inputs changed and their users as deep as patterns look (a
-        node queued already is not looked through again)."""
+        """Revisit nodes whose inputs changed and their users as deep as patterns look."""
         last = self.last_level
         queued, rank_of, mark0, heap = self.queued, self.rank_of, self.mark0, self.heap
-        cands_of, unvisited = self.cands, self.unvisited
         # an original node at or after the sweep's position: the sweep will get there, and
         # to its users after it (``pending``, inline)
         sweep = self.majors[pos]
-        at: tuple | None = None  # the rank the run is at (``passed``), once needed
         frontier = touched
         seen: set[int] = set()
         level = 0
@@ -1347,35 +1338,16 @@ class _Driver:
                     major = nid if rank_of is None else rank_of[nid]
                     if major >= sweep:
                         continue
-                    rank = (major, 0)
+                    heapq.heappush(heap, (major, 0, nid, n))
                 else:
                     rank = self.new_rank.get(nid) or (self.major(n), 0)
-                if cands_of[n.op]:
                     heapq.heappush(heap, (rank[0], rank[1], nid, n))
-                    queued.add(nid)
-                else:  # (no rule starts at it: it only counts as queued, see ``unvisited``)
-                    held = unvisited.get(nid)
-                    if held is not None:
-                        if at is None:
-                            at = self.passed(pos)
-                        if held > at:
-                            continue  # queued still
-                    unvisited[nid] = rank
+                queued.add(nid)
                 if level < last:
                     for v in n.outputs:
                         nxt.extend(v.readers)  # (each reader once: ``seen`` drops repeats)
             frontier = nxt
             level += 1
-
-    def passed(self, pos: int) -> tuple[int, int]:
-        """The rank the run is at, visiting a node with sweep position ``pos``: a queue entry
-        ranked after it is in the queue still, one before it was taken out. The latest
-        revisit's rank where it was taken at ``pos``, else the latest swept node's (before
-        any revisit of its major)."""
-        popped = self.popped
-        if popped[0] == pos:
-            return popped[1]
-        return (self.majors[pos - 1], -1)
 
     def limit_error(self, rule: RuleDef, rnode: Node) -> RewriteLimitError:
         """Name the rules of the cycle: those along the lineage of the node being rewritten
@@ -1469,12 +1441,7 @@ def _compile_value(rule: RuleDef, rhs: Rhs) -> _Build:
                         live = True
                     except KeyError:  # (a name θ lacks: its ``var`` raises below)
                         live = False
-                    if live:
-                        for v in ins:  # (``g.all_live(ins)``, inline)
-                            if type(v) is not Value or v.node._graph is not g or not v.node.alive:
-                                live = False
-                                break
-                    if not live:
+                    if not live or not g.all_live(ins):
                         for f in fns:  # (the first bad one raises, naming it)
                             f(g, theta, phi, None, cx)
                         ins = tuple(map(theta.get, names))

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import re
-from unittest import mock
 
 import pytest
 from hypothesis import given
@@ -33,7 +31,6 @@ from pypm_jax.core.calculus import (
 from pypm_jax.core.errors import PyPMError, RewriteLimitError, SourceLoc
 from pypm_jax.core.graph import Graph
 from pypm_jax.core.terms import Operator, const
-from pypm_jax.engine import rewrite as _rewrite
 from pypm_jax.engine.rewrite import RewriteRecord, guarded_pattern, rewrite, rewrite_terms
 from pypm_testing.engine import (
     F1,
@@ -282,84 +279,6 @@ def test_fast_and_reference_engines_rewrite_identically(rules_, pool, fallback):
     gs = [g for _, g in rules_]
     fast = _outcome(pool, pdefs, gs, "fast", fallback)
     assert fast == _outcome(pool, pdefs, gs, "reference", fallback)
-
-
-def _queue_every_node(self, touched, pos):
-    """``_Driver.requeue`` queueing every node it reaches, those no rule can start at too
-    (which the sweep then takes out of the queue and skips)."""
-    heap, queued, sweep, level = self.heap, self.queued, self.majors[pos], 0
-    frontier, seen = touched, set()
-    while frontier:
-        nxt = []
-        for n in frontier:
-            if n.id in seen:
-                continue
-            seen.add(n.id)
-            if n.id in queued or not n.alive:
-                continue
-            if n.id < self.mark0:
-                major = self.major(n)
-                if major >= sweep:
-                    continue
-                rank = (major, 0)
-            else:
-                rank = self.new_rank.get(n.id) or (self.major(n), 0)
-            heapq.heappush(heap, (rank[0], rank[1], n.id, n))
-            queued.add(n.id)
-            if level < self.last_level:
-                for v in n.outputs:
-                    nxt.extend(v.readers)
-        frontier = nxt
-        level += 1
-
-
-_UNARY = (F1, F2, FUSED)
-
-
-@st.composite
-def _collapses(draw):
-    """Rules ``f(g(x)) -> h(x)`` and ``f(g(h(x))) -> k(x)`` over unary operators: on chains
-    they make nodes equal to nodes further up, so rewrites requeue nodes the sweep passed,
-    some of which no rule starts at."""
-    rules = []
-    for i in range(draw(st.integers(1, 3))):
-        ops = [draw(st.sampled_from(_UNARY)) for _ in range(draw(st.integers(2, 3)) + 1)]
-        body = X
-        for op in ops[:-1]:
-            body = PApp(op, (body,))
-        rules.append(rule(f"c{i}", pdef(f"P{i}", body, "x"), RApp(ops[-1], (RVar("x"),))))
-    return rules
-
-
-@st.composite
-def _chains(draw):
-    """Up to three unary chains over a, sharing their lower parts (hash-consing)."""
-    outs = []
-    for _ in range(draw(st.integers(1, 3))):
-        t = A
-        for op in draw(st.lists(st.sampled_from(_UNARY), max_size=9)):
-            t = op(t) if op is not FUSED else FUSED(t)
-        outs.append(t)
-    return outs
-
-
-@given(_collapses(), _chains())
-def test_nodes_no_rule_starts_at_count_as_queued_without_being_queued(rules, outs):
-    """The driver keeps the nodes no rule can start at out of its queue, each counting as
-    queued until the run passes its rank (so that its readers are not looked through
-    again meanwhile): the same visits, rewrites and graph as queueing them."""
-
-    def outcome():
-        g = Graph(outs)
-        try:
-            result = rewrite(g, rules, engine="fast", max_iterations=60)
-        except PyPMError as exc:
-            return type(exc).__name__, str(exc)
-        return str(g), result.visits, [(r.rule, r.root, r.replaced) for r in result.report]
-
-    kept_out = outcome()
-    with mock.patch.object(_rewrite._Driver, "requeue", _queue_every_node):
-        assert outcome() == kept_out
 
 
 def test_the_fast_driver_matches_the_guards_within_the_pattern():
