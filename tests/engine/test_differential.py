@@ -8,6 +8,7 @@ of unfolded existentials. Targets are hash-consed terms and graph values.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from contextlib import nullcontext
 from unittest import mock
@@ -123,20 +124,21 @@ def test_graph_values_same_solutions_as_reference(pdef, pool, data):
 
 
 OPAQUE = Operator("opaque", 1, pure=False, infer=same_type, namespace="engine_tests")
-NAMES = st.sampled_from(["f1", "f2", "g2", "split", "cat", "opaque"])
+NAMES = st.sampled_from(("f1", "f2", "g2", "split", "cat", "opaque"))
 
 
+@functools.cache  # (one strategy object per arguments: drawn unvalidated)
 @st.composite
 def root_atoms(draw, fun: bool, hint=None) -> Expr:
     """A comparison of the root's op class (``F``'s, ``fun``; else ``x``'s), name (``F``'s)
     or operator (``x``'s) with constants; now and then one about the other variable.
     ``hint``: a term whose operator the constants often name (so that matches are common)."""
     hinted = hint is not None and draw(st.integers(0, 3)) > 0
-    classes = st.sampled_from([OpClass("unary"), OpClass("binary")])
+    classes = st.sampled_from((OpClass("unary"), OpClass("binary")))
     names = NAMES if not hinted else st.one_of(st.just(hint.op.name), NAMES)
-    ops = st.sampled_from(OPS) if not hinted else st.sampled_from([hint.op, *OPS])
+    ops = st.sampled_from(OPS) if not hinted else st.sampled_from((hint.op, *OPS))
     if hinted and hint.op.op_class is not None:
-        classes = st.sampled_from([hint.op.op_class, OpClass("unary"), OpClass("binary")])
+        classes = st.sampled_from((hint.op.op_class, OpClass("unary"), OpClass("binary")))
     if draw(st.integers(0, 7)) == 0:
         fun = not fun
     if fun and draw(st.booleans()):
@@ -148,7 +150,7 @@ def root_atoms(draw, fun: bool, hint=None) -> Expr:
             return ECmp("==", EConst(draw(names)), name)
         if kind == 2:
             return ECmp("in", name, EConst(tuple(draw(st.sets(names, min_size=1)))))
-        return ECmp("==", name, EConst(draw(st.sampled_from([1, None, ("f1",)]))))  # (unread)
+        return ECmp("==", name, EConst(draw(st.sampled_from((1, None, ("f1",))))))  # (unread)
     if fun:
         cls = EOpAttr("F", "op_class")
         if draw(st.booleans()):
@@ -164,16 +166,17 @@ def root_atoms(draw, fun: bool, hint=None) -> Expr:
     return ECmp("in", EAttr("x", "op"), EConst(tuple(draw(st.sets(ops, min_size=1)))))
 
 
+@functools.cache  # (one strategy object per arguments: drawn unvalidated)
 @st.composite
 def fun_root(draw, hint=None) -> Pattern:
     """``F(...)`` of 0-2 operands (mostly variables, so that it often matches), maybe of a
     given output count and output index; often those of ``hint`` (a term), where given."""
     if hint is not None and draw(st.integers(0, 3)):
-        n, n_out = min(len(hint.inputs), 3), draw(st.sampled_from([None, hint.op.n_out]))
+        n, n_out = min(len(hint.inputs), 3), draw(st.sampled_from((None, hint.op.n_out)))
         index = hint.index
     else:
         n = draw(st.integers(0, 2))
-        n_out = draw(st.sampled_from([None, None, 1, 2]))
+        n_out = draw(st.sampled_from((None, None, 1, 2)))
         index = draw(st.integers(0, 1)) if n_out != 1 else 0
     operands = [
         PVar(name) if draw(st.integers(0, 3)) else draw(patterns(1)) for name in ("y", "z", "e")[:n]
@@ -181,6 +184,7 @@ def fun_root(draw, hint=None) -> Pattern:
     return PFunVar("F", tuple(operands), index, n_out)
 
 
+@functools.cache  # (one strategy object per arguments: drawn unvalidated)
 @st.composite
 def root_guarded(draw, hint=None) -> PatternDef:
     """A pattern whose root is an operator variable (applied at the root, bound by a
@@ -205,7 +209,7 @@ def root_guarded(draw, hint=None) -> PatternDef:
         root = PConstr(root, "x", draw(patterns(1)))
     fun = hidden == "F"
     guard = draw(root_atoms(fun, hint))
-    for _ in range(draw(st.sampled_from([0, 0, 1, 2, 3]))):
+    for _ in range(draw(st.sampled_from((0, 0, 1, 2, 3)))):
         if draw(st.integers(0, 3)):
             other = draw(root_atoms(fun, hint))
         else:
@@ -239,12 +243,13 @@ def test_the_root_index_admits_every_root_with_a_match(pool, data):
     check_same(pdef, data.draw(st.sampled_from(targets(pool))))
 
 
+@functools.cache  # (one strategy object per arguments: drawn unvalidated)
 @st.composite
 def branch_guards(draw, hint=None) -> Expr:
     """A rule branch's guard: a root atom, alone or with others (``and``, ``or``,
     ``not``: an ``elif`` chain's shape)."""
     guard = draw(root_atoms(True, hint))
-    for _ in range(draw(st.sampled_from([0, 0, 1, 2]))):
+    for _ in range(draw(st.sampled_from((0, 0, 1, 2)))):
         other = draw(st.one_of(root_atoms(True, hint), guards(("x", "y"), ("F",))))
         kind = draw(st.integers(0, 2))
         if kind == 0:
@@ -304,7 +309,7 @@ def _rewritten(rules: list[RuleDef], pool: list, engine: str, every_node: bool) 
         return type(exc).__name__, str(exc)
 
 
-@given(dags(max_nodes=8), st.sampled_from(["fast", "reference"]), st.data())
+@given(dags(max_nodes=8), st.sampled_from(("fast", "reference")), st.data())
 def test_the_index_changes_no_rewrite(pool, engine, data):
     """Rewriting with the index (patterns' roots, rules' branches) does what trying every
     rule at every node does."""
@@ -455,8 +460,8 @@ def test_shared_strategies_graph_values(pt, data):
 
 @given(
     guards(("x", "y", "z"), ("F", "G")),
-    st.dictionaries(st.sampled_from(["x", "y"]), st.sampled_from(TARGETS), max_size=2),
-    st.dictionaries(st.sampled_from(["F"]), st.sampled_from(OPS), max_size=1),
+    st.dictionaries(st.sampled_from(("x", "y")), st.sampled_from(TARGETS), max_size=2),
+    st.dictionaries(st.sampled_from(("F",)), st.sampled_from(OPS), max_size=1),
 )
 def test_compiled_guards_hold_exactly_when_interpreted_ones_do(g, theta, phi):
     assert compile_guard(g)(theta, phi) is guard_holds(g, theta, phi)

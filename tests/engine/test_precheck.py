@@ -69,7 +69,7 @@ class _Spine:
         app = PApp(t.op, args)
         if kind == "alt":  # the other alternate: another operator over the same inputs
             others = UNARY if len(args) == 1 else BINARY
-            foil = PApp(draw(st.sampled_from([op for op in others if op is not t.op])), args)
+            foil = PApp(draw(st.sampled_from(tuple(op for op in others if op is not t.op))), args)
             return PAlt(foil, app) if draw(st.booleans()) else PAlt(app, foil)
         if kind == "call":  # D(arg) with arg <= below, as the frontend writes D(below)
             arg = self.fresh("sarg", param=False)
@@ -104,7 +104,7 @@ def deep_spines(draw: Any) -> tuple[PatternDef, list[Term]]:
         op = draw(st.sampled_from(UNARY + BINARY))
         n = op.n_in
         at = draw(st.integers(0, n - 1))
-        others = [draw(st.sampled_from([A, B, C])) for _ in range(n - 1)]
+        others = [draw(st.sampled_from((A, B, C))) for _ in range(n - 1)]
         ins = tuple(others[:at] + [t] + others[at:])
         path.append((op, at, ins))
         t2 = op(*ins)

@@ -9,6 +9,7 @@ rules and graphs, run both on generated code and on the machine (which honours `
 from __future__ import annotations
 
 import contextlib
+import functools
 from unittest import mock
 
 from hypothesis import given
@@ -169,12 +170,13 @@ def shared_dags(draw) -> list:
     return pool
 
 
+@functools.cache  # (one strategy object per arguments: drawn unvalidated)
 @st.composite
 def covering(draw, depth: int = 2, app: bool = False):
     """A pattern of f1 and g2 down to variables (x, y, or the ∃-bound e); ``app``: an
     application here (below a root: a match that covers an interior value)."""
     if not app and (depth <= 0 or draw(st.integers(0, 2)) == 0):
-        return PVar(draw(st.sampled_from(["x", "y", "e"])))
+        return PVar(draw(st.sampled_from(("x", "y", "e"))))
     if draw(st.booleans()):
         return PApp(F1, (draw(covering(depth - 1)),))
     below = [draw(covering(depth - 1)), draw(covering(depth - 1))]
