@@ -145,13 +145,15 @@ def compiled(cp: CompiledPattern, t: Term) -> list:
 def test_a_term_the_deep_pre_check_refuses_has_no_match(case):
     pdef, targets = case
     deep = _precheck._deep_prefilter(pdef.body)
+    machine = CompiledPattern(pdef, backend="machine")
+    with mock.patch.object(_codegen, "_INLINE_PATHS", 0):  # (generator functions)
+        generated = CompiledPattern(pdef)
     for t in targets:
         expected = reference(pdef, t)
         if deep is not None and not _precheck._fits(deep, t):
             assert expected == [], t
-        assert compiled(CompiledPattern(pdef, backend="machine"), t) == expected
-        with mock.patch.object(_codegen, "_INLINE_PATHS", 0):  # (generator functions)
-            assert compiled(CompiledPattern(pdef), t) == expected
+        assert compiled(machine, t) == expected
+        assert compiled(generated, t) == expected
 
 
 @given(deep_spines())
