@@ -96,7 +96,7 @@ def compiled_solutions(cp: CompiledPattern, t):
 
 def check_same(pdef, t):
     expected = reference_solutions(pdef, t)
-    cp = CompiledPattern(pdef)
+    cp = _fast.compile_pattern(pdef)  # (the one the public API below uses: compiled once)
     assert compiled_solutions(cp, t) == expected
     first = cp.first(t)
     assert (None if first is None else solution_key(*first[:2])) == (expected[:1] or [None])[0]
