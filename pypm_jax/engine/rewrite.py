@@ -1254,7 +1254,7 @@ class _Driver:
                     text = texts.get(key)
                     if text is None:
                         text = texts[key] = show_type(out.shape, out.dtype)
-                    kernels = (tuple.__new__(Built, (n.op, n.attrs, text)),)  # (``_built``)
+                    kernels = (_built(n.op, n.attrs, text),)
                 described = n.op.describe is not None
             else:
                 ids, kernels, described = [], [], False
@@ -1267,19 +1267,12 @@ class _Driver:
                     if n.op.describe is not None:
                         described = True
                 ids, kernels = tuple(ids), tuple(kernels)
-            r = _Unfrozen()  # (``_record``, inline)
-            r.rule = rule.name
-            r.pattern = rule.pattern.name
-            r.root = rnode.id
-            r.replaced = covered
-            r.source = rnode.loc
-            r.module_path = module_path
-            r.op = rnode.op.name
-            r.created = ids
-            r.built = kernels
-            r.detail = _detail(live) if described else ""
-            r.__class__ = RewriteRecord  # type: ignore[assignment]
-            append(r)
+            append(
+                _record(
+                    rule.name, rule.pattern.name, rnode.id, covered, rnode.loc, module_path,
+                    rnode.op.name, ids, kernels, _detail(live) if described else "",
+                )
+            )  # fmt: skip
         return report
 
     def check_types(self, rule: RuleDef, pairs: list[tuple[Value, Value]]) -> None:
