@@ -539,7 +539,6 @@ class _Driver:
         n_order = len(order)
         slow, is_read, try_rule = not self.fast, g.is_read, self.try_rule
         resumable, armed = self.resumable, self.armed
-        checked, branches, rules, fire = self.checked, self.branches, self.rules, self.fire
         visits = pos = 0
         sweep = majors[0]  # the sweep's next major
         next_check = _PROGRESS_STRIDE
@@ -596,15 +595,7 @@ class _Driver:
                     if not is_read(v):
                         break  # nothing reads it: nothing to rewrite (asked only now, as
                         # reading a value's users is one more object to fetch per node)
-                    if mrun.forbid is None and checked[ri]:
-                        # (``try_rule``'s first step, inline: the matcher checked the guard)
-                        branch, _, build = branches[ri][0]
-                        theta, phi, struct = first
-                        if fire(rules[ri], v, theta, phi, branch, build, struct, pos):
-                            break
-                        if not cp.unique and try_rule(ri, cp, v, first, pos, rest, True):
-                            break
-                    elif try_rule(ri, cp, v, first, pos, rest):
+                    if try_rule(ri, cp, v, first, pos, rest):
                         mrun.forbid = None
                         break
                 mrun.forbid = None
@@ -673,28 +664,24 @@ class _Driver:
         first: tuple,
         pos: int,
         rest: Iterator[tuple] | None = None,
-        tried: bool = False,
     ) -> bool:
         """The rule's branches on each solution of ``cp`` (the rule's guarded pattern; the
         first solution is ``first``), in order, repeated parameters dropped: the first
         branch whose guard holds fires (unless single use refuses that match; then the next
         solution is tried). ``rest``: the solutions after ``first``, where the matcher that
-        found it can go on (the machine); else they are found again from the start.
-        ``tried``: ``first`` was fired already (the sweep does, where nothing is left out and
-        the matcher checked the guard) and single use refused it."""
+        found it can go on (the machine); else they are found again from the start."""
         theta, phi, struct = first
         mrun = self.mrun
-        if not tried:
-            if mrun.forbid is not None and mrun.forbid.hits[0]:  # (left out: see below)
-                if self.fire_branch(ri, v, first, pos, probe=True):
-                    mrun.forbid = None
-                    return self.try_all(ri, cp, v, pos)
-            elif self.checked[ri]:  # (``fire_branch``, inline: the matcher checked the guard)
-                branch, _, build = self.branches[ri][0]
-                if self.fire(self.rules[ri], v, theta, phi, branch, build, struct, pos):
-                    return True
-            elif self.fire_branch(ri, v, first, pos):
+        if mrun.forbid is not None and mrun.forbid.hits[0]:  # (matches left out: see below)
+            if self.fire_branch(ri, v, first, pos, probe=True):
+                mrun.forbid = None
+                return self.try_all(ri, cp, v, pos)
+        elif self.checked[ri]:  # (``fire_branch``, inline: the matcher checked the guard)
+            branch, _, build = self.branches[ri][0]
+            if self.fire(self.rules[ri], v, theta, phi, branch, build, struct, pos):
                 return True
+        elif self.fire_branch(ri, v, first, pos):
+            return True
         if cp.unique:
             mrun.forbid = None
             return False

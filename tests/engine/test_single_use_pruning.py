@@ -160,6 +160,15 @@ def test_a_reader_ranked_before_the_root_is_outside_when_the_root_does_not_read_
 # ---------------------------------------------------------------------------- properties
 
 
+def pruned_and_full(outs, rules, machine: bool) -> tuple:
+    """The outcome of rewriting ``outs`` with ``rules`` (compiled for the machine or not),
+    and with the pruning switched off."""
+    with machine_backend(machine):
+        pruned = _outcome(outs, rules)
+        with full_search():
+            return pruned, _outcome(outs, rules)
+
+
 @st.composite
 def shared_dags(draw) -> list:
     """Terms of f1 and g2 over a and b, later ones reading earlier ones (much sharing)."""
@@ -216,10 +225,7 @@ def test_pruning_on_shared_values_rewrites_as_the_full_search(pdefs, pool, data,
         single(f"r{i}", p, RApp(FUSED, (RVar("x"),)) if i % 2 else RConst(2.0))
         for i, p in enumerate(pdefs)
     ]
-    with machine_backend(machine):
-        pruned = _outcome(outs, rules)
-        with full_search():
-            full = _outcome(outs, rules)
+    pruned, full = pruned_and_full(outs, rules, machine)
     assert pruned == full
     assert pruned == _outcome(outs, rules, engine="reference")
 
@@ -237,9 +243,6 @@ def test_pruned_rewrites_are_the_full_searchs_and_the_references(rules_, pool, d
     rules = [
         single(f"r{i}", p, RApp(FUSED, (RVar("x"),)), guard=g) for i, (p, g) in enumerate(rules_)
     ]
-    with machine_backend(machine):
-        pruned = _outcome(outs, rules)
-        with full_search():
-            full = _outcome(outs, rules)
+    pruned, full = pruned_and_full(outs, rules, machine)
     assert pruned == full
     assert pruned == _outcome(outs, rules, engine="reference")
