@@ -244,6 +244,7 @@ def _plan(table: str, k: str | None, cls: type, fields: Fields) -> tuple[Any, ..
 
 
 _ITEM_TABLES = {"op": "ops", "pattern": "defs", "rule": "rules"}
+_KEYSETS: dict[tuple[str, ...], frozenset[str]] = {}  # _Reader._record's key tuples, as sets
 _WHAT = {
     "ops": "an operator",
     "guard_fns": "a guard function",
@@ -919,6 +920,11 @@ class _Reader:
 
     def _record(self, raw: Any, keys: tuple[str, ...]) -> dict[str, Any]:
         """``raw`` as an object with exactly ``keys``."""
+        keyset = _KEYSETS.get(keys)
+        if keyset is None:
+            keyset = _KEYSETS[keys] = frozenset(keys)
+        if type(raw) is dict and raw.keys() == keyset:
+            return raw
         if type(raw) is not dict:
             raise self.fail(f"expected an object, got {_json_kind(raw)}")
         if len(raw) != len(keys) or any(k not in raw for k in keys):
@@ -1401,9 +1407,10 @@ class _Needs:
                 if kids is None:  # a recursive reference
                     memo[id(x)] = None
                     continue
-                stack.append((x, kids))
-                stack.extend((k, None) for k in kids if id(k) not in memo)
-                continue
+                if kids:
+                    stack.append((x, kids))
+                    stack.extend([(k, None) for k in kids if id(k) not in memo])
+                    continue
             memo[id(x)] = None  # (while a μ is checked on its own, it is walked)
             memo[id(x)] = combine(x, kids)
         return memo[id(root)]
