@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import sys
 
-# 8 host devices; the LLVM optimization level the suite compiles at (tests/conftest.py)
+# 8 host devices; the compile options the suite sets (tests/conftest.py) come with XLA_FLAGS
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
