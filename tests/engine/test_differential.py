@@ -57,8 +57,8 @@ from pypm_jax.engine.rewrite import rewrite
 from pypm_jax.semantics import machine as _machine
 from pypm_jax.semantics.guards import guard_holds
 from pypm_jax.semantics.subst import FreshNames
+from pypm_testing.draws import BOOLS, ints, sampled
 from pypm_testing.engine import (
-    BOOLS,
     F1,
     G2,
     LEAVES,
@@ -70,11 +70,9 @@ from pypm_testing.engine import (
     branchy_defs,
     dags,
     guards,
-    ints,
     pattern_defs,
     patterns,
     same_type,
-    sampled,
     solution_key,
 )
 from pypm_testing.strategies import pattern_and_term

@@ -45,6 +45,7 @@ from pypm_jax.core.calculus import (
 from pypm_jax.core.dtypes import as_dtype
 from pypm_jax.core.terms import OpClass, Operator, Term, const, leaf
 from pypm_jax.lang.registry import GUARD_FNS
+from pypm_testing.draws import BOOLS, ints, sampled
 
 F32, I8 = as_dtype("f32"), as_dtype("i8")
 
@@ -87,23 +88,8 @@ _KINDS = st.sampled_from((
 ))  # fmt: skip
 _BRANCHY_KINDS = st.sampled_from(("def", "def", "def", "app", "constr", "guard", "leaf"))
 _BRANCHY_OPS = st.sampled_from((F1, F2, G2))
-BOOLS = st.booleans()
 _OP_SETS = st.sets(_OPS)
 _CLASSES = st.sampled_from(("unary", "binary"))
-
-
-@functools.cache
-def ints(lo: int, hi: int) -> st.SearchStrategy[int]:
-    """``ints(lo, hi)``, one object per bounds (a dict look-up, where Hypothesis's own
-    cache of strategies costs more than the draw)."""
-    return st.integers(lo, hi)
-
-
-@functools.cache
-def sampled(items: tuple) -> st.SearchStrategy[Any]:
-    """``st.sampled_from(items)``, one object per tuple of items (the same strategy, so the
-    same choices and labels: a fresh one is validated and labelled afresh at each draw)."""
-    return st.sampled_from(items)
 
 
 @functools.cache
