@@ -146,9 +146,7 @@ def compiled(cp: CompiledPattern, t: Term) -> list:
     return [solution_key(theta, phi) for theta, phi, _ in sols]
 
 
-@given(deep_spines())
-def test_a_term_the_deep_pre_check_refuses_has_no_match(case):
-    pdef, targets = case
+def check_a_term_the_deep_pre_check_refuses_has_no_match(pdef: PatternDef, targets: list) -> None:
     deep = _precheck._deep_prefilter(pdef.body)
     machine = CompiledPattern(pdef, backend="machine")
     with mock.patch.object(_codegen, "_INLINE_PATHS", 0):  # (generator functions)
@@ -161,9 +159,7 @@ def test_a_term_the_deep_pre_check_refuses_has_no_match(case):
         assert compiled(generated, t) == expected
 
 
-@given(deep_spines())
-def test_a_summary_carries_the_deep_pre_check(case):
-    pdef, targets = case
+def check_a_summary_carries_the_deep_pre_check(pdef: PatternDef, targets: list) -> None:
     cp = CompiledPattern(pdef, backend="machine")
     loaded = from_summary(PatternDef(pdef.name, pdef.params, pdef.body), summary(cp))
     assert loaded is not None and loaded._deep == cp._deep
@@ -239,13 +235,29 @@ def test_the_machine_looking_ahead_finds_the_same_solutions(pdef, pool, data):
     assert looked == plain == reference(pdef, t)
 
 
-@given(deep_spines())
-def test_looking_ahead_on_deep_spines(case):
-    pdef, targets = case
+def check_looking_ahead_finds_the_same_solutions(pdef: PatternDef, targets: list) -> None:
     for t in targets:
         looked, _ = machine_run(pdef, t, True)
         plain, _ = machine_run(pdef, t, False)
         assert looked == plain == reference(pdef, t)
+
+
+@given(deep_spines())
+def test_deep_spines_pre_check_summary_and_look_ahead(case):
+    """Three properties of deep spines, on the same examples (Hypothesis draws each once;
+    each property still sees CI's 2,000): a term the deep pre-check refuses has no match, and
+    compiled patterns that run it give the reference's solutions; a summary carries it; the
+    machine looking ahead finds the reference's solutions. Each property gets its own copy
+    of the definition (caches of compiled patterns are by identity), as a test of its own
+    did."""
+    pdef, targets = case
+    check_a_term_the_deep_pre_check_refuses_has_no_match(pdef, targets)
+    check_a_summary_carries_the_deep_pre_check(fresh(pdef), targets)
+    check_looking_ahead_finds_the_same_solutions(fresh(pdef), targets)
+
+
+def fresh(pdef: PatternDef) -> PatternDef:
+    return PatternDef(pdef.name, pdef.params, pdef.body, pdef.loc, pdef.alt_locs)
 
 
 def test_an_alternate_that_cannot_match_is_not_tried():
