@@ -36,11 +36,17 @@ from pypm_jax.engine import precheck as _precheck
 from pypm_jax.engine.compiled import from_summary, summary
 from pypm_jax.engine.fast import CompiledPattern, MatchRun
 from pypm_jax.semantics import machine as _machine
+from pypm_testing.draws import BOOLS, ints, sampled
 from pypm_testing.engine import F1, F2, G2, H2, A, B, C, dags, pattern_defs, solution_key
 from pypm_testing.strategies import _Abstractor, terms
 
 MAX_SOLUTIONS = 30
 UNARY, BINARY = (F1, F2), (G2, H2)
+# (strategies made once: see pypm_testing.draws)
+_TOP_KINDS = st.sampled_from(["app", "app", "funvar", "alt", "call"])
+_KINDS = st.sampled_from(["app", "app", "funvar", "alt", "call", "local"])
+_PATH_OPS = st.sampled_from(UNARY + BINARY)
+_OTHERS = st.sampled_from((A, B, C))
 
 
 class _Spine:
@@ -62,15 +68,14 @@ class _Spine:
         the top: a variable bound at the root is checked there, no deeper.)"""
         draw = self.draw
         args = tuple(below if i == at else PVar(self.fresh("sw")) for i in range(len(t.inputs)))
-        kinds = ["app", "app", "funvar", "alt", "call"] + ([] if top else ["local"])
-        kind = draw(st.sampled_from(kinds))
+        kind = draw(_TOP_KINDS if top else _KINDS)
         if kind == "funvar":
             return PFunVar(self.fresh("sF", "op"), args)
         app = PApp(t.op, args)
         if kind == "alt":  # the other alternate: another operator over the same inputs
             others = UNARY if len(args) == 1 else BINARY
-            foil = PApp(draw(st.sampled_from(tuple(op for op in others if op is not t.op))), args)
-            return PAlt(foil, app) if draw(st.booleans()) else PAlt(app, foil)
+            foil = PApp(draw(sampled(tuple(op for op in others if op is not t.op))), args)
+            return PAlt(foil, app) if draw(BOOLS) else PAlt(app, foil)
         if kind == "call":  # D(arg) with arg <= below, as the frontend writes D(below)
             arg = self.fresh("sarg", param=False)
             u = self.fresh("su", param=False)
@@ -95,16 +100,16 @@ def deep_spines(draw: Any) -> tuple[PatternDef, list[Term]]:
     bottom = draw(terms(3))
     ab = _Abstractor(draw, bottom, 2, True)
     # (mostly a structure at q's top: there the pre-check has something to test)
-    q, _ = (ab.struct if draw(st.integers(0, 3)) else ab.pat)(bottom, {}, 3)
+    q, _ = (ab.struct if draw(ints(0, 3)) else ab.pat)(bottom, {}, 3)
     sp = _Spine(draw)
     t, p = bottom, PVar("x")
     path: list[tuple[Any, int, tuple]] = []
-    levels = draw(st.integers(4, 7))
+    levels = draw(ints(4, 7))
     for level in range(levels):
-        op = draw(st.sampled_from(UNARY + BINARY))
+        op = draw(_PATH_OPS)
         n = op.n_in
-        at = draw(st.integers(0, n - 1))
-        others = [draw(st.sampled_from((A, B, C))) for _ in range(n - 1)]
+        at = draw(ints(0, n - 1))
+        others = [draw(_OTHERS) for _ in range(n - 1)]
         ins = tuple(others[:at] + [t] + others[at:])
         path.append((op, at, ins))
         t2 = op(*ins)
@@ -125,7 +130,7 @@ def deep_spines(draw: Any) -> tuple[PatternDef, list[Term]]:
     targets = [
         t,
         rebuild(draw(terms(3))),
-        rebuild(bottom, draw(st.integers(0, len(path) - 1))),
+        rebuild(bottom, draw(ints(0, len(path) - 1))),
         draw(terms(4)),
     ]
     return PatternDef("P", tuple(params), body), targets
@@ -141,9 +146,7 @@ def compiled(cp: CompiledPattern, t: Term) -> list:
     return [solution_key(theta, phi) for theta, phi, _ in sols]
 
 
-@given(deep_spines())
-def test_a_term_the_deep_pre_check_refuses_has_no_match(case):
-    pdef, targets = case
+def check_a_term_the_deep_pre_check_refuses_has_no_match(pdef: PatternDef, targets: list) -> None:
     deep = _precheck._deep_prefilter(pdef.body)
     machine = CompiledPattern(pdef, backend="machine")
     with mock.patch.object(_codegen, "_INLINE_PATHS", 0):  # (generator functions)
@@ -156,9 +159,7 @@ def test_a_term_the_deep_pre_check_refuses_has_no_match(case):
         assert compiled(generated, t) == expected
 
 
-@given(deep_spines())
-def test_a_summary_carries_the_deep_pre_check(case):
-    pdef, targets = case
+def check_a_summary_carries_the_deep_pre_check(pdef: PatternDef, targets: list) -> None:
     cp = CompiledPattern(pdef, backend="machine")
     loaded = from_summary(PatternDef(pdef.name, pdef.params, pdef.body), summary(cp))
     assert loaded is not None and loaded._deep == cp._deep
@@ -234,13 +235,29 @@ def test_the_machine_looking_ahead_finds_the_same_solutions(pdef, pool, data):
     assert looked == plain == reference(pdef, t)
 
 
-@given(deep_spines())
-def test_looking_ahead_on_deep_spines(case):
-    pdef, targets = case
+def check_looking_ahead_finds_the_same_solutions(pdef: PatternDef, targets: list) -> None:
     for t in targets:
         looked, _ = machine_run(pdef, t, True)
         plain, _ = machine_run(pdef, t, False)
         assert looked == plain == reference(pdef, t)
+
+
+@given(deep_spines())
+def test_deep_spines_pre_check_summary_and_look_ahead(case):
+    """Three properties of deep spines, on the same examples (Hypothesis draws each once;
+    each property still sees CI's 2,000): a term the deep pre-check refuses has no match, and
+    compiled patterns that run it give the reference's solutions; a summary carries it; the
+    machine looking ahead finds the reference's solutions. Each property gets its own copy
+    of the definition (caches of compiled patterns are by identity), as a test of its own
+    did."""
+    pdef, targets = case
+    check_a_term_the_deep_pre_check_refuses_has_no_match(pdef, targets)
+    check_a_summary_carries_the_deep_pre_check(fresh(pdef), targets)
+    check_looking_ahead_finds_the_same_solutions(fresh(pdef), targets)
+
+
+def fresh(pdef: PatternDef) -> PatternDef:
+    return PatternDef(pdef.name, pdef.params, pdef.body, pdef.loc, pdef.alt_locs)
 
 
 def test_an_alternate_that_cannot_match_is_not_tried():

@@ -39,6 +39,7 @@ from pypm_jax.core.terms import Operator
 from pypm_jax.engine import rewrite as _rewrite
 from pypm_jax.engine.compiled import CompiledPattern, _compiled
 from pypm_jax.engine.rewrite import rewrite
+from pypm_testing.draws import BOOLS, ints, sampled
 from pypm_testing.engine import F1, F2, G2, A, B, dags, guards, pattern_defs, same_type
 
 X, Y = PVar("x"), PVar("y")
@@ -173,10 +174,13 @@ def pruned_and_full(outs, rules, machine: bool) -> tuple:
 def shared_dags(draw) -> list:
     """Terms of f1 and g2 over a and b, later ones reading earlier ones (much sharing)."""
     pool = [A, B]
-    for _ in range(draw(st.integers(3, 12))):
-        pick = st.sampled_from(pool)
-        pool.append(F1(draw(pick)) if draw(st.booleans()) else G2(draw(pick), draw(pick)))
+    for _ in range(draw(ints(3, 12))):
+        pick = sampled(pool)
+        pool.append(F1(draw(pick)) if draw(BOOLS) else G2(draw(pick), draw(pick)))
     return pool
+
+
+_VARS = st.sampled_from(("x", "y", "e"))
 
 
 @functools.cache  # (one strategy object per arguments: drawn unvalidated)
@@ -184,12 +188,12 @@ def shared_dags(draw) -> list:
 def covering(draw, depth: int = 2, app: bool = False):
     """A pattern of f1 and g2 down to variables (x, y, or the ∃-bound e); ``app``: an
     application here (below a root: a match that covers an interior value)."""
-    if not app and (depth <= 0 or draw(st.integers(0, 2)) == 0):
-        return PVar(draw(st.sampled_from(("x", "y", "e"))))
-    if draw(st.booleans()):
+    if not app and (depth <= 0 or draw(ints(0, 2)) == 0):
+        return PVar(draw(_VARS))
+    if draw(BOOLS):
         return PApp(F1, (draw(covering(depth - 1)),))
     below = [draw(covering(depth - 1)), draw(covering(depth - 1))]
-    return PApp(G2, tuple(below if draw(st.booleans()) else below[::-1]))
+    return PApp(G2, tuple(below if draw(BOOLS) else below[::-1]))
 
 
 @st.composite
@@ -197,14 +201,14 @@ def alternates(draw) -> PatternDef:
     """Two to four ways of matching a root, some binding the same parameters (so the
     driver drops repeats), maybe guarded."""
     body = None
-    for _ in range(draw(st.integers(2, 4))):
-        below = [draw(covering(draw(st.integers(1, 2)), app=True)), draw(covering(1))]
-        if draw(st.booleans()):
+    for _ in range(draw(ints(2, 4))):
+        below = [draw(covering(draw(ints(1, 2)), app=True)), draw(covering(1))]
+        if draw(BOOLS):
             root = PApp(F1, (below[0],))
         else:
-            root = PApp(G2, tuple(below if draw(st.booleans()) else below[::-1]))
+            root = PApp(G2, tuple(below if draw(BOOLS) else below[::-1]))
         alt = PExists("e", root)
-        if draw(st.integers(0, 3)) == 0:
+        if draw(ints(0, 3)) == 0:
             alt = PGuard(alt, draw(guards(("x", "y"), ("F",))))
         body = alt if body is None else PAlt(body, alt)
     return PatternDef("alts", (Param("x"), Param("y")), body)

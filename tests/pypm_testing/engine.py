@@ -45,6 +45,7 @@ from pypm_jax.core.calculus import (
 from pypm_jax.core.dtypes import as_dtype
 from pypm_jax.core.terms import OpClass, Operator, Term, const, leaf
 from pypm_jax.lang.registry import GUARD_FNS
+from pypm_testing.draws import BOOLS, ints, sampled
 
 F32, I8 = as_dtype("f32"), as_dtype("i8")
 
@@ -87,6 +88,13 @@ _KINDS = st.sampled_from((
 ))  # fmt: skip
 _BRANCHY_KINDS = st.sampled_from(("def", "def", "def", "app", "constr", "guard", "leaf"))
 _BRANCHY_OPS = st.sampled_from((F1, F2, G2))
+_OP_SETS = st.sets(_OPS)
+_CLASSES = st.sampled_from(("unary", "binary"))
+
+
+@functools.cache
+def _arg_lists(n: int) -> st.SearchStrategy[list[int]]:
+    return st.lists(ints(0, n - 1), min_size=1, max_size=3)
 
 
 # ----------------------------------------------------------------------------- random DAGs
@@ -96,11 +104,11 @@ _BRANCHY_OPS = st.sampled_from((F1, F2, G2))
 def dags(draw: Any, max_nodes: int = 10) -> list[Term]:
     """A list of terms built bottom-up; later terms use earlier ones (so they share)."""
     pool: list[Term] = list(LEAVES)
-    for _ in range(draw(st.integers(1, max_nodes))):
+    for _ in range(draw(ints(1, max_nodes))):
         op = draw(_OPS)
-        recent = st.integers(0, len(pool) - 1)
+        recent = ints(0, len(pool) - 1)
         if op is CAT:
-            args = [pool[i] for i in draw(st.lists(recent, min_size=1, max_size=3))]
+            args = [pool[i] for i in draw(_arg_lists(len(pool)))]
         else:
             args = [pool[draw(recent)] for _ in range(op.n_in or 0)]
         out = op(*args)
@@ -125,10 +133,10 @@ def guards(draw: Any, names: tuple[str, ...], op_names: tuple[str, ...]) -> Expr
     """A guard: an atom (true, false or undefined on a given match), maybe combined."""
 
     def atom() -> Expr:
-        v = draw(st.sampled_from(names))
-        kind = draw(st.integers(0, 10))
+        v = draw(sampled(names))
+        kind = draw(ints(0, 10))
         if kind == 0:
-            return ECmp("==", EAttr(v, "rank"), EConst(draw(st.integers(0, 2))))
+            return ECmp("==", EAttr(v, "rank"), EConst(draw(ints(0, 2))))
         if kind == 1:
             return ECmp("==", EAttr(v, "dtype"), EConst(F32))
         if kind == 2:
@@ -138,20 +146,20 @@ def guards(draw: Any, names: tuple[str, ...], op_names: tuple[str, ...]) -> Expr
         if kind == 4:
             return ECmp(">", ECall(GUARD_FNS["len"], (EAttr(v, "shape"),)), EConst(1))
         if kind == 5:
-            return ECmp("==", EOpAttr(draw(st.sampled_from(op_names)), "name"), EConst("f1"))
+            return ECmp("==", EOpAttr(draw(sampled(op_names)), "name"), EConst("f1"))
         if kind == 6:
             return EConst(True)
         if kind == 7:
             return EConst(1.5)  # not a truth value: undefined
         # op classes and operators (what the root index reads; F1, G2 have no class)
-        cls = EConst(OpClass(draw(st.sampled_from(["unary", "binary"]))))
+        cls = EConst(OpClass(draw(_CLASSES)))
         if kind == 8:
-            return ECmp("==", EOpAttr(draw(st.sampled_from(op_names)), "op_class"), cls)
+            return ECmp("==", EOpAttr(draw(sampled(op_names)), "op_class"), cls)
         if kind == 9:
             return ECmp("==", cls, EAttr(v, "op_class"))
-        return ECmp("in", EAttr(v, "op"), EConst(tuple(draw(st.sets(st.sampled_from(OPS))))))
+        return ECmp("in", EAttr(v, "op"), EConst(tuple(draw(_OP_SETS))))
 
-    combine = draw(st.integers(0, 5))
+    combine = draw(ints(0, 5))
     if combine == 0:
         return EAnd((atom(), atom()))
     if combine == 1:
@@ -177,48 +185,48 @@ def patterns(
     sub = lambda d=depth - 1: patterns(d, names, op_names, exist_names)  # noqa: E731
     kind = draw(_LEAF_KINDS if depth <= 0 else _KINDS)
     if kind == "var":
-        return PVar(draw(st.sampled_from(names)))
+        return PVar(draw(sampled(names)))
     if kind == "const":
         return PConst(draw(_CONSTS))
     if kind == "app":
         op = draw(_OPS)
-        n = draw(st.integers(1, 3)) if op is CAT else op.n_in
-        index = draw(st.integers(0, 1)) if op is SPLIT else 0
+        n = draw(ints(1, 3)) if op is CAT else op.n_in
+        index = draw(ints(0, 1)) if op is SPLIT else 0
         return PApp(op, tuple(draw(sub()) for _ in range(n)), index)
     if kind == "alt":
         return PAlt(draw(sub()), draw(sub()))
     if kind == "guard":
         return PGuard(draw(sub()), draw(guards(names, op_names)))
     if kind == "exists":
-        v = draw(st.sampled_from(exist_names))
+        v = draw(sampled(exist_names))
         inner = patterns(depth - 1, tuple({*names, v}), op_names, exist_names)
         return PExists(v, draw(inner))
     if kind == "constr":
-        return PConstr(draw(sub()), draw(st.sampled_from(names)), draw(sub()))
+        return PConstr(draw(sub()), draw(sampled(names)), draw(sub()))
     if kind == "funvar":
-        n = draw(st.integers(0, 2))
+        n = draw(ints(0, 2))
         n_out = draw(_N_OUTS)
-        index = draw(st.integers(0, 1)) if n_out == 2 else 0
-        return PFunVar(draw(st.sampled_from(op_names)), tuple(draw(sub()) for _ in range(n)),
+        index = draw(ints(0, 1)) if n_out == 2 else 0
+        return PFunVar(draw(sampled(op_names)), tuple(draw(sub()) for _ in range(n)),
                        index, n_out)  # fmt: skip
     if kind in ("mu", "mu_op"):  # a call of a sub-pattern: μS(p, H)[args]. body
         name = f"S{next(_mu_names)}"
         params = (Param("p"), Param("H", "op"))
         body = draw(patterns(depth - 1, ("p",), ("H",), ("e",)))
-        op_arg = draw(st.sampled_from(op_names)) if kind == "mu" else draw(_OP_ARGS)
-        return PMu(name, params, (draw(st.sampled_from(names)), op_arg), body)
+        op_arg = draw(sampled(op_names)) if kind == "mu" else draw(_OP_ARGS)
+        return PMu(name, params, (draw(sampled(names)), op_arg), body)
     # recursion that consumes structure: μR(u). op(R(u)) ‖ base, in either order
     name = f"R{next(_mu_names)}"
     base = draw(patterns(min(depth - 1, 1), ("u",), op_names, ("e",)))
     op = draw(_UNARY)
     if kind == "rec":
         step: Pattern = PApp(op, (PCall(name, ("u",)),))
-        if draw(st.booleans()):
-            step = PFunVar(draw(st.sampled_from(op_names)), (PCall(name, ("u",)),))
+        if draw(BOOLS):
+            step = PFunVar(draw(sampled(op_names)), (PCall(name, ("u",)),))
     else:  # through a match constraint on an existential: fresh names per unfolding
         step = PExists("e", PConstr(PApp(op, (PVar("e"),)), "e", PCall(name, ("u",))))
-    body = PAlt(step, base) if draw(st.booleans()) else PAlt(base, step)
-    return PMu(name, (Param("u"),), (draw(st.sampled_from(names)),), body)
+    body = PAlt(step, base) if draw(BOOLS) else PAlt(base, step)
+    return PMu(name, (Param("u"),), (draw(sampled(names)),), body)
 
 
 @functools.cache  # (one strategy object per arguments: see _OPS)
@@ -231,7 +239,7 @@ def branchy_patterns(draw: Any, depth: int = 3, names: tuple[str, ...] = TERM_VA
     parameters (as definitions written in the DSL do), or not (then the machine runs it)."""
     sub = lambda d=depth - 1, ns=names: branchy_patterns(d, ns)  # noqa: E731
     if depth <= 0:
-        return draw(st.sampled_from([PVar(n) for n in names] + [PConst(2.0)]))
+        return draw(sampled((*(PVar(n) for n in names), PConst(2.0))))
     kind = draw(_BRANCHY_KINDS)
     if kind == "leaf":
         return draw(patterns(1, names))
@@ -239,7 +247,7 @@ def branchy_patterns(draw: Any, depth: int = 3, names: tuple[str, ...] = TERM_VA
         op = draw(_BRANCHY_OPS)
         return PApp(op, tuple(draw(sub()) for _ in range(op.n_in)))
     if kind == "constr":
-        return PConstr(draw(sub()), draw(st.sampled_from(names)), draw(sub()))
+        return PConstr(draw(sub()), draw(sampled(names)), draw(sub()))
     if kind == "guard":
         return PGuard(draw(sub()), draw(guards(names, OP_VARS)))
     name = f"D{next(_mu_names)}"
@@ -247,7 +255,7 @@ def branchy_patterns(draw: Any, depth: int = 3, names: tuple[str, ...] = TERM_VA
 
     def alternate() -> Pattern:
         pq = ("p", "q")
-        form = draw(st.integers(0, 7))
+        form = draw(ints(0, 7))
         if form == 0:
             return PApp(G2, (PVar("p"), PVar("q")))
         if form == 1:  # a constraint reaching nested definitions
@@ -275,21 +283,21 @@ def branchy_patterns(draw: Any, depth: int = 3, names: tuple[str, ...] = TERM_VA
         return draw(sub(depth - 1, pq))
 
     body: Pattern = alternate()
-    for _ in range(draw(st.integers(1, 3))):
-        body = PAlt(body, alternate()) if draw(st.booleans()) else PAlt(alternate(), body)
+    for _ in range(draw(ints(1, 3))):
+        body = PAlt(body, alternate()) if draw(BOOLS) else PAlt(alternate(), body)
     args = (
-        draw(st.sampled_from(names)),
-        draw(st.sampled_from(names)),
+        draw(sampled(names)),
+        draw(sampled(names)),
         draw(_CALL_OPS),
     )
     call = PMu(name, params, args, body)
-    return PApp(G2, (call, draw(sub()))) if draw(st.booleans()) else call
+    return PApp(G2, (call, draw(sub()))) if draw(BOOLS) else call
 
 
 @st.composite
 def branchy_defs(draw: Any) -> PatternDef:
     body = draw(branchy_patterns(3))
-    if draw(st.booleans()):
+    if draw(BOOLS):
         body = PGuard(body, draw(guards(TERM_VARS, OP_VARS)))
     return PatternDef("P", PARAMS, body)
 
@@ -297,7 +305,7 @@ def branchy_defs(draw: Any) -> PatternDef:
 @st.composite
 def pattern_defs(draw: Any, depth: int = 3) -> PatternDef:
     body = draw(patterns(depth))
-    if draw(st.booleans()):
+    if draw(BOOLS):
         body = PGuard(body, draw(guards(TERM_VARS, OP_VARS)))
     return PatternDef("P", PARAMS, body)
 

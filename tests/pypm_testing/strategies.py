@@ -79,6 +79,7 @@ __all__ = [
     "spine",
 ]
 
+import functools
 import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -117,6 +118,7 @@ from pypm_jax.core.calculus import (
 from pypm_jax.core.dtypes import as_dtype
 from pypm_jax.core.terms import CONST, OpClass, Operator, Term, const, leaf
 from pypm_jax.semantics.subst import rename_expr
+from pypm_testing.draws import BOOLS, ints, sampled
 
 # ----------------------------------------------------------------------------- signature
 
@@ -170,10 +172,22 @@ SQRT2_LITERAL = 1.4142135623730951
 # --------------------------------------------------------------------------------- terms
 
 
+# Strategies the term generators draw from, made once (see pypm_testing.draws).
+_ATOMS = st.sampled_from(ATOMS)
+_ATOM_LISTS = st.lists(_ATOMS, min_size=1, max_size=3)
+_OPERATORS = st.sampled_from(OPERATORS)
+_UNARY = st.sampled_from((F1, F2))
+
+
+@functools.cache
+def _chain_ops(max_len: int) -> st.SearchStrategy[list[Operator]]:
+    return st.lists(st.sampled_from((F1, F1, F2, S)), min_size=1, max_size=max_len)
+
+
 def _apply(draw: Callable[..., Any], op: Operator, inputs: list[Term]) -> Term:
     out = op(*inputs)
     if op.n_out > 1:
-        out = out[draw(st.integers(0, op.n_out - 1))]
+        out = out[draw(ints(0, op.n_out - 1))]
     return out
 
 
@@ -181,19 +195,19 @@ def _apply(draw: Callable[..., Any], op: Operator, inputs: list[Term]) -> Term:
 def dag_terms(draw: Callable[..., Any], max_ops: int = 4) -> Term:
     """A random term DAG: each new node applies an operator to earlier nodes, with
     repetition, so subterms are shared (and identical by hash-consing)."""
-    pool: list[Term] = draw(st.lists(st.sampled_from(ATOMS), min_size=1, max_size=3))
-    for _ in range(draw(st.integers(0, max_ops))):
-        op = draw(st.sampled_from(OPERATORS))
-        n = draw(st.integers(0, 3)) if op.n_in is None else op.n_in
-        pool.append(_apply(draw, op, [draw(st.sampled_from(pool)) for _ in range(n)]))
+    pool: list[Term] = draw(_ATOM_LISTS)
+    for _ in range(draw(ints(0, max_ops))):
+        op = draw(_OPERATORS)
+        n = draw(ints(0, 3)) if op.n_in is None else op.n_in
+        pool.append(_apply(draw, op, [draw(sampled(pool)) for _ in range(n)]))
     return pool[-1]
 
 
 @st.composite
 def chain_terms(draw: Callable[..., Any], max_len: int = 5) -> Term:
     """``u1(u2(...(base)))`` with unary operators, often one operator repeated."""
-    t = draw(st.sampled_from(ATOMS))
-    ops = draw(st.lists(st.sampled_from((F1, F1, F2, S)), min_size=1, max_size=max_len))
+    t = draw(_ATOMS)
+    ops = draw(_chain_ops(max_len))
     for op in ops:
         t = _apply(draw, op, [t])
     return t
@@ -202,16 +216,17 @@ def chain_terms(draw: Callable[..., Any], max_len: int = 5) -> Term:
 @st.composite
 def tree_terms(draw: Callable[..., Any], max_ops: int = 4) -> Term:
     """Trees of one unary and one binary operator (what the paper's P(x, f, g) matches)."""
-    unary = draw(st.sampled_from((F1, F2)))
-    pool = [draw(st.sampled_from(ATOMS))]
-    for _ in range(draw(st.integers(1, max_ops))):
-        if draw(st.booleans()):
-            pool.append(unary(draw(st.sampled_from(pool))))
+    unary = draw(_UNARY)
+    pool = [draw(_ATOMS)]
+    for _ in range(draw(ints(1, max_ops))):
+        if draw(BOOLS):
+            pool.append(unary(draw(sampled(pool))))
         else:
-            pool.append(G(draw(st.sampled_from(pool)), draw(st.sampled_from(pool))))
+            pool.append(G(draw(sampled(pool)), draw(sampled(pool))))
     return pool[-1]
 
 
+@functools.cache  # (one strategy object per arguments)
 def terms(max_ops: int = 4) -> st.SearchStrategy[Term]:
     """Small terms: random DAGs with sharing, unary chains, or unary/binary trees."""
     return st.one_of(dag_terms(max_ops), chain_terms(max_ops + 1), tree_terms(max_ops))
@@ -401,10 +416,10 @@ class _Abstractor:
     # -- helpers
 
     def _int(self, lo: int, hi: int) -> int:
-        return self.draw(st.integers(lo, hi))
+        return self.draw(ints(lo, hi))
 
     def _pick(self, items: list[Any]) -> Any:
-        return self.draw(st.sampled_from(items))
+        return self.draw(sampled(items))
 
     def _fresh(self, stem: str) -> str:
         return f"{stem}{next(self.names)}"
@@ -427,13 +442,13 @@ class _Abstractor:
     def _term_var(self, t: Term, bound: Bound) -> str | None:
         """A variable for t: a bound one meant for t (nonlinear), or a new parameter."""
         same = [x for x, v in bound.items() if v is t and self._is_term(x)]
-        if same and self.draw(st.booleans()):
+        if same and self.draw(BOOLS):
             return self._pick(same)
         return self._new_param("term")
 
     def _op_var(self, op: Operator, bound: Bound) -> str | None:
         same = [x for x, v in bound.items() if v is op]
-        if same and self.draw(st.booleans()):
+        if same and self.draw(BOOLS):
             return self._pick(same)
         return self._new_param("op")
 
@@ -475,7 +490,7 @@ class _Abstractor:
     def struct(self, t: Term, bound: Bound, depth: int) -> tuple[Pattern, Bound]:
         if t.op is CONST:
             value = t.attrs["value"]
-            if t is SQRT2 and self.draw(st.booleans()):
+            if t is SQRT2 and self.draw(BOOLS):
                 value = SQRT2_LITERAL
             elif self._int(0, 5) == 0:
                 value = self._pick([0.0, 1.0, 0.5, 2, 3.5])
@@ -503,9 +518,9 @@ class _Abstractor:
     def alt(self, t: Term, bound: Bound, depth: int) -> tuple[Pattern, Bound]:
         p1, b1 = self.pat(t, bound, depth - 1)
         # the sibling abstracts another term (it mostly fails), or t again (two solutions)
-        other = self._pick(self.foils) if self.draw(st.booleans()) else t
+        other = self._pick(self.foils) if self.draw(BOOLS) else t
         p2, b2 = self.pat(other, bound, depth - 1)
-        p = PAlt(p1, p2) if self.draw(st.booleans()) else PAlt(p2, p1)
+        p = PAlt(p1, p2) if self.draw(BOOLS) else PAlt(p2, p1)
         return p, {k: v for k, v in b1.items() if k in b2}
 
     def guard(self, bound: Bound) -> Expr:
@@ -528,7 +543,7 @@ class _Abstractor:
         value = pool[x]
         if not self._is_term(x):
             want = value.name if isinstance(value, Operator) else "F1"
-            if self.draw(st.booleans()):
+            if self.draw(BOOLS):
                 cls = value.op_class if isinstance(value, Operator) else None
                 return ECmp("==", EOpAttr(x, "op_class"), EConst(cls or OpClass("other")))
             return ECmp(self._pick(["==", "!="]), EOpAttr(x, "name"), EConst(want))
@@ -552,7 +567,7 @@ class _Abstractor:
             return ECmp("==", EAttr(x, "op_class"), EConst(cls or OpClass("unary_pointwise")))
         if kind == 5:
             left = EBin(self._pick(["+", "*"]), EAttr(x, "rank"), EConst(2))
-            right = EConst(rank + 2 if self.draw(st.booleans()) else rank * 2)
+            right = EConst(rank + 2 if self.draw(BOOLS) else rank * 2)
             return ECmp("==", left, right)
         others = [y for y in sorted(pool) if self._is_term(y)]
         y = self._pick(others or [x])
@@ -583,7 +598,7 @@ class _Abstractor:
                     pj, b = self.pat(tj, b, depth - 1)
                     args.append(pj)
             body = PApp(t.op, tuple(args), t.index)
-            if self.draw(st.booleans()):
+            if self.draw(BOOLS):
                 body = PGuard(body, self.guard(b))
         return PExists(y, body), {k: v for k, v in b.items() if k != y}
 
@@ -608,7 +623,7 @@ class _Abstractor:
             h = f"{name}_{i}"
             params.append(Param(h, kind))  # type: ignore[arg-type]
             env[v] = h
-            concrete = kind == "op" and isinstance(b.get(v), Operator) and self.draw(st.booleans())
+            concrete = kind == "op" and isinstance(b.get(v), Operator) and self.draw(BOOLS)
             if concrete:  # instantiate the operator parameter with the operator itself
                 args.append(b[v])
                 if v not in bound:
@@ -627,10 +642,10 @@ class _Abstractor:
                 return self.struct(t, bound, depth)
             b = {**bound, x: _chain_bottom(t)}
             if choice == 1:
-                chain = constr_chain if self.draw(st.booleans()) else op_chain
+                chain = constr_chain if self.draw(BOOLS) else op_chain
                 return chain(name, t.op, x), b
             f = self._op_var(t.op, bound) or t.op
-            p = unary_chain(name, x, f, recursive_first=self.draw(st.booleans()))
+            p = unary_chain(name, x, f, recursive_first=self.draw(BOOLS))
             return p, ({**b, f: t.op} if isinstance(f, str) else b)
         if choice == 2 and t.op is G:  # the spine binds x to its leftmost bottom
             bottom = t
@@ -669,11 +684,11 @@ def pattern_and_term(
     ab = _Abstractor(draw, t, max_params, well_moded)
     body, _ = ab.pat(t, {}, depth)
     params = tuple(Param(x, k) for x, k in ab.params.items())  # type: ignore[arg-type]
-    name = f"P{draw(st.integers(0, 9))}"
-    if draw(st.integers(0, 3)) == 0:  # as the frontend writes a pattern that calls others
+    name = f"P{draw(ints(0, 9))}"
+    if draw(ints(0, 3)) == 0:  # as the frontend writes a pattern that calls others
         body = PMu(name, params, tuple(x.name for x in params), body)
     pdef = PatternDef(name, params, body)
-    target = t if draw(st.integers(0, 5)) else draw(terms(max_ops))
+    target = t if draw(ints(0, 5)) else draw(terms(max_ops))
     return pdef, target
 
 
