@@ -73,6 +73,8 @@ class EqnInfo:
     avals: tuple[Any, ...]
     kind: str
     owner: int | None = None
+    in_avals: tuple[Any, ...] = ()  # the operands' types (lowering re-emits the equation
+    # as recorded while its operands have them)
 
 
 def eqn_info(node: Any) -> EqnInfo | None:
@@ -407,6 +409,7 @@ class _Lifter:
             ctx=eqn.ctx,
             avals=tuple(v.aval for v in eqn.outvars),
             kind=kind,
+            in_avals=tuple(v.aval for v in eqn.invars),
         )
         meta: dict[str, Any] = {"jax_eqn": info, "module_path": module_path(stack)}
         if regions:

@@ -197,6 +197,45 @@ def test_hf_nodes_point_into_the_modeling_file():
     assert "FlaxBertModule/encoder/layer/0/attention/self/query" in paths
 
 
+def _lowered_both_ways(monkeypatch, prog, *args):
+    """The HLO (with source locations) of ``prog`` lowered with its equations re-emitted as
+    recorded (lowering's fast path) and with every one bound again (the reference)."""
+    import sys
+
+    texts = []
+    for reemit in (False, True):
+        monkeypatch.setattr(sys.modules["pypm_jax.jax.lower"], "REEMIT", reemit)
+        texts.append(jax.jit(lower(prog)).lower(*args).as_text(debug_info=True))
+    return texts
+
+
+def test_lowering_keeps_source_lines_and_module_paths(monkeypatch):
+    """Re-emitting the equations a rewrite left alone gives the HLO binding each again
+    gives, with each operation's source line and Flax module path in its metadata."""
+    apply, inputs, _ = linen_mha(False)
+    flat = jax.tree_util.tree_leaves(inputs)
+    prog = lift(jax.make_jaxpr(lambda *xs: apply(*jax.tree_util.tree_unflatten(
+        jax.tree_util.tree_structure(inputs), xs)))(*flat))  # fmt: skip
+    reference, fast = _lowered_both_ways(monkeypatch, prog, *flat)
+    assert fast == reference
+    assert CORPUS in fast and "Attn/attention/query/dot_general" in fast
+
+    def f(x):
+        with jax.named_scope("block"):
+            y = jnp.exp(x) / 8.0  # rewritten: a rule-built mul with this line
+            return jnp.tanh(y) + jnp.sin(x)
+
+    x = jnp.linspace(0.0, 1.0, 8)
+    prog, report, _ = _run(f, x, rules=[div8_to_mul])
+    assert [r.rule for r in report] == ["div8_to_mul"]
+    reference, fast = _lowered_both_ways(monkeypatch, prog, x)
+    assert fast == reference
+    line = f.__code__.co_firstlineno
+    for op in ("exp", "mul", "tanh", "sin"):  # (mul: built by the rule, with div's line)
+        assert f'/block/{op}"' in fast, op
+    assert f'"{HERE}":{line + 2}:' in fast and f'"{HERE}":{line + 3}:' in fast
+
+
 # ------------------------------------------------------------------------------ constants
 
 
