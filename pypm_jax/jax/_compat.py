@@ -141,21 +141,42 @@ def emittable(
     mutable state, and an equation without a traceback (binding would take the current
     one).
     """
-    if (
-        (prim in _pe.custom_staging_rules and prim.name not in PLAIN_STAGING)
-        or prim in _pe.forwarding_rules
-        or prim in _pe.const_fold_rules
-        or type(prim).get_bind_params is not _core.Primitive.get_bind_params
-        or type(prim).is_high is not _core.Primitive.is_high
-        or type(prim).bind_with_trace is not _core.Primitive.bind_with_trace
-        or "bind_with_trace" in vars(prim)
-        or prim.ref_allocating
-        or getattr(source_info, "traceback", None) is None
-    ):
+    if getattr(source_info, "traceback", None) is None or not _emittable_primitive(prim):
         return False
-    if any(isinstance(v, (Jaxpr, ClosedJaxpr)) for v in params.values()):
-        return False
-    return not any(getattr(a, "has_qdd", False) for a in avals)  # (jax 0.12: no qdd)
+    for v in params.values():
+        if isinstance(v, (Jaxpr, ClosedJaxpr)):
+            return False
+    for a in avals:
+        if getattr(a, "has_qdd", False):  # (jax 0.12 has no such types)
+            return False
+    return True
+
+
+def _emittable_primitive(prim: Primitive) -> bool:
+    """:func:`emittable`'s verdict on the primitive, remembered until JAX's rule tables
+    change (a module registering rules is imported)."""
+    tables = (_pe.custom_staging_rules, _pe.forwarding_rules, _pe.const_fold_rules)
+    version = tuple(map(len, tables))
+    if version != _EMITTABLE_VERSION[0]:
+        _EMITTABLE.clear()
+        _EMITTABLE_VERSION[0] = version
+    found = _EMITTABLE.get(prim)
+    if found is None:
+        found = _EMITTABLE[prim] = not (
+            (prim in _pe.custom_staging_rules and prim.name not in PLAIN_STAGING)
+            or prim in _pe.forwarding_rules
+            or prim in _pe.const_fold_rules
+            or type(prim).get_bind_params is not _core.Primitive.get_bind_params
+            or type(prim).is_high is not _core.Primitive.is_high
+            or type(prim).bind_with_trace is not _core.Primitive.bind_with_trace
+            or "bind_with_trace" in vars(prim)
+            or prim.ref_allocating
+        )
+    return found
+
+
+_EMITTABLE: dict[Primitive, bool] = {}
+_EMITTABLE_VERSION: list[tuple[int, ...]] = [()]
 
 
 def emitter() -> Any:

@@ -296,8 +296,8 @@ def _step(unit: tuple[Any, ...], impls: Impls) -> tuple[Any, ...]:
             info.primitive, info.params, info.source_info, (*info.in_avals, *info.avals)
         )
     )
-    ins = tuple(id(v) for v in node.inputs)
-    outs = tuple(id(v) for v in node.outputs)
+    ins = tuple([id(v) for v in node.inputs])
+    outs = tuple([id(v) for v in node.outputs])
     return (_EQN, node, ins, outs, info, emittable)
 
 

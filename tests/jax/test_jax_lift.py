@@ -154,6 +154,25 @@ def test_nodes_carry_the_users_source_line():
     assert by_op["tanh"].loc.line == line + 2 and "jnp.tanh" in by_op["tanh"].loc.text
 
 
+def test_source_lines_are_found_when_asked_for(monkeypatch):
+    """Lifting walks no traceback: a node's line is found when something reads it (a
+    report, an error), once, and is the line lifting would have found."""
+    from pypm_jax.jax import _compat
+
+    found = []
+    user_frame = _compat.user_frame
+    monkeypatch.setattr(_compat, "user_frame", lambda si: found.append(si) or user_frame(si))
+
+    def f(x):
+        return jnp.tanh(jnp.exp(x))
+
+    prog = lift(jax.make_jaxpr(f)(jnp.ones(3)))
+    assert found == []
+    tanh = next(n for n in prog.graph.nodes() if n.op.name == "tanh")
+    assert tanh.loc.line == f.__code__.co_firstlineno + 1 and tanh.loc is tanh.loc
+    assert len(found) == 1
+
+
 def test_inlined_library_calls_report_the_call_site():
     def f(x):
         return jax.nn.relu(x) + jnp.cumsum(x)
