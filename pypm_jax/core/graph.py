@@ -308,6 +308,10 @@ class Node:
         loc = self._loc = loc()
         return loc
 
+    @loc.setter
+    def loc(self, value: Loc) -> None:
+        self._loc = value
+
     @property
     def meta(self) -> dict[str, Any]:
         """Free-form data about the node (the JAX lifter keeps the equation and the Flax
