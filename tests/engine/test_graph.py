@@ -359,8 +359,8 @@ def test_a_location_given_as_a_function_is_found_once_when_first_read():
 
 
 def test_attribute_keys_are_freezes():
-    """Hash-consing keys attributes by ``terms.freeze``; the graph's fast path for the
-    values a lifted model's params hold gives the same keys."""
+    """Hash-consing keys attributes by ``terms.freeze`` (but for the sign of a zero); the
+    graph's fast path for the values a lifted model's params hold gives the same keys."""
     import numpy as np
 
     from pypm_jax.core import graph
@@ -379,6 +379,17 @@ def test_attribute_keys_are_freezes():
         assert graph._freeze_value(v) == freeze(v), v
     attrs = {"b": (1, 2), "a": None, "c": np.dtype("int8")}
     assert graph._freeze_attrs(attrs) == freeze(attrs)
+
+
+def test_zeros_of_either_sign_are_not_one_constant():
+    g = Graph()
+    x = g.add_input("x", (4,), "f32")
+    assert g.add_const(-0.0) is not g.add_const(0.0)
+    assert g.add_const(-0.0) is g.add_const(-0.0) and g.add_const(0.0) is g.add_const(0.0)
+    assert g.add_const(complex(1, -0.0)) is not g.add_const(complex(1, 0.0))
+    assert g.add_node(G2, [x, g.add_const(-0.0)]) is not g.add_node(G2, [x, g.add_const(0.0)])
+    assert g.add_const(2.0) is g.add_const(2.0) and g.add_const(2.0) is not g.add_const(2)
+    assert g.add_node(F1, [x], attrs={"k": (0.0,)}) is not g.add_node(F1, [x], attrs={"k": (-0.0,)})
 
 
 def test_show_type():

@@ -280,6 +280,21 @@ def test_literals_and_splats_are_scalar_consts():
     assert any(isinstance(v, np.ndarray) for v in values)  # a small non-splat array
 
 
+def test_literal_zeros_keep_their_sign():
+    """``x * -0.0`` and ``x * 0.0`` are two nodes (hash-consing keys a zero's sign), so the
+    lowered program divides by -0.0 where the model does."""
+
+    def f(x):
+        return 1.0 / (x * 0.0 + 1.0), 1.0 / (x * -0.0)
+
+    x = jnp.ones(2)
+    prog = lift(jax.make_jaxpr(f)(x))
+    zeros = [n.attrs["value"] for n in prog.graph.nodes() if n.op is CONST]
+    assert sorted(np.copysign(1.0, z) for z in zeros if z == 0.0) == [-1.0, 1.0]
+    for got, want in zip(lower(prog)(x), f(x), strict=True):
+        np.testing.assert_array_equal(got, want)  # (-inf, not inf)
+
+
 def test_large_constants_are_fed_as_inputs():
     w = np.random.default_rng(0).normal(size=(64, 64)).astype(np.float32)
 
