@@ -61,7 +61,7 @@ _REGION_BODY = {"custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr"
 _INLINE_BODY = {"jit": "jaxpr", "closed_call": "call_jaxpr"}
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class EqnInfo:
     """What lowering needs from the equation a node was lifted from (``node.meta["jax_eqn"]``).
 
@@ -360,11 +360,17 @@ class _Lifter:
     ) -> None:
         """Lift equations; ``outer_loc`` is the call site's line, for bodies JAX traced once
         and cached (their own tracebacks may lack the user's frame)."""
+        literal = _compat.Literal
         for eqn in eqns:
             prim = eqn.primitive
             _compat.remember_primitive(prim)
             stack = _compat.join_name_stacks(prefix, _compat.name_stack(eqn.source_info))
-            ins = [self._read(prog, env, v) for v in eqn.invars]
+            ins = [
+                self._constant(prog, _compat.literal_value(v), v.aval)
+                if isinstance(v, literal)
+                else env[v]
+                for v in eqn.invars
+            ]
             loc = _Where(eqn.source_info, outer_loc)
             spec = spec_for(prim.name)
             kind = spec.kind if spec is not None else "opaque"
@@ -380,7 +386,7 @@ class _Lifter:
             elif kind == "region":
                 outs = self._region(prog, eqn, ins, stack, regions, loc)
             else:
-                outs = self._node(prog, eqn, kind, ins, stack, regions, loc)
+                outs = self._node(prog, eqn, kind, spec, ins, stack, regions, loc)
             for var, value in zip(eqn.outvars, outs, strict=True):
                 env[var] = value
 
@@ -429,6 +435,7 @@ class _Lifter:
         prog: LiftedProgram,
         eqn: Any,
         kind: str,
+        spec: Any,
         ins: Sequence[Any],
         stack: Any,
         regions: list[Region],
@@ -437,12 +444,12 @@ class _Lifter:
         prim = eqn.primitive
         # an equation with no results (debug_print) gets one placeholder output: operators
         # have at least one; lowering knows it from ``EqnInfo.avals == ()``
-        n_out = max(1, len(eqn.outvars))
-        out_types = tuple(self._type_of(v.aval) for v in eqn.outvars) or ((None, None),)
+        avals = tuple([v.aval for v in eqn.outvars])
+        n_out = max(1, len(avals))
+        out_types = tuple([self._type_of(a) for a in avals]) or ((None, None),)
         source_info = eqn.source_info
         if stack is not _compat.name_stack(source_info):  # (inlined: the caller's too)
             source_info = _compat.with_name_stack(source_info, stack)
-        spec = spec_for(prim.name)
         if kind == "opaque" and (spec is None or spec.kind != "opaque"):
             # unknown, or a table primitive met with effects: one impure node, params in meta
             op = opaque_op(prim.name, n_out)
@@ -461,9 +468,9 @@ class _Lifter:
             params=dict(eqn.params),
             source_info=source_info,
             ctx=eqn.ctx,
-            avals=tuple(v.aval for v in eqn.outvars),
+            avals=avals,
             kind=kind,
-            in_avals=tuple(v.aval for v in eqn.invars),
+            in_avals=tuple([v.aval for v in eqn.invars]),
         )
         meta: dict[str, Any] = {"jax_eqn": info, "module_path": self._module_path(stack)}
         if regions:
@@ -478,7 +485,7 @@ class _Lifter:
             mine.owner = node.id  # a new node (not an equal one found by hash-consing)
         for r in regions:
             r.nodes.append((node, tuple(node.inputs)))
-        return tuple(node.outputs[: len(eqn.outvars)])
+        return node.outputs[: len(avals)]
 
     def _bodies(self, value: Any, stack: Any, loc: _Where) -> Any:
         if isinstance(value, tuple):
