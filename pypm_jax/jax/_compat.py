@@ -125,18 +125,24 @@ def bind(
 # Primitives whose staging rule is JAX's default one under another name (``reshape``'s only
 # rebuilds its params): an equation of theirs can be emitted as recorded. A test compares
 # emitting with binding for each, so a JAX that gives one a real rule fails there.
-PLAIN_STAGING = frozenset({"reshape"})
+PLAIN_STAGING = frozenset({"reshape", "broadcast_in_dim"})
 
 
 def emittable(
-    prim: Primitive, params: dict[str, Any], source_info: Any, avals: Sequence[Any]
+    prim: Primitive,
+    params: dict[str, Any],
+    source_info: Any,
+    in_avals: Sequence[Any],
+    out_avals: Sequence[Any],
 ) -> bool:
-    """Whether an equation of ``prim`` (with ``params``, ``source_info`` and its operands'
-    and results' ``avals``) may be re-emitted as recorded (:func:`emitter`) instead of
-    bound again: binding it would only abstract-evaluate it again, to the types it has.
+    """Whether an equation of ``prim`` (with ``params``, ``source_info``, its operands'
+    types ``in_avals`` and its results' ``out_avals``) may be re-emitted as recorded
+    (:func:`emitter`) instead of bound again: binding it would only abstract-evaluate it
+    again, to the types it has, and record it.
 
-    Not: primitives with a staging, forwarding or constant-folding rule of their own (they
-    may record another equation, or none), call-like ones (their bind params differ from
+    Not: primitives with a staging or constant-folding rule of their own (they may record
+    another equation, or none), equations a forwarding rule drops (binding would forward
+    an operand: the rule is asked), call-like primitives (their bind params differ from
     their params), ones that allocate refs or hold jaxprs (higher-order), types with
     mutable state, and an equation without a traceback (binding would take the current
     one).
@@ -146,15 +152,22 @@ def emittable(
     for v in params.values():
         if isinstance(v, (Jaxpr, ClosedJaxpr)):
             return False
-    for a in avals:
+    for a in (*in_avals, *out_avals):
         if getattr(a, "has_qdd", False):  # (jax 0.12 has no such types)
             return False
+    forward = _pe.forwarding_rules.get(prim)
+    if forward is not None:  # what binding decides after recording the equation
+        probe = _jex.new_jaxpr_eqn(
+            [Var(a) for a in in_avals], [Var(a) for a in out_avals], prim, params, set()
+        )
+        in_fwd, kept = forward(probe)
+        return kept is probe and all(i is None for i in in_fwd)
     return True
 
 
 def _emittable_primitive(prim: Primitive) -> bool:
     """:func:`emittable`'s verdict on the primitive, remembered until JAX's rule tables
-    change (a module registering rules is imported)."""
+    change size (a module registering rules is imported)."""
     tables = (_pe.custom_staging_rules, _pe.forwarding_rules, _pe.const_fold_rules)
     version = tuple(map(len, tables))
     if version != _EMITTABLE_VERSION[0]:
@@ -164,7 +177,6 @@ def _emittable_primitive(prim: Primitive) -> bool:
     if found is None:
         found = _EMITTABLE[prim] = not (
             (prim in _pe.custom_staging_rules and prim.name not in PLAIN_STAGING)
-            or prim in _pe.forwarding_rules
             or prim in _pe.const_fold_rules
             or type(prim).get_bind_params is not _core.Primitive.get_bind_params
             or type(prim).is_high is not _core.Primitive.is_high

@@ -293,7 +293,7 @@ def _step(unit: tuple[Any, ...], impls: Impls) -> tuple[Any, ...]:
         info.kind == "plain"  # (not opaque: no effects)
         and len(info.in_avals) == len(node.inputs)
         and _compat.emittable(
-            info.primitive, info.params, info.source_info, (*info.in_avals, *info.avals)
+            info.primitive, info.params, info.source_info, info.in_avals, info.avals
         )
     )
     ins = tuple([id(v) for v in node.inputs])
