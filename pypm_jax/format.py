@@ -209,7 +209,42 @@ _ENTRY_KEYS: dict[str, dict[str | None, tuple[tuple[str, ...], frozenset[str]]]]
     }
     for table in ("exprs", "patterns", "rhs", "defs", "rules")
 }
+
+# How _Reader._read_table decodes an entry of a node table, per table and kind (None for the
+# unkinded tables): (class, keys, keys as a set, steps, sized, deep, locally checked). A step
+# (field name, how, table, field type) takes the field's value when ``how`` accepts it as it
+# is -- an index into an earlier table (_REF) or entry (_OWN), a non-empty string (_NAME), an
+# integer >= 0 (_NAT), a list of indices (_REFS, _OWN_REFS) -- and hands anything else to
+# _Reader._get, which decodes it or refuses it with its message (_GET: always). ``sized``:
+# the fields that add to the entry's expanded size; ``deep``: those that add to an
+# expression's depth.
+_GET, _REF, _OWN, _NAME, _NAT, _REFS, _OWN_REFS = range(7)
+_SIZED = ("exprs", "patterns", "rhs")
+
+
+def _step(table: str, name: str, ftype: tuple[Any, ...]) -> tuple[str, int, Any, Any]:
+    tag = ftype[0]
+    if tag in ("ref", "refs"):
+        own = ftype[1] == table
+        how = (_OWN if own else _REF) if tag == "ref" else (_OWN_REFS if own else _REFS)
+        return (name, how, ftype[1], ftype)
+    return (name, {"name": _NAME, "nat": _NAT}.get(tag, _GET), None, ftype)
+
+
+def _plan(table: str, k: str | None, cls: type, fields: Fields) -> tuple[Any, ...]:
+    keys, keyset = _ENTRY_KEYS[table][k]
+    steps = tuple(_step(table, name, ftype) for name, ftype in fields)
+    sized = tuple(
+        (name, ftype[0], ftype[1] if ftype[0] != "rattrs" else "exprs")
+        for name, ftype in fields
+        if (ftype[0] in ("ref", "refs") and ftype[1] in _SIZED) or ftype[0] == "rattrs"
+    )
+    deep = tuple((name, ftype == EXPRS) for name, ftype in fields if ftype in (EXPR, EXPRS))
+    return (cls, keys, keyset, steps, sized, deep, cls in _LOCALLY_CHECKED)
+
+
 _ITEM_TABLES = {"op": "ops", "pattern": "defs", "rule": "rules"}
+_KEYSETS: dict[tuple[str, ...], frozenset[str]] = {}  # _Reader._record's key tuples, as sets
 _WHAT = {
     "ops": "an operator",
     "guard_fns": "a guard function",
@@ -302,8 +337,7 @@ class _Writer:
                     if id(child) not in by_id[ct]:
                         stack.append((ct, child, False))
                 continue
-            entry = self._entry(t, obj)
-            key = _key(entry)
+            entry, key = self._entry(t, obj)
             if t == "rules":  # the rule's guard_locs live outside its entry (minor 1)
                 locs = self._guard_locs_of(obj)
                 key = (key, _key(locs))
@@ -335,10 +369,19 @@ class _Writer:
             if isinstance(obj, Operator):
                 return [("ops", obj)]
             return []
-        cls, fields = self._fields_of(table, obj)
+        plan = _WRITE_PLANS[table].get(type(obj))
+        if plan is None:
+            self._fields_of(table, obj)  # raises: not of this table
+        _, owner, steps = plan
         out: list[tuple[str, Any]] = []
-        for name, ftype in fields:
-            out.extend(_field_children(cls.__name__, name, ftype, getattr(obj, name)))
+        for name, tag, sub, ftype in steps:
+            value = getattr(obj, name)
+            if tag == "ref":
+                out.append((sub, value))
+            elif tag == "refs" and type(value) is tuple:
+                out.extend([(sub, v) for v in value])
+            elif tag not in _SCALAR_TAGS:
+                out.extend(_field_children(owner, name, ftype, value))
         return out
 
     def _fields_of(self, table: str, obj: Any) -> tuple[type, Fields]:
@@ -356,22 +399,49 @@ class _Writer:
 
     # --- entries ---
 
-    def _entry(self, table: str, obj: Any) -> Any:
+    def _entry(self, table: str, obj: Any) -> tuple[Any, Any]:
+        """The entry of ``obj`` and its hash-consing key: two entries of a table have equal
+        keys exactly when they are equal as JSON (1, 1.0 and true apart)."""
         if table == "ops":
-            return self._op_entry(obj)
-        if table == "guard_fns":
-            return self._guard_fn_entry(obj)
-        if table == "locs":
-            return self._loc_entry(obj)
-        if table == "values":
-            return self._value_entry(obj)
-        cls, fields = self._fields_of(table, obj)
+            entry = self._op_entry(obj)
+        elif table == "guard_fns":
+            entry = self._guard_fn_entry(obj)
+        elif table == "locs":
+            entry = self._loc_entry(obj)
+        elif table == "values":
+            entry = self._value_entry(obj)
+        else:
+            return self._node_entry(table, obj)
+        return entry, _key(entry)
+
+    def _node_entry(self, table: str, obj: Any) -> tuple[dict[str, Any], tuple[Any, ...]]:
+        """An entry of a node table, and as its key the kind and the fields' values (each
+        field's JSON type is fixed by the schema; lists and records by :func:`_key`)."""
+        plan = _WRITE_PLANS[table].get(type(obj))
+        if plan is None:
+            self._fields_of(table, obj)  # raises: not of this table
+        kind, owner, steps = plan
+        ids = self._by_id
         entry: dict[str, Any] = {}
-        if table in _KINDED:
-            entry["k"] = _KIND_OF[table][cls][0]
-        for name, ftype in fields:
-            entry[name] = self._put(cls.__name__, name, ftype, getattr(obj, name))
-        return entry
+        key: list[Any] = [kind]
+        if kind is not None:
+            entry["k"] = kind
+        for name, tag, sub, ftype in steps:
+            value = getattr(obj, name)
+            if tag == "ref":
+                v = entry[name] = ids[sub][id(value)]
+                key.append(v)
+            elif tag == "refs":
+                of = ids[sub]
+                v = entry[name] = [of[id(x)] for x in value]
+                key.append(tuple(v))
+            elif tag == "name" and type(value) is str and value:
+                entry[name] = value
+                key.append(value)
+            else:
+                v = entry[name] = self._put(owner, name, ftype, value)
+                key.append(v if type(v) is int or type(v) is str or v is None else _key(v))
+        return entry, tuple(key)
 
     def _op_entry(self, op: Any) -> dict[str, Any]:
         if not isinstance(op, Operator):
@@ -477,6 +547,27 @@ class _Writer:
         if problem:
             raise FormatError(f"cannot serialize {owner}.{name}: {problem}")
         return value
+
+
+# Per node table, per class: (kind or None, class name, its fields as (name, type's tag, table
+# referred to or None, type)), for _Writer._children and _Writer._node_entry.
+_WRITE_PLANS: dict[str, dict[type, tuple[str | None, str, tuple[Any, ...]]]] = {
+    table: {
+        cls: (
+            kind if table in _KINDED else None,
+            cls.__name__,
+            tuple(
+                (name, ft[0], ft[1] if ft[0] in ("ref", "ref?", "refs", "refs?") else None, ft)
+                for name, ft in fields
+            ),
+        )
+        for kind, (cls, fields) in (
+            _KINDED[table].items() if table in _KINDED else [(None, _SINGLE[table])]
+        )
+    }
+    for table in ("exprs", "patterns", "rhs", "defs", "rules")
+}
+_SCALAR_TAGS = frozenset({"name", "nat", "pos?", "bool", "enum"})
 
 
 def _field_children(
@@ -723,7 +814,18 @@ class _Reader:
         self.value_depth: list[int] = []  # nesting depth of each literal
         self.value_size: list[int] = []  # expanded size of each literal
         self.expr_depth: list[int] = []  # nesting depth of each expression
-        self.where = "the blob"
+        # where the reader is, for messages: a place, and the entry's index in it (or None);
+        # the loops set the index alone, and the text is formatted only for a message
+        self.at = "the blob"
+        self.i: int | None = None
+
+    @property
+    def where(self) -> str:
+        return self.at if self.i is None else f"{self.at}[{self.i}]"
+
+    @where.setter
+    def where(self, place: str) -> None:
+        self.at, self.i = place, None
 
     def fail(self, message: str) -> FormatError:
         return FormatError(f"{self.where}: {message}")
@@ -751,7 +853,7 @@ class _Reader:
             self._check_definitions()
         items: list[Item] = []
         for n, raw in enumerate(self._list(doc, "items")):
-            self.where = f"items[{n}]"
+            self.at, self.i = "items", n
             entry = self._record(raw, ("i", "k"))
             k = entry["k"]
             if type(k) is not str or k not in _ITEM_TABLES:
@@ -773,10 +875,10 @@ class _Reader:
         budget = _Budget(MAX_EXPANDED)  # a second line of defence: the walks count, too
         needs = _Needs(budget)  # shared by the walks: the tables' entries are alive meanwhile
         for i, d in enumerate(self.t["defs"]):
-            self.where = f"defs[{i}]"
+            self.at, self.i = "defs", i
             _check_pattern_def(d, f"pattern {_short(d.name)} (defs[{i}])", budget, needs)
         for i, r in enumerate(self.t["rules"]):
-            self.where = f"rules[{i}]"
+            self.at, self.i = "rules", i
             _check_rule(r, f"rule {_short(r.name)} (rules[{i}])", budget, needs)
         self.where = "the blob"
 
@@ -818,6 +920,11 @@ class _Reader:
 
     def _record(self, raw: Any, keys: tuple[str, ...]) -> dict[str, Any]:
         """``raw`` as an object with exactly ``keys``."""
+        keyset = _KEYSETS.get(keys)
+        if keyset is None:
+            keyset = _KEYSETS[keys] = frozenset(keys)
+        if type(raw) is dict and raw.keys() == keyset:
+            return raw
         if type(raw) is not dict:
             raise self.fail(f"expected an object, got {_json_kind(raw)}")
         if len(raw) != len(keys) or any(k not in raw for k in keys):
@@ -853,7 +960,7 @@ class _Reader:
                 f"guard_locs: {len(rows)} entries for {len(rules)} rules (one per rule)"
             )
         for i, raw in enumerate(rows):
-            self.where = f"guard_locs[{i}]"
+            self.at, self.i = "guard_locs", i
             r = rules[i]
             per_branch = self._bounded_list(raw, "guard_locs")
             if len(per_branch) != len(r.branches):
@@ -881,7 +988,7 @@ class _Reader:
     def _read_ops(self, rows: list[Any]) -> None:
         seen: set[str] = set()
         for i, raw in enumerate(rows):
-            self.where = f"ops[{i}]"
+            self.at, self.i = "ops", i
             e = self._record(raw, _OP_KEYS)
             name, ns, n_in, n_out = e["name"], e["namespace"], e["n_in"], e["n_out"]
             attrs, op_class, pure = e["attrs"], e["op_class"], e["pure"]
@@ -953,7 +1060,7 @@ class _Reader:
 
     def _read_guard_fns(self, rows: list[Any]) -> None:
         for i, name in enumerate(rows):
-            self.where = f"guard_fns[{i}]"
+            self.at, self.i = "guard_fns", i
             if type(name) is not str or not name:
                 raise self.fail(f"expected a guard function name, got {_json_kind(name)}")
             fn = _registry.GUARD_FNS.get(name)
@@ -963,7 +1070,7 @@ class _Reader:
 
     def _read_locs(self, rows: list[Any]) -> None:
         for i, raw in enumerate(rows):
-            self.where = f"locs[{i}]"
+            self.at, self.i = "locs", i
             e = self._record(raw, _LOC_KEYS)
             if type(e["file"]) is not str or type(e["line"]) is not int:
                 raise self.fail("expected a string file and an integer line")
@@ -974,7 +1081,7 @@ class _Reader:
     def _read_values(self, rows: list[Any]) -> None:
         out = self.t["values"]
         for i, raw in enumerate(rows):
-            self.where = f"values[{i}]"
+            self.at, self.i = "values", i
             if type(raw) is not dict:
                 raise self.fail(f"expected an object, got {_json_kind(raw)}")
             k = raw.get("k")
@@ -1041,83 +1148,102 @@ class _Reader:
 
     def _read_table(self, table: str, rows: list[Any]) -> None:
         out = self.t[table]
-        kinds = _KINDED.get(table)
-        keys_of = _ENTRY_KEYS[table]
+        plans = _PLANS[table]
+        kinded = table in _KINDED
         get = self._get
         tables = self.t
+        checked = self.checked
+        sizes = self.size
+        size = sizes.get(table)
+        depth = self.expr_depth if table == "exprs" else None
+        if rows:
+            self.at = table
         for i, raw in enumerate(rows):
-            self.where = f"{table}[{i}]"
-            if kinds is not None:
+            self.i = i
+            if kinded:
                 if type(raw) is not dict:
                     raise self.fail(f"expected an object, got {_json_kind(raw)}")
                 k = raw.get("k")
-                if type(k) is not str or k not in kinds:
+                plan = plans.get(k) if type(k) is str else None
+                if plan is None:
                     what = _WHAT[table].split(" ", 1)[1]
                     raise self.fail(f"unknown {what} kind {_short(k)}")
-                cls, fields = kinds[k]
             else:
-                k = None
-                cls, fields = _SINGLE[table]
-            keys, keyset = keys_of[k]
+                plan = plans[None]
+            cls, keys, keyset, steps, sized, deep, local = plan
             e = raw if type(raw) is dict and raw.keys() == keyset else self._record(raw, keys)
             # the fields in the dataclass's order (tests/format/test_validation.py checks);
-            # an index into an earlier table (or entry) is taken here, anything else is
-            # decoded (or refused, with its message) by _get
+            # what a step accepts as it is is taken here, anything else is decoded (or
+            # refused, with its message) by _get
             args = []
-            for name, ftype in fields:
+            for name, how, sub, ftype in steps:
                 v = e[name]
-                if ftype[0] == "ref" and type(v) is int:
-                    t = tables[ftype[1]]
-                    if 0 <= v < (i if ftype[1] == table else len(t)):
-                        args.append(t[v])
+                if how == _REF or how == _OWN:
+                    if type(v) is int:
+                        t = tables[sub]
+                        if 0 <= v < (i if how == _OWN else len(t)):
+                            args.append(t[v])
+                            continue
+                elif how == _NAME:
+                    if type(v) is str and v:
+                        args.append(v)
+                        continue
+                elif how == _NAT:
+                    if type(v) is int and v >= 0:
+                        args.append(v)
+                        continue
+                elif how != _GET and type(v) is list and len(v) <= MAX_ENTRIES:
+                    t = tables[sub]
+                    limit = i if how == _OWN_REFS else len(t)
+                    got = []
+                    for x in v:
+                        if type(x) is not int or not 0 <= x < limit:
+                            break
+                        got.append(t[x])
+                    else:
+                        args.append(tuple(got))
                         continue
                 args.append(get(ftype, v, name, table, i))
             obj = cls(*args)
             out.append(obj)
-            if not self.checked:
+            if not checked:
                 continue
-            if cls in _LOCALLY_CHECKED:
+            if local:
                 self._check_local(obj)
-            # the indices are valid now: account for the expanded size
-            if table == "exprs":
-                self._check_expr_depth(fields, e)
-            if table in self.size:
-                self.size[table].append(min(self._expanded(fields, e), MAX_EXPANDED + 1))
+            # the indices are valid now: account for the depth and the expanded size
+            if depth is not None:
+                below = 0
+                for name, many in deep:
+                    if many:
+                        for x in e[name]:
+                            if depth[x] > below:
+                                below = depth[x]
+                    elif depth[e[name]] > below:
+                        below = depth[e[name]]
+                if below + 1 > MAX_EXPR_DEPTH:
+                    raise self.fail(
+                        f"a guard expression nested deeper than {MAX_EXPR_DEPTH} (MAX_EXPR_DEPTH)"
+                    )
+                depth.append(below + 1)
+            if size is not None:
+                n = 1
+                for name, tag, sub in sized:
+                    v = e[name]
+                    if tag == "ref":
+                        n += sizes[sub][v]
+                    elif tag == "refs":
+                        of = sizes[sub]
+                        for x in v:
+                            n += of[x]
+                    else:  # rattrs
+                        of = sizes[sub]
+                        for a in v:
+                            n += of[a["value"]]
+                size.append(min(n, MAX_EXPANDED + 1))
             elif table == "defs":
                 self.body_index.append(e["body"])
             else:
                 self.branch_index.extend((b["guard"], b["result"]) for b in e["branches"])
-
-    def _check_expr_depth(self, fields: Fields, e: dict[str, Any]) -> None:
-        """Guards are evaluated by recursion on the expression (and compiled to nested Python
-        expressions): their depth is bounded, unlike a pattern's."""
-        depth = self.expr_depth
-        below = 0
-        for name, ftype in fields:
-            if ftype == EXPR:
-                below = max(below, depth[e[name]])
-            elif ftype == EXPRS:
-                below = max(below, max((depth[x] for x in e[name]), default=0))
-        if below + 1 > MAX_EXPR_DEPTH:
-            raise self.fail(
-                f"a guard expression nested deeper than {MAX_EXPR_DEPTH} (MAX_EXPR_DEPTH)"
-            )
-        depth.append(below + 1)
-
-    def _expanded(self, fields: Fields, e: dict[str, Any]) -> int:
-        """1 + the expanded sizes of the expression/pattern/result entries ``e`` refers to."""
-        n = 1
-        size = self.size
-        for name, ftype in fields:
-            tag, raw = ftype[0], e[name]
-            if tag == "ref" and ftype[1] in size:
-                n += size[ftype[1]][raw]
-            elif tag == "refs" and ftype[1] in size:
-                sizes = size[ftype[1]]
-                n += sum(sizes[x] for x in raw)
-            elif tag == "rattrs":
-                n += sum(size["exprs"][a["value"]] for a in raw)
-        return n
 
     def _get(self, ftype: tuple[Any, ...], raw: Any, key: str, table: str, i: int) -> Any:
         tag = ftype[0]
@@ -1216,6 +1342,13 @@ class _Reader:
 
 # The entry classes _Reader._check_local has something to check for.
 _LOCALLY_CHECKED = frozenset({PApp, RApp, PFunVar, EBin, PMu, PatternDef})
+_PLANS: dict[str, dict[str | None, tuple[Any, ...]]] = {
+    **{
+        table: {k: _plan(table, k, cls, fields) for k, (cls, fields) in kinds.items()}
+        for table, kinds in _KINDED.items()
+    },
+    **{table: {None: _plan(table, None, *_SINGLE[table])} for table in _SINGLE},
+}
 
 
 def _check_distinct(params: tuple[Param, ...], fail: Any) -> None:
@@ -1262,25 +1395,41 @@ class _Needs:
         found = memo.get(id(root), False)
         if found is not False:
             return found
-        stack: list[tuple[Any, bool]] = [(root, False)]
+        parts, combine = self._parts, self._combine
+        # (x, None): x to visit; (x, its parts): x to combine, its parts visited
+        stack: list[tuple[Any, tuple[Any, ...] | None]] = [(root, None)]
         while stack:
-            x, ready = stack.pop()
+            x, kids = stack.pop()
             if id(x) in memo:
                 continue
-            kids = self._parts(x)
-            if kids is None:  # a μ or a recursive reference
-                memo[id(x)] = None
-                continue
-            if not ready:
-                stack.append((x, True))
-                stack.extend((k, False) for k in kids if id(k) not in memo)
-                continue
+            if kids is None:
+                kids = parts(x)
+                if kids is None:  # a recursive reference
+                    memo[id(x)] = None
+                    continue
+                if kids:
+                    stack.append((x, kids))
+                    stack.extend([(k, None) for k in kids if id(k) not in memo])
+                    continue
             memo[id(x)] = None  # (while a μ is checked on its own, it is walked)
-            memo[id(x)] = self._combine(x, kids)
+            memo[id(x)] = combine(x, kids)
         return memo[id(root)]
 
     @staticmethod
     def _parts(x: Any) -> tuple[Any, ...] | None:
+        t = type(x)  # the common classes first, by identity
+        if t is PApp:
+            return x.args
+        if t is PVar or t is EConst or t is EAttr:
+            return ()
+        if t is PGuard:
+            return (x.pat, x.guard)
+        if t is PExists:
+            return (x.body,)
+        if t is PConstr:
+            return (x.pat, x.constraint)
+        if t is ECmp or t is EBin:
+            return (x.left, x.right)
         match x:
             case PCall():
                 return None
@@ -1306,6 +1455,19 @@ class _Needs:
 
     def _combine(self, x: Any, kids: tuple[Any, ...]) -> frozenset[tuple[str, str]] | None:
         memo = self.memo
+        if type(x) in _NEEDS_KIDS:  # it needs what its parts need
+            if not kids:
+                return _NO_NEEDS
+            first = memo[id(kids[0])]
+            if first is None or len(kids) == 1:
+                return first
+            union = set(first)
+            for k in kids[1:]:
+                sub = memo[id(k)]
+                if sub is None:
+                    return None
+                union |= sub
+            return frozenset(union)
         if type(x) is PMu:  # its body is checked in a scope of its own: its parameters
             body = memo[id(kids[0])]
             if body is None:
@@ -1350,6 +1512,14 @@ class _Needs:
             case EAttr(var) | EOpAttr(var):
                 needs.add(("any", var))
         return frozenset(needs)
+
+
+# The classes whose needs are their parts' needs: they bind and read no variable themselves.
+_NEEDS_KIDS = frozenset(
+    {PApp, PConst, PAlt, PGuard, RConst, RApp, RTuple, EConst, EIndex, EBin, EUnary, ECmp}
+    | {EAnd, EOr, ENot, ECall, ETuple}
+)
+_NO_NEEDS: frozenset[tuple[str, str]] = frozenset()
 
 
 def _check_pattern_def(

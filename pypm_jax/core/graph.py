@@ -24,7 +24,7 @@ __all__ = ["Graph", "NO_ATTRS", "Node", "Value", "node_type", "show_type"]
 
 import itertools
 import math
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Hashable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -333,6 +333,11 @@ class Node:
         self._meta = value
 
     @property
+    def graph(self) -> Graph:
+        """The graph the node was made in (it may have been removed since: ``alive``)."""
+        return self._graph
+
+    @property
     def metadata(self) -> Mapping[str, Any]:
         """``meta`` to read, without making a dict for a node that has none (a rewrite
         copies the replaced node's onto the nodes it builds, and reads its module path)."""
@@ -377,9 +382,27 @@ class Graph:
         self._id_ordered = True  # node ids increase along the topological order
         self._journal: _Journal | None = None  # while changes are recorded (begin)
         self._log: list[tuple] | None = None  # the journal's log (read on every change)
+        # memo(key)'s dicts; None again whenever a value's inputs change or a node goes
+        self._memos: dict[Hashable, dict[int, Any]] | None = None
         if outputs is not None:
             self.set_outputs(self._from_terms(list(outputs)))
             self.compact()
+
+    def memo(self, key: Hashable) -> dict[int, Any]:
+        """A dict for a caller's facts about this graph's values that depend only on what
+        each value is computed from (its operator, attributes and inputs, transitively),
+        keyed by ``id(value)``: one per ``key`` (a kind of fact), kept while the graph does
+        not change that, emptied when it does (a value's inputs change, a node is removed
+        and its id may be reused, a rollback). A guard function that walks down from a
+        term keeps what it learnt here across the terms a rewrite pass asks about, rather
+        than walking again from each."""
+        memos = self._memos
+        if memos is None:
+            memos = self._memos = {}
+        found = memos.get(key)
+        if found is None:
+            found = memos[key] = {}
+        return found
 
     # ----------------------------------------------------------------------- building
 
@@ -770,6 +793,7 @@ class Graph:
         for v in outs:
             v.inputs = ins
         self._topo_ok = False
+        self._memos = None
         if key is None:
             return
         # (the entry under the old key goes stale: see _valid)
@@ -884,6 +908,7 @@ class Graph:
                             log.append((_CSE, key, other))
         if touched:
             self._topo_ok = False
+            self._memos = None
             self._stale += stale
         if not merged:
             return touched
@@ -912,6 +937,7 @@ class Graph:
         if journal is not None and journal.order is None:
             journal.order = list(self._nodes.values())
         node.alive = False
+        self._memos = None
         self._nodes.pop(node.id, None)
         if node._key is not None:
             self._stale += 1  # (its entry in the hash-consing table goes stale: Graph._cse)
@@ -1018,6 +1044,7 @@ class Graph:
         journal, self._journal, self._log = self._journal, None, None
         if journal is None:
             raise PyPMError("nothing to roll back: no change was being recorded")
+        self._memos = None
         journal.restore(self)
 
     # ------------------------------------------------------------------- conversion

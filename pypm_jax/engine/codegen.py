@@ -62,7 +62,7 @@ from .analysis import (
 from .guard_code import _RUNTIME as _GUARD_RUNTIME
 from .guard_code import _GuardCodegen, _Known
 from .machine import MatchRun, _early_shapes, _trail_machine
-from .precheck import _deep_prefilter, _fits, _prefilter
+from .precheck import _deep_prefilter, _fits, _passes, _prefilter, _test_of
 
 # Python refuses more than 20 statically nested blocks in one function; each alternate on a
 # generated path opens one. Patterns deeper than this run on the iterative machine.
@@ -96,7 +96,7 @@ def _sub(
     return _trail_machine(PMu(mu.name, mu.params, args, mu.body), t, theta, phi, cell, run)
 
 
-_RUNTIME = {**_GUARD_RUNTIME, "_sub": _sub, "_fits": _fits}
+_RUNTIME = {**_GUARD_RUNTIME, "_sub": _sub, "_fits": _fits, "_passes": _passes}
 
 
 # ------------------------------------------------------------------- compile-time names
@@ -413,7 +413,7 @@ class _Codegen(_GuardCodegen):
             budget = [64]
         budget[0] -= len(shape)
         if budget[0] < 0:
-            return f"_fits({self.const(shape)}, {t})"
+            return f"_passes({self.const(_test_of(shape))}, {t})"
         alts = []
         for op, n, kids in shape:
             conds = []

@@ -48,8 +48,11 @@ from .precheck import (
     _deep_prefilter,
     _depth,
     _fits,
+    _make_test,
+    _passes,
     _prefilter,
     _Shape,
+    _shape_of_test,
 )
 
 
@@ -64,7 +67,7 @@ class CompiledPattern:
     """
 
     __slots__ = (
-        "pdef", "backend", "source", "root_ops", "unique", "_first", "_all", "_shape", "_deep",
+        "pdef", "backend", "source", "root_ops", "unique", "_first", "_all", "_test", "_deep",
         "_pre",
     )  # fmt: skip
 
@@ -87,7 +90,8 @@ class CompiledPattern:
                 if backend == "generated":
                     raise _Unsupported("pattern too deep to generate") from None
         if self.backend == "machine":
-            self._shape = _prefilter(body)
+            shape = _prefilter(body)
+            self._test = None if shape is None else _make_test(shape)  # (the pre-check)
             self._deep = _deep_prefilter(body)
             self._pre = _UNSET
             self._all = self._machine_all
@@ -97,7 +101,8 @@ class CompiledPattern:
         """What runs before the machine at ``t``: the structural pre-checks, then the guards
         before its first choice (:func:`~pypm_jax.engine.machine._pre_guards`). None: no
         match at ``t``; else how many of those guards the machine takes as held."""
-        if self._shape is not None and not _fits(self._shape, t):
+        test = self._test
+        if test is not None and not _passes(test, t):
             return None
         if self._deep is not None and not _fits(self._deep, t):
             return None
@@ -174,7 +179,11 @@ def summary(cp: CompiledPattern) -> dict[str, Any] | None:
             for op, n, kids in sh
         ]
 
-    data: dict[str, Any] = {"backend": "machine", "root_ops": None, "shape": shape(cp._shape)}
+    data: dict[str, Any] = {
+        "backend": "machine",
+        "root_ops": None,
+        "shape": shape(_shape_of_test(cp._test)),
+    }
     if cp._deep is not None:
         data["deep"] = _shared(cp._deep)
     if type(cp.pdef.body) is not PMu:  # (the machine's early checks: none on a bare μ)
@@ -411,6 +420,26 @@ def from_summary(
             out.append((op_of(name), n, kids))
         return out
 
+    def test(raw: Any, depth: int) -> tuple | None:  # (shape's checks, made a test)
+        if raw is None:
+            return None
+        if type(raw) is not list or not raw or depth > _SHAPE_DEPTH:
+            raise ValueError("not a shape")
+        out = []
+        for alt in raw:
+            if type(alt) is not list or len(alt) != 3:
+                raise ValueError("not a shape alternative")
+            name, n, kids = alt
+            if n is not None and (type(n) is not int or n < 0):
+                raise ValueError("not an arity")
+            pairs = None
+            if kids is not None:
+                if type(kids) is not list or n is None or len(kids) != n:
+                    raise ValueError("kids do not match the arity")
+                pairs = tuple((i, test(k, depth + 1)) for i, k in enumerate(kids) if k is not None)
+            out.append((op_of(name), n, pairs))
+        return tuple(out)
+
     def shared(raw: Any, limit: int) -> _Shape:
         if raw is None:
             return None
@@ -447,7 +476,7 @@ def from_summary(
             )
         elif "root_classes" in data or "root_specs" in data:
             return None  # (classes and specs narrow a set of roots; "any root" has none)
-        pre = shape(data.get("shape"), 0)
+        pre = test(data.get("shape"), 0)
         deep = shared(data.get("deep"), _DEEP_LIMIT)
         early: Any = _UNSET  # (no "early": worked out at the first match, as when compiled)
         if "early" in data:
@@ -471,7 +500,7 @@ def from_summary(
     cp.source = ""
     cp.backend = "machine"
     cp.unique = False
-    cp._shape = pre
+    cp._test = pre
     cp._deep = deep
     cp._pre = _UNSET
     cp._all = cp._machine_all

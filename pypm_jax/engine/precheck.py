@@ -30,7 +30,7 @@ from ..core.calculus import (
     PVar,
 )
 from ..core.terms import CONST, Operator
-from .analysis import _def_facts, _error_free
+from .analysis import _ByIdentity, _def_facts, _error_free
 from .machine import _EARLY_DEPTH, _TOP_CTX, _definition, _early_shapes, _enter, _exists_ctx
 
 # A shape: None (any term) or a list of alternatives (op or None, arity or None, kids), kids
@@ -115,6 +115,9 @@ def _shape(
 
 
 def _fits(shape: list, t: Any) -> bool:
+    """Does ``t`` have the shape ``shape``? (Read as it is: for a shape read at a few
+    starts, such as the deep pre-check's, big and reached only past the first; the others
+    are read through their tests, ``_passes``.)"""
     top = t.op
     for op, n, kids in shape:
         if op is not None and top is not op:
@@ -124,8 +127,63 @@ def _fits(shape: list, t: Any) -> bool:
             continue
         if kids is None:
             return True
-        for k, i in zip(kids, ins, strict=True):  # (kids only with an arity: n inputs)
+        for k, i in zip(kids, ins):  # noqa: B905 (kids only with an arity: n inputs)
             if k is not None and not _fits(k, i):
+                break
+        else:
+            return True
+    return False
+
+
+# A shape's test: what ``_passes`` reads, the shape made into a tuple of its alternatives
+# (op or None, arity or None, kids), kids being None or the pairs (input index, test) of the
+# inputs the shape looks at. (``_passes`` runs at most of a pass's starts, so it loops over
+# what it must look at only.)
+def _make_test(shape: list, memo: dict[int, tuple] | None = None) -> tuple:
+    if memo is None:
+        memo = {}  # (a sub-shape shared within the shape: one test)
+    test = memo.get(id(shape))
+    if test is None:
+        test = memo[id(shape)] = tuple(
+            (op, n, None if kids is None else _pairs(kids, memo)) for op, n, kids in shape
+        )
+    return test
+
+
+def _pairs(kids: tuple, memo: dict[int, tuple]) -> tuple:
+    return tuple((i, _make_test(k, memo)) for i, k in enumerate(kids) if k is not None)
+
+
+_test_of = _ByIdentity(_make_test)
+
+
+def _shape_of_test(test: tuple | None) -> list | None:
+    """The shape ``test`` was made from (its equal)."""
+    if test is None:
+        return None
+    shape = []
+    for op, n, pairs in test:
+        kids = None
+        if pairs is not None:
+            read = {i: _shape_of_test(k) for i, k in pairs}
+            kids = tuple(read.get(i) for i in range(n))
+        shape.append((op, n, kids))
+    return shape
+
+
+def _passes(test: tuple, t: Any) -> bool:
+    """``_fits`` of the shape ``test`` was made from."""
+    top = t.op
+    for op, n, pairs in test:
+        if op is not None and top is not op:
+            continue
+        ins = t.inputs
+        if n is not None and len(ins) != n:
+            continue
+        if pairs is None:
+            return True
+        for i, k in pairs:
+            if not _passes(k, ins[i]):
                 break
         else:
             return True

@@ -28,6 +28,7 @@ __all__ = [
 import math
 from typing import Any, NamedTuple
 
+from ..core.graph import Value
 from ..core.terms import CONST
 from ..lang.registry import guard_fn
 from ..vocab.primitives import is_table_op
@@ -173,7 +174,7 @@ def reads_gemm(term: Any) -> bool:
     before the region pattern explores ``term``'s inputs with backtracking."""
     if getattr(term, "op", None) is None or not _pointwise(term):
         return False
-    blocked: dict[int, bool] = {}  # (this walk's memo for _from_literals: the graph is fixed)
+    blocked = _blocked_memo(term)
     if _from_literals(term, blocked):
         return False
     gemms: set[int] = set()
@@ -250,7 +251,7 @@ def beyond_linear(term: Any) -> bool:
     if shape is None:
         return True
     out_shape = tuple(shape)
-    blocked: dict[int, bool] = {}  # (this walk's memo for _from_literals)
+    blocked = _blocked_memo(term)
     stack, seen = [term], set()
     while stack:
         t = stack.pop()
@@ -315,12 +316,21 @@ def _number(term: Any) -> Any:
 def computed_from_literals(term: Any) -> bool:
     """Is ``term`` computed from literals alone (``0.5``, ``float32(sqrt(32.0))``, a
     broadcast ``0.0``), so that a region computes it in its steps?"""
-    return _from_literals(term, {})
+    return _from_literals(term, _blocked_memo(term))
+
+
+def _blocked_memo(term: Any) -> dict[int, bool]:
+    """Where :func:`_blocked` remembers what it found: for a live graph value its graph's
+    memo (what a value is computed from decides it, so it holds until the graph changes,
+    across the region pattern's starts in a rewrite pass), else one walk's own."""
+    if type(term) is Value and term.node.alive:
+        return term.node.graph.memo(_blocked)
+    return {}
 
 
 def _from_literals(term: Any, blocked: dict[int, bool]) -> bool:
     """:func:`computed_from_literals`, ``blocked`` remembering :func:`_blocked` across the
-    calls of one walk over a graph that does not change meanwhile."""
+    calls of walks over a graph that does not change meanwhile (:func:`_blocked_memo`)."""
     return not _blocked(term, blocked, 0) and _Walk((), None, ("acc",), {}).ref(term) is not None
 
 

@@ -638,3 +638,56 @@ def test_reader_records_follow_every_change(seed, n):
     for k in range(n):
         _random_change(g, rnd, k)
         _check_readers(g)
+
+
+def _below(v: Value, seen: dict[int, tuple]) -> tuple:
+    """What ``v`` is computed from, as a nested tuple (a fact ``Graph.memo`` may keep)."""
+    known = seen.get(id(v))
+    if known is None:
+        known = seen[id(v)] = (v.op.name, v.index, tuple(_below(i, seen) for i in v.inputs))
+    return known
+
+
+@settings(max_examples=80)
+@given(st.integers(0, 2**32), st.integers(1, 12), st.booleans())
+def test_a_memo_holds_only_facts_still_true(seed, n, record):
+    """Facts kept in ``Graph.memo`` about what values are computed from stay true through
+    every kind of change (and a rollback): the memo is emptied when they could change."""
+    g = _wide_graph()
+    rnd = random.Random(seed)
+    if record:
+        g.begin()
+    for k in range(n):
+        memo = g.memo("below")
+        for node in g.nodes():
+            for v in node.outputs:
+                _below(v, memo)
+        _random_change(g, rnd, k)
+        if record and rnd.random() < 0.2:
+            g.rollback()
+            g.begin()
+        live = {id(v): v for node in g.nodes() for v in node.outputs} | {id(v): v for v in g.inputs}
+        for key, fact in g.memo("below").items():
+            assert key in live and _below(live[key], {}) == fact
+    if record:
+        g.commit()
+
+
+def test_a_memo_is_kept_while_nothing_below_a_value_changes():
+    g, x, a, top = _diamond()
+    memo = g.memo("below")
+    memo[id(top)] = "fact"
+    assert g.memo("below") is memo and g.memo("other") is not memo
+    g.add_node(F1, [top])  # a new reader changes nothing below any value
+    g.set_outputs([top, a])
+    assert g.memo("below") is memo
+    g.set_input(top.node, 1, x)  # top's inputs change
+    assert g.memo("below") == {}
+    g.memo("below")[id(top)] = "fact"
+    g.remove_dead([g.add_node(F2, [top])])  # a removed node's id may be reused
+    assert g.memo("below") == {}
+    g.begin()
+    g.memo("below")[id(top)] = "fact"
+    g.add_node(F2, [top])
+    g.rollback()
+    assert g.memo("below") == {}

@@ -399,8 +399,8 @@ def test_root_index_and_pre_check_see_constraints_on_the_root():
     p = pdef(body, "o", "x")
     assert _fast.root_operators(p) == frozenset({F1})
     cp = CompiledPattern(p, backend="machine")
-    assert cp._shape is not None
-    assert not _precheck._fits(cp._shape, F1(A)) and _precheck._fits(cp._shape, F1(F2(A)))
+    assert cp._test is not None
+    assert not _precheck._passes(cp._test, F1(A)) and _precheck._passes(cp._test, F1(F2(A)))
     assert cp.first(F1(A)) is None
     m = _fast.match_first(p, F1(F2(B)))
     assert m is not None and m["x"] is B

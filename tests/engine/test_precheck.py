@@ -14,7 +14,7 @@ import itertools
 from typing import Any
 from unittest import mock
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pypm_jax.core.calculus import (
@@ -259,3 +259,51 @@ def test_an_alternate_that_cannot_match_is_not_tried():
         plain, steps = machine_run(p, t, False)
         assert len(looked) == found and looked == plain
         assert fewer < steps
+
+
+def _reads(shape: list, t: Any) -> bool:
+    """What a shape says of a term, read plainly (the specification ``_fits`` keeps)."""
+    return any(
+        (op is None or t.op is op)
+        and (n is None or len(t.inputs) == n)
+        and (
+            kids is None
+            or all(k is None or _reads(k, i) for k, i in zip(kids, t.inputs, strict=True))
+        )
+        for op, n, kids in shape
+    )
+
+
+_OPS = (F1, F2, G2, H2)
+
+
+@st.composite
+def _shapes(draw: Any, depth: int = 3) -> list:
+    alts = []
+    for _ in range(draw(st.integers(1, 7))):
+        op = draw(st.sampled_from((None, *_OPS, A.op)))
+        n = draw(st.sampled_from((None, 0, 1, 2)))
+        kids = None
+        if n is not None and depth > 0 and draw(st.booleans()):
+            kids = tuple(draw(st.none() | _shapes(depth - 1)) for _ in range(n))
+        alts.append((op, n, kids))
+    return alts
+
+
+_small_terms = st.recursive(
+    st.sampled_from((A, B, C)),
+    lambda sub: (
+        st.builds(F1, sub) | st.builds(F2, sub) | st.builds(G2, sub, sub) | st.builds(H2, sub, sub)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300)
+@given(_shapes(), st.lists(_small_terms, min_size=1, max_size=6))
+def test_a_shapes_test_says_what_the_shape_says(shape, targets):
+    test = _precheck._make_test(shape)
+    assert _precheck._shape_of_test(test) == shape  # (a summary writes the shape back)
+    for t in targets:
+        assert _precheck._fits(shape, t) == _reads(shape, t)
+        assert _precheck._passes(_precheck._test_of(shape), t) == _reads(shape, t)

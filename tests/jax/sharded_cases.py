@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import sys
 
-# 8 host devices; the LLVM optimization level the suite compiles at (tests/conftest.py)
+# 8 host devices; the compile options the suite sets (tests/conftest.py) come with XLA_FLAGS
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
@@ -212,7 +212,7 @@ class SinksBlock(nn.Module):
 
 def linen_model(module: nn.Module, seq: int = 8) -> tuple[Any, Any, Any]:
     x = jax.random.normal(jax.random.key(0), (2, seq, 128))
-    params = module.init(jax.random.key(1), x)
+    params = jax.jit(module.init)(jax.random.key(1), x)  # one compile, not one per operation
     return module.apply, params, (x,)
 
 
@@ -221,14 +221,17 @@ def bert_model() -> tuple[Any, Any, Any]:
 
     cfg = BertConfig(vocab_size=100, hidden_size=128, num_hidden_layers=1, num_attention_heads=4,
                      intermediate_size=256, max_position_embeddings=32)  # fmt: skip
-    model = FlaxBertModel(cfg, seed=0)
+    model = FlaxBertModel(cfg, seed=0, _do_init=False)
+    # its random weights in one compiled call, not one compile per initializer operation
+    init = jax.jit(model.init_weights, static_argnums=1)
+    params = init(jax.random.PRNGKey(0), model.input_shape)
     ids = jax.random.randint(jax.random.key(2), (2, 8), 0, 100)
     mask = jnp.ones((2, 8), jnp.int32).at[-1, -3:].set(0)
 
     def apply(params: Any, ids: jax.Array, mask: jax.Array) -> Any:
         return model(ids, attention_mask=mask, params=params, train=False).last_hidden_state
 
-    return apply, model.params, (ids, mask)
+    return apply, params, (ids, mask)
 
 
 def hf_llama_model() -> tuple[Any, Any, Any]:
@@ -261,6 +264,13 @@ LINEN = {"mha": MHABlock(), "gqa": GQABlock(), "mha_causal": MHABlock(causal=Tru
          "experts": Experts(), "sinks": SinksBlock()}  # fmt: skip
 MODELS = {**{k: functools.partial(linen_model, m) for k, m in LINEN.items()},
           "bert": bert_model, "llama": hf_llama_model, "attnax": attnax_model}  # fmt: skip
+
+
+@functools.cache
+def built(model: str, seq: bool) -> tuple[Any, Any, Any]:
+    """A model's function, parameters and inputs, built once per process (several cases
+    share each; a case's shardings are applied to copies)."""
+    return MODELS[model](**({"seq": 64} if seq else {}))
 
 
 def _pair_rules() -> list[Any]:
@@ -312,7 +322,7 @@ def run_case(case: str) -> dict[str, Any]:
     mesh_kind = options[0]
     # split 4 ways, a sequence of 64 gives each device one 16-row block of the kernels in
     # the interpreter: with a causal mask the later devices' blocks skip keys by position
-    fn, params, inputs = MODELS[model](**({"seq": 64} if mesh_kind == "seq" else {}))
+    fn, params, inputs = built(model, mesh_kind == "seq")
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
     tensor = mesh_kind in ("tensor", "both")
     batch = {"data": P("data"), "both": P("data"), "seq": P(None, "model")}.get(mesh_kind, P())

@@ -73,13 +73,37 @@ literals = st.recursive(
 locs = st.none() | st.builds(
     SourceLoc, st.text(max_size=10), st.integers(min_value=0, max_value=10**6), st.text(max_size=10)
 )
+# Strategies are built once: the generators draw thousands of times, and building (and
+# validating) a strategy at each draw costs more than the draw. The draws are the same.
+loc_lists = st.lists(locs, max_size=3)
+n_outs = st.none() | st.integers(1, 3)
+param_names = st.lists(st.sampled_from(TERM_NAMES + OP_NAMES), unique=True, max_size=3)
+_PICKS: dict[tuple[Any, ...], Any] = {}
+_SUBSETS: dict[tuple[Any, ...], Any] = {}
+
+
+def pick(choices: Any) -> Any:
+    """``st.sampled_from(choices)``, built once per sequence of choices."""
+    key = tuple(choices)
+    found = _PICKS.get(key)
+    if found is None:
+        found = _PICKS[key] = st.sampled_from(key)
+    return found
+
+
+def subset(choices: tuple[Any, ...]) -> Any:
+    """``st.lists(st.sampled_from(choices), unique=True)``, built once per ``choices``."""
+    found = _SUBSETS.get(choices)
+    if found is None:
+        found = _SUBSETS[choices] = st.lists(st.sampled_from(choices), unique=True)
+    return found
 
 
 def exprs(draw: Any, scope: list[str], depth: int) -> Any:
     choices = ["const"] + (["attr", "op_attr"] if scope else [])
     if depth > 0:
         choices += ["index", "bin", "unary", "cmp", "and", "or", "not", "call", "tuple"]
-    kind = draw(st.sampled_from(choices))
+    kind = draw(pick(choices))
     sub = lambda: exprs(draw, scope, depth - 1)  # noqa: E731
     many = lambda: tuple(sub() for _ in range(draw(st.integers(0, 3))))  # noqa: E731
     match kind:
@@ -87,27 +111,25 @@ def exprs(draw: Any, scope: list[str], depth: int) -> Any:
             return EConst(draw(literals))
         case "attr":
             return EAttr(
-                draw(st.sampled_from(scope)),
-                draw(st.sampled_from(["rank", "shape", "dtype", "stride"])),
+                draw(pick(scope)),
+                draw(pick(["rank", "shape", "dtype", "stride"])),
             )
         case "op_attr":
-            return EOpAttr(
-                draw(st.sampled_from(scope)), draw(st.sampled_from(["op_class", "name"]))
-            )
+            return EOpAttr(draw(pick(scope)), draw(pick(["op_class", "name"])))
         case "index":
             return EIndex(sub(), sub())
         case "bin":
-            op = draw(st.sampled_from(["+", "-", "*", "/", "//", "%", "**"]))
+            op = draw(pick(["+", "-", "*", "/", "//", "%", "**"]))
             left, right = sub(), sub()
             if op == "**" and power_problem(right) is not None:
                 # the format refuses constant exponents beyond MAX_EXPONENT: valid items only
                 right = EConst(draw(st.integers(-MAX_EXPONENT, MAX_EXPONENT)))
             return EBin(op, left, right)
         case "unary":
-            return EUnary(draw(st.sampled_from(["-", "+"])), sub())
+            return EUnary(draw(pick(["-", "+"])), sub())
         case "cmp":
             ops = ["==", "!=", "<", "<=", ">", ">=", "in", "not in"]
-            return ECmp(draw(st.sampled_from(ops)), sub(), sub())
+            return ECmp(draw(pick(ops)), sub(), sub())
         case "and":
             return EAnd(many())
         case "or":
@@ -116,9 +138,7 @@ def exprs(draw: Any, scope: list[str], depth: int) -> Any:
             return ENot(sub())
         case "call":
             return ECall(
-                GUARD_FNS[
-                    draw(st.sampled_from(["len", "min", "max", "abs", "tests.format.is_square"]))
-                ],
+                GUARD_FNS[draw(pick(["len", "min", "max", "abs", "tests.format.is_square"]))],
                 many(),
             )
         case _:
@@ -147,32 +167,32 @@ def patterns(
             choices.append("constr")
         if sc.ops:
             choices.append("fun_var")
-    kind = draw(st.sampled_from(choices))
+    kind = draw(pick(choices))
     sub = lambda s=sc, m=mus: patterns(draw, s, m, depth - 1)  # noqa: E731
     under_app = tuple((n, ps, True) for n, ps, _ in mus)
     match kind:
         case "const":
             return PConst(draw(literals))
         case "var":
-            return PVar(draw(st.sampled_from(sorted(sc.terms))))
+            return PVar(draw(pick(sorted(sc.terms))))
         case "app":
-            op = draw(st.sampled_from(ALL_OPS))
+            op = draw(pick(ALL_OPS))
             n = op.n_in if op.n_in is not None else draw(st.integers(0, 3))
             args = tuple(patterns(draw, sc, under_app, depth - 1) for _ in range(n))
             return PApp(op, args, draw(st.integers(0, op.n_out - 1)))
         case "fun_var":
-            n_out = draw(st.none() | st.integers(1, 3))
+            n_out = draw(n_outs)
             index = draw(st.integers(0, (n_out or 3) - 1))
             args = tuple(
                 patterns(draw, sc, under_app, depth - 1) for _ in range(draw(st.integers(0, 2)))
             )
-            return PFunVar(draw(st.sampled_from(sorted(sc.ops))), args, index, n_out)
+            return PFunVar(draw(pick(sorted(sc.ops))), args, index, n_out)
         case "alt":
             return PAlt(sub(), sub())
         case "guard":
             return PGuard(sub(), exprs(draw, sc.all(), 2), draw(locs))
         case "exists" | "exists_op":
-            name = draw(st.sampled_from(TERM_NAMES if kind == "exists" else OP_NAMES))
+            name = draw(pick(TERM_NAMES if kind == "exists" else OP_NAMES))
             inner = (
                 _Scope(sc.terms | {name}, sc.ops)
                 if kind == "exists"
@@ -180,7 +200,7 @@ def patterns(
             )
             return PExists(name, sub(inner), "term" if kind == "exists" else "op")
         case "constr":
-            return PConstr(sub(), draw(st.sampled_from(sorted(sc.terms))), sub(), draw(locs))
+            return PConstr(sub(), draw(pick(sorted(sc.terms))), sub(), draw(locs))
         case "mu":
             params = _params(draw)
             name = f"M{depth}_{draw(st.integers(0, 2))}"
@@ -194,7 +214,7 @@ def patterns(
             inner_mus = (*mus, (name, params, False))
             return PMu(name, params, args, patterns(draw, inner, inner_mus, depth - 1))
         case _:  # "call"
-            name, params, _ = draw(st.sampled_from(callable_mus))
+            name, params, _ = draw(pick(callable_mus))
             # the nearest μ of that name decides the parameters
             params = next(ps for n, ps, _ in reversed(mus) if n == name)
             args = _args(draw, sc, params)
@@ -204,7 +224,7 @@ def patterns(
 
 
 def _params(draw: Any) -> tuple[Param, ...]:
-    names = draw(st.lists(st.sampled_from(TERM_NAMES + OP_NAMES), unique=True, max_size=3))
+    names = draw(param_names)
     return tuple(Param(n, "op" if n in OP_NAMES else "term") for n in names)
 
 
@@ -218,9 +238,9 @@ def _args(draw: Any, sc: _Scope, params: tuple[Param, ...]) -> tuple[Any, ...] |
     out: list[Any] = []
     for p in params:
         if p.kind == "term":
-            out.append(draw(st.sampled_from(sorted(sc.terms))))
+            out.append(draw(pick(sorted(sc.terms))))
         else:
-            out.append(draw(st.sampled_from([*sorted(sc.ops), *ALL_OPS])))
+            out.append(draw(pick([*sorted(sc.ops), *ALL_OPS])))
     return tuple(out)
 
 
@@ -231,7 +251,7 @@ def pattern_defs(draw: Any, depth: int = 4) -> PatternDef:
         frozenset(p.name for p in params if p.kind == "term"),
         frozenset(p.name for p in params if p.kind == "op"),
     )
-    name = draw(st.sampled_from(["P", "Q", "Attention", "μ"]))
+    name = draw(pick(["P", "Q", "Attention", "μ"]))
     if draw(st.booleans()):  # the frontend's shape for recursive definitions
         body = PMu(
             name,
@@ -241,26 +261,26 @@ def pattern_defs(draw: Any, depth: int = 4) -> PatternDef:
         )
     else:
         body = patterns(draw, sc, (), depth)
-    alt_locs = tuple(draw(st.lists(locs, max_size=3)))
+    alt_locs = tuple(draw(loc_lists))
     return PatternDef(name, params, body, draw(locs), alt_locs)
 
 
 def rhs(draw: Any, terms: list[str], scope: list[str], depth: int) -> Any:
     choices = ["const"] + (["var"] if terms else []) + (["app", "tuple"] if depth > 0 else [])
-    kind = draw(st.sampled_from(choices))
+    kind = draw(pick(choices))
     match kind:
         case "const":
             return RConst(draw(literals))
         case "var":
-            return RVar(draw(st.sampled_from(terms)))
+            return RVar(draw(pick(terms)))
         case "tuple":
             return RTuple(
                 tuple(rhs(draw, terms, scope, depth - 1) for _ in range(draw(st.integers(0, 3))))
             )
         case _:
-            op = draw(st.sampled_from(ALL_OPS))
+            op = draw(pick(ALL_OPS))
             n = op.n_in if op.n_in is not None else draw(st.integers(0, 3))
-            names = draw(st.lists(st.sampled_from(op.attrs), unique=True)) if op.attrs else []
+            names = draw(subset(op.attrs)) if op.attrs else []
             attrs = tuple((a, exprs(draw, scope, 1)) for a in names)
             args = tuple(rhs(draw, terms, scope, depth - 1) for _ in range(n))
             return RApp(op, args, attrs, draw(st.integers(0, op.n_out - 1)))
@@ -276,7 +296,7 @@ def rule_defs(draw: Any) -> RuleDef:
             exprs(draw, scope, 2),
             rhs(draw, terms, scope, 3),
             draw(locs),
-            tuple(draw(st.lists(locs, max_size=3))),
+            tuple(draw(loc_lists)),
         )
         for _ in range(draw(st.integers(1, 3)))
     )

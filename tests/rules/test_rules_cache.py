@@ -109,7 +109,7 @@ def test_a_load_gives_what_the_frontend_builds(frontend_runs):
         fresh = _fast.CompiledPattern(guarded_pattern(a.definition), backend="machine")
         primed = _fast.compile_pattern(pdef)
         assert primed.backend == "machine"
-        assert (primed.root_ops, primed._shape) == (fresh.root_ops, fresh._shape)
+        assert (primed.root_ops, primed._test) == (fresh.root_ops, fresh._test)
         assert primed._deep == fresh._deep
         # the machine's early checks, loaded rather than worked out at the first match
         assert id(pdef.body) in _trail._early_shapes.entries
