@@ -20,10 +20,11 @@ order, never from hashing, so building the same program twice gives the same gra
 
 from __future__ import annotations
 
-__all__ = ["Graph", "NO_ATTRS", "Node", "Value", "show_type"]
+__all__ = ["Graph", "NO_ATTRS", "Node", "Value", "node_type", "show_type"]
 
 import itertools
-from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Container, Hashable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -34,6 +35,8 @@ from .errors import PyPMError, SourceLoc
 from .terms import CONST, LEAF, Operator, Shape, Term, freeze, make_term
 
 TypeSpec = tuple[Shape | None, DType | None]
+# A node's source location, or a function finding it when it is first asked for (Node.loc)
+Loc = SourceLoc | Callable[[], SourceLoc | None] | None
 
 
 _shapes: dict[tuple, Shape] = {}  # interned: a model has few distinct shapes
@@ -56,6 +59,13 @@ def _shape(s: Any) -> Shape | None:
 
 def _type(spec: Any) -> TypeSpec:
     shape, dtype = spec
+    return _shape(shape), as_dtype(dtype)
+
+
+def node_type(shape: Any, dtype: Any) -> TypeSpec:
+    """A ``(shape, dtype)`` in the form nodes keep it (an interned :class:`Shape`, a
+    :class:`DType`): what :meth:`Graph.add_unchecked` takes, and :meth:`Graph.add_node`
+    passes on as is."""
     return _shape(shape), as_dtype(dtype)
 
 
@@ -101,22 +111,55 @@ _type_texts: dict[tuple[Any, Any], str] = {}  # (types repeat all over a model)
 
 def _freeze_attrs(attrs: Mapping[str, Any]) -> tuple:
     """``freeze(attrs)`` (the attributes' part of a hash-consing key), with the common
-    values (strings, numbers, None) frozen inline."""
+    values (strings, numbers, None) frozen inline, and zeros of either sign kept apart."""
     if len(attrs) == 1:
         ((k, v),) = attrs.items()
         t = type(v)
-        if t is str or t is int or t is float or t is bool or v is None:
+        if t is str or t is int or t is bool or v is None:
             return ((k, (t.__name__, v)),)
-        return ((k, freeze(v)),)
+        return ((k, _freeze_value(v)),)
     items = []
     for k, v in attrs.items():
         t = type(v)
-        if t is str or t is int or t is float or t is bool or v is None:
+        if t is str or t is int or t is bool or v is None:
             items.append((k, (t.__name__, v)))
         else:
-            items.append((k, freeze(v)))
+            items.append((k, _freeze_value(v)))
     items.sort()
     return tuple(items)
+
+
+def _freeze_value(v: Any) -> Any:
+    """``freeze(v)``; tuples and the objects that are no container (dtypes, shardings, enum
+    members: the params of a lifted model's equations) without its type tests. A float or
+    complex zero also keys its sign: ``x * -0.0`` is not ``x * 0.0`` (``1 / -0.0`` is -inf),
+    though -0.0 == 0.0."""
+    t = type(v)
+    if t is str or t is int or t is bool or v is None:
+        return (t.__name__, v)
+    if t is float:
+        return ("float", v) if v else ("float", v, math.copysign(1.0, v))
+    if t is tuple:
+        return tuple([_freeze_value(x) for x in v])
+    if t is complex:
+        return ("complex", v, math.copysign(1.0, v.real), math.copysign(1.0, v.imag))
+    plain = _PLAIN.get(t)
+    if plain is None:
+        if len(_PLAIN) > 4096:
+            _PLAIN.clear()
+        plain = _PLAIN[t] = not issubclass(t, _CONTAINERS)
+    if not plain:
+        return freeze(v)
+    try:
+        hash(v)
+    except TypeError:
+        return ("id", id(v))
+    return (t.__name__, v)
+
+
+# what freeze looks into (anything else is itself, or its id when unhashable)
+_CONTAINERS = (np.ndarray, np.generic, list, tuple, Mapping, set, frozenset)
+_PLAIN: dict[type, bool] = {}  # type -> is it none of those
 
 
 # A value's readers: a list (one entry per use) while there are few, a dict node -> number of
@@ -247,7 +290,7 @@ class Node:
         "inputs",
         "attrs",
         "outputs",
-        "loc",
+        "_loc",
         "_meta",
         "id",
         "_graph",
@@ -259,9 +302,22 @@ class Node:
     inputs: list[Value]
     attrs: Mapping[str, Any]  # a dict, or one shared empty mapping; never mutate
     outputs: tuple[Value, ...]
-    loc: SourceLoc | None
     id: int
     alive: bool  # read-only
+
+    @property
+    def loc(self) -> SourceLoc | None:
+        """Where the program wrote the node. A builder may give a function finding it
+        instead (a lifter: most nodes' locations are never asked for), called once, here."""
+        loc = self._loc
+        if loc is None or type(loc) is SourceLoc:
+            return loc
+        loc = self._loc = loc()
+        return loc
+
+    @loc.setter
+    def loc(self, value: Loc) -> None:
+        self._loc = value
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -364,13 +420,13 @@ class Graph:
         inputs: tuple[Value, ...],
         attrs: Mapping[str, Any],
         types: Sequence[TypeSpec],
-        loc: SourceLoc | None,
+        loc: Loc,
         meta: dict[str, Any] | None,
         key: Any,
     ) -> Node:
         node = object.__new__(Node)
         node.op, node.inputs, node.attrs = op, list(inputs), attrs
-        node.loc, node._meta = loc, dict(meta) if meta else None
+        node._loc, node._meta = loc, dict(meta) if meta else None
         node.id = self._next_id
         self._next_id += 1
         node._graph, node._key, node.alive = self, key, True
@@ -423,13 +479,14 @@ class Graph:
         inputs: Sequence[Value],
         attrs: Mapping[str, Any] | None = None,
         out_types: Sequence[tuple[Any, Any]] | None = None,
-        loc: SourceLoc | None = None,
+        loc: Loc = None,
         meta: Mapping[str, Any] | None = None,
     ) -> Node:
         """``op(inputs)``; for a pure ``op``, the existing equal node if there is one.
 
         ``out_types``: one ``(shape, dtype)`` per output (default: :meth:`infer_types`);
-        ``loc``: where the program wrote it; ``meta``: copied into the node's ``meta``.
+        ``loc``: where the program wrote it (or a function finding that, called when
+        ``node.loc`` is first read); ``meta``: copied into the node's ``meta``.
         """
         if type(op) is not Operator and not isinstance(op, Operator):
             raise TypeError(f"not an operator: {op!r}")
@@ -461,7 +518,7 @@ class Graph:
         ins: tuple[Value, ...],
         attrs: Mapping[str, Any],
         t: tuple[TypeSpec, ...],
-        loc: SourceLoc | None,
+        loc: Loc,
         meta: Mapping[str, Any] | None,
     ) -> Node:
         """:meth:`add_node` once its arguments are checked: ``ins`` live values of this

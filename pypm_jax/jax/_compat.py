@@ -9,8 +9,9 @@ objects), ``Primitive.get_bind_params`` (how ``eval_jaxpr`` re-binds call primit
 ``jax._src.source_info_util`` (user frames, name stacks), ``jax._src.core.auto_insert_reshard``
 (operands of one varying type in a ``shard_map`` body),
 ``jax._src.sharding_impls.parse_flatten_op_sharding`` (an XLA sharding as mesh axes),
-``jax._src.interpreters.partial_eval.convert_constvars_jaxpr`` (hoisting a body's consts), and
-the params of control-flow equations, whose form changes between JAX versions.
+``jax._src.interpreters.partial_eval.convert_constvars_jaxpr`` (hoisting a body's consts),
+``DynamicJaxprTrace.emit_eqn`` (re-emitting an equation without binding it again), and the
+params of control-flow equations, whose form changes between JAX versions.
 
 Supported: jax 0.10.2 (the pin) and jax 0.11.2. What moved between them, and where it is
 absorbed here:
@@ -35,6 +36,8 @@ __all__ = [
     "primitive_by_name",
     "remember_primitive",
     "bind",
+    "emittable",
+    "emitter",
     "source_context",
     "user_frame",
     "name_stack",
@@ -117,6 +120,125 @@ def bind(
             return prim.bind(*args, **bind_params)
         with ctx.manager:
             return prim.bind(*args, **bind_params)
+
+
+# Primitives whose staging rule is JAX's default one under another name (``reshape``'s only
+# rebuilds its params): an equation of theirs can be emitted as recorded. A test compares
+# emitting with binding for each, so a JAX that gives one a real rule fails there.
+PLAIN_STAGING = frozenset({"reshape", "broadcast_in_dim"})
+
+
+def emittable(
+    prim: Primitive,
+    params: dict[str, Any],
+    source_info: Any,
+    in_avals: Sequence[Any],
+    out_avals: Sequence[Any],
+) -> bool:
+    """Whether an equation of ``prim`` (with ``params``, ``source_info``, its operands'
+    types ``in_avals`` and its results' ``out_avals``) may be re-emitted as recorded
+    (:func:`emitter`) instead of bound again: binding it would only abstract-evaluate it
+    again, to the types it has, and record it.
+
+    Not: primitives with a staging or constant-folding rule of their own (they may record
+    another equation, or none), equations a forwarding rule drops (binding would forward
+    an operand: the rule is asked), call-like primitives (their bind params differ from
+    their params), ones that allocate refs or hold jaxprs (higher-order), types with
+    mutable state, and an equation without a traceback (binding would take the current
+    one).
+    """
+    if getattr(source_info, "traceback", None) is None or not _emittable_primitive(prim):
+        return False
+    for v in params.values():
+        if isinstance(v, (Jaxpr, ClosedJaxpr)):
+            return False
+    for a in (*in_avals, *out_avals):
+        if getattr(a, "has_qdd", False):  # (jax 0.12 has no such types)
+            return False
+    forward = _pe.forwarding_rules.get(prim)
+    if forward is not None:  # what binding decides after recording the equation
+        probe = _jex.new_jaxpr_eqn(
+            [Var(a) for a in in_avals], [Var(a) for a in out_avals], prim, params, set()
+        )
+        in_fwd, kept = forward(probe)
+        return kept is probe and all(i is None for i in in_fwd)
+    return True
+
+
+def _emittable_primitive(prim: Primitive) -> bool:
+    """:func:`emittable`'s verdict on the primitive, remembered until JAX's rule tables
+    change size (a module registering rules is imported)."""
+    tables = (_pe.custom_staging_rules, _pe.forwarding_rules, _pe.const_fold_rules)
+    version = tuple(map(len, tables))
+    if version != _EMITTABLE_VERSION[0]:
+        _EMITTABLE.clear()
+        _EMITTABLE_VERSION[0] = version
+    found = _EMITTABLE.get(prim)
+    if found is None:
+        found = _EMITTABLE[prim] = not (
+            (prim in _pe.custom_staging_rules and prim.name not in PLAIN_STAGING)
+            or prim in _pe.const_fold_rules
+            or type(prim).get_bind_params is not _core.Primitive.get_bind_params
+            or type(prim).is_high is not _core.Primitive.is_high
+            or type(prim).bind_with_trace is not _core.Primitive.bind_with_trace
+            or "bind_with_trace" in vars(prim)
+            or prim.ref_allocating
+        )
+    return found
+
+
+_EMITTABLE: dict[Primitive, bool] = {}
+_EMITTABLE_VERSION: list[tuple[int, ...]] = [()]
+
+
+def emitter() -> Any:
+    """While a jaxpr is traced (``jax.jit(f).trace``, ``jax.make_jaxpr``): a function
+    ``emit(prim, args, params, in_avals, out_avals, source_info, ctx)`` that records an
+    equation as :func:`bind` would (same primitive, params, types, source info, context)
+    without binding it (no canonicalization, abstract evaluation or staging dispatch), and
+    returns its results; or None when the arguments are not all tracers of that jaxpr with
+    exactly the types ``in_avals`` (then :func:`bind` is the way). ``prim`` and ``params``
+    must be :func:`emittable` with these avals; ``out_avals`` are the types binding gave
+    before. Outside a jaxpr trace (eager evaluation), None.
+    """
+    trace = _core.trace_ctx.trace
+    if type(trace) is not _pe.DynamicJaxprTrace:
+        return None
+    tracer_type = _pe.DynamicJaxprTracer
+    info_ctx = _siu._source_info_context
+    no_effects = _core.no_effects
+    contexts: dict[int, tuple[Any, Any]] = {}
+
+    def emit(
+        prim: Primitive,
+        args: Sequence[Any],
+        params: dict[str, Any],
+        in_avals: Sequence[Any],
+        out_avals: Sequence[Any],
+        source_info: Any,
+        ctx: Any,
+    ) -> list[Any] | None:
+        for x, aval in zip(args, in_avals, strict=True):
+            if type(x) is not tracer_type or x._trace is not trace:
+                return None
+            have = x.aval
+            if have is not aval and have != aval:
+                return None
+        # binding under source_context: the traceback, the current name stack + the node's
+        outer = info_ctx.context.name_stack
+        if outer.stack:
+            source_info = source_info.replace(name_stack=outer + source_info.name_stack)
+        # binding under ctx.manager: the context JAX makes there (the current XLA metadata
+        # joined with the equation's), the same for every node of one ctx in one trace
+        found = contexts.get(id(ctx))
+        if found is None:
+            with ctx.manager:
+                found = contexts[id(ctx)] = (ctx, _core.current_jaxpr_eqn_context())
+        return trace.emit_eqn(
+            list(args), out_avals, prim, params, no_effects, source_info, found[1]
+        )
+
+    return emit
 
 
 def source_context(source_info: Any) -> Any:

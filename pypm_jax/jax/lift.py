@@ -8,8 +8,9 @@ derivative rule, when no rewrite touched the region; a node holding lifted sub-p
 (``scan``, ``while``, ``cond``, ``shard_map``) that rewriting reaches into; or an opaque, impure node for
 unknown or effectful primitives.
 
-Every node carries the user's source line (``node.loc``, JAX/Flax/pypm frames skipped) and
-its Flax module path (``node.meta["module_path"]``, from the name stack). Literals and
+Every node carries the user's source line (``node.loc``, JAX/Flax/pypm frames skipped; found
+in the equation's traceback when first read) and its Flax module path
+(``node.meta["module_path"]``, from the name stack). Literals and
 constants become ``pypm.const`` nodes (a Python scalar ``value`` for scalars and splats), or
 graph inputs bound at lowering when they are large arrays.
 """
@@ -27,6 +28,7 @@ __all__ = [
     "NESTED_PARAMS",
 ]
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from ..core.dtypes import DType, as_dtype
-from ..core.errors import SourceLoc
+from ..core.errors import PyPMError, SourceLoc
+from ..core.graph import NO_ATTRS, Graph, node_type
 from ..vocab.primitives import lift_attrs, op_for, opaque_op, spec_for
 from . import _compat
 
@@ -58,7 +61,7 @@ _REGION_BODY = {"custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr"
 _INLINE_BODY = {"jit": "jaxpr", "closed_call": "call_jaxpr"}
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class EqnInfo:
     """What lowering needs from the equation a node was lifted from (``node.meta["jax_eqn"]``).
 
@@ -73,6 +76,8 @@ class EqnInfo:
     avals: tuple[Any, ...]
     kind: str
     owner: int | None = None
+    in_avals: tuple[Any, ...] = ()  # the operands' types (lowering re-emits the equation
+    # as recorded while its operands have them)
 
 
 def eqn_info(node: Any) -> EqnInfo | None:
@@ -136,10 +141,27 @@ class LiftedProgram:
         return out
 
 
-def _graph_cls() -> Any:
-    from ..core.graph import Graph  # written beside this bridge; imported when first needed
+class _Where:
+    """Where an equation is in the user's code, found when a node's ``loc`` is first asked
+    for (most never are: a report or an error asks about a few): the innermost user frame of
+    its traceback, else its caller's (for bodies JAX traced once and cached)."""
 
-    return Graph
+    __slots__ = ("source_info", "outer", "found")
+
+    def __init__(self, source_info: Any, outer: SourceLoc | _Where | None):
+        self.source_info = source_info
+        self.outer = outer
+        self.found: Any = self
+
+    def __call__(self) -> SourceLoc | None:
+        found = self.found
+        if found is self:
+            found = _compat.user_frame(self.source_info)
+            if found is None:
+                outer = self.outer
+                found = outer() if isinstance(outer, _Where) else outer
+            self.found = found
+        return found
 
 
 def lift(closed_jaxpr: Any, *, in_names: Sequence[str] | None = None) -> LiftedProgram:
@@ -181,6 +203,21 @@ def pm_dtype(dtype: Any) -> DType | None:
 
 # dtype -> pm dtype: a model's avals have a handful of dtypes, asked about once per value
 _PM_DTYPES: dict[Any, DType | None] = {}
+
+
+def _is_extended(dtype: Any) -> bool:
+    """:func:`_compat.is_extended_dtype`, remembered per dtype (asked once per constant)."""
+    try:
+        return _EXTENDED[dtype]
+    except KeyError:
+        pass
+    except TypeError:  # (unhashable)
+        return _compat.is_extended_dtype(dtype)
+    out = _EXTENDED[dtype] = _compat.is_extended_dtype(dtype)
+    return out
+
+
+_EXTENDED: dict[Any, bool] = {}
 
 
 def _pm_dtype(dtype: Any) -> DType | None:
@@ -225,10 +262,27 @@ def _is_splat(arr: np.ndarray) -> bool:
 
 
 class _Lifter:
-    """One lifting run: owns the region counter shared by all graphs it builds."""
+    """One lifting run: owns the region counter shared by all graphs it builds, and what
+    it found about the avals and name stacks equations share (keyed by their ids, each
+    kept alive beside what was found about it)."""
 
     def __init__(self) -> None:
         self._next_region = 0
+        self._types: dict[int, tuple[Any, Any]] = {}  # id(aval) -> (aval, its node type)
+        self._paths: dict[int, tuple[Any, str]] = {}  # id(stack) -> (stack, module path)
+
+    def _type_of(self, aval: Any) -> Any:
+        """An aval's type as nodes keep it (a model's equations share a few dozen avals)."""
+        found = self._types.get(id(aval))
+        if found is None:
+            found = self._types[id(aval)] = (aval, node_type(*_type(aval)))
+        return found[1]
+
+    def _module_path(self, stack: Any) -> str:
+        found = self._paths.get(id(stack))
+        if found is None:
+            found = self._paths[id(stack)] = (stack, module_path(stack))
+        return found[1]
 
     # -------------------------------------------------------------- programs
 
@@ -238,9 +292,9 @@ class _Lifter:
         consts: Sequence[Any],
         prefix: Any,
         in_names: Sequence[str] | None,
-        loc: SourceLoc | None = None,
+        loc: SourceLoc | _Where | None = None,
     ) -> LiftedProgram:
-        g = _graph_cls()()
+        g = Graph()
         inputs = []
         for i, var in enumerate(jaxpr.invars):
             name = in_names[i] if in_names is not None and i < len(in_names) else f"in{i}"
@@ -269,13 +323,13 @@ class _Lifter:
         Values of an enclosing trace (a closure over tracers) and large arrays are fed at
         lowering; large arrays are not even scanned for splats (no device-to-host copy).
         """
-        if _compat.is_extended_dtype(getattr(aval, "dtype", None)) or _compat.is_tracer(value):
+        if _is_extended(getattr(aval, "dtype", None)) or _compat.is_tracer(value):
             return self._hoist(prog, value, aval)
-        size = int(np.prod(getattr(aval, "shape", ()) or ()))
+        size = int(math.prod(getattr(aval, "shape", ()) or ()))
         if size == 0 or size > SPLAT_CHECK_ELEMENTS:
             return self._hoist(prog, value, aval)
         arr = np.asarray(value)
-        shape, dtype = _type(aval)
+        shape, dtype = self._type_of(aval)
         if _is_splat(arr):
             return prog.graph.add_const(_python_scalar(arr), shape=shape, dtype=dtype)
         if arr.size <= SMALL_CONST_ELEMENTS:
@@ -302,16 +356,22 @@ class _Lifter:
         env: dict[Any, Any],
         prefix: Any,
         regions: list[Region],
-        outer_loc: SourceLoc | None,
+        outer_loc: SourceLoc | _Where | None,
     ) -> None:
         """Lift equations; ``outer_loc`` is the call site's line, for bodies JAX traced once
         and cached (their own tracebacks may lack the user's frame)."""
+        literal = _compat.Literal
         for eqn in eqns:
             prim = eqn.primitive
             _compat.remember_primitive(prim)
             stack = _compat.join_name_stacks(prefix, _compat.name_stack(eqn.source_info))
-            ins = [self._read(prog, env, v) for v in eqn.invars]
-            loc = _compat.user_frame(eqn.source_info) or outer_loc
+            ins = [
+                self._constant(prog, _compat.literal_value(v), v.aval)
+                if isinstance(v, literal)
+                else env[v]
+                for v in eqn.invars
+            ]
+            loc = _Where(eqn.source_info, outer_loc)
             spec = spec_for(prim.name)
             kind = spec.kind if spec is not None else "opaque"
             if eqn.effects and kind != "inline":
@@ -326,7 +386,7 @@ class _Lifter:
             elif kind == "region":
                 outs = self._region(prog, eqn, ins, stack, regions, loc)
             else:
-                outs = self._node(prog, eqn, kind, ins, stack, regions, loc)
+                outs = self._node(prog, eqn, kind, spec, ins, stack, regions, loc)
             for var, value in zip(eqn.outvars, outs, strict=True):
                 env[var] = value
 
@@ -338,7 +398,7 @@ class _Lifter:
         ins: Sequence[Any],
         stack: Any,
         regions: list[Region],
-        loc: SourceLoc | None,
+        loc: _Where,
     ) -> list[Any]:
         env: dict[Any, Any] = dict(zip(jaxpr.invars, ins, strict=True))
         for var, value in zip(jaxpr.constvars, consts, strict=True):
@@ -353,7 +413,7 @@ class _Lifter:
         ins: Sequence[Any],
         stack: Any,
         regions: list[Region],
-        loc: SourceLoc | None,
+        loc: _Where,
     ) -> list[Any]:
         jaxpr, consts = _compat.body_parts(eqn.params[_REGION_BODY[eqn.primitive.name]])
         region = Region(
@@ -375,18 +435,21 @@ class _Lifter:
         prog: LiftedProgram,
         eqn: Any,
         kind: str,
+        spec: Any,
         ins: Sequence[Any],
         stack: Any,
         regions: list[Region],
-        loc: SourceLoc | None,
+        loc: _Where,
     ) -> tuple[Any, ...]:
         prim = eqn.primitive
         # an equation with no results (debug_print) gets one placeholder output: operators
         # have at least one; lowering knows it from ``EqnInfo.avals == ()``
-        n_out = max(1, len(eqn.outvars))
-        out_types = [_type(v.aval) for v in eqn.outvars] or [(None, None)]
-        source_info = _compat.with_name_stack(eqn.source_info, stack)
-        spec = spec_for(prim.name)
+        avals = tuple([v.aval for v in eqn.outvars])
+        n_out = max(1, len(avals))
+        out_types = tuple([self._type_of(a) for a in avals]) or ((None, None),)
+        source_info = eqn.source_info
+        if stack is not _compat.name_stack(source_info):  # (inlined: the caller's too)
+            source_info = _compat.with_name_stack(source_info, stack)
         if kind == "opaque" and (spec is None or spec.kind != "opaque"):
             # unknown, or a table primitive met with effects: one impure node, params in meta
             op = opaque_op(prim.name, n_out)
@@ -405,28 +468,26 @@ class _Lifter:
             params=dict(eqn.params),
             source_info=source_info,
             ctx=eqn.ctx,
-            avals=tuple(v.aval for v in eqn.outvars),
+            avals=avals,
             kind=kind,
+            in_avals=tuple([v.aval for v in eqn.invars]),
         )
-        meta: dict[str, Any] = {"jax_eqn": info, "module_path": module_path(stack)}
+        meta: dict[str, Any] = {"jax_eqn": info, "module_path": self._module_path(stack)}
         if regions:
             meta["region"] = regions[-1].id
-        node = prog.graph.add_node(
-            op,
-            list(ins),
-            attrs=attrs,
-            out_types=out_types,
-            loc=loc,
-            meta=meta,
-        )
+        if op.n_in is not None and len(ins) != op.n_in:
+            raise PyPMError(f"{op.name} takes {op.n_in} inputs, got {len(ins)}")
+        # (add_node's checks hold: ``ins`` are values of this graph, made while lifting it;
+        # the types are normalized; the op has as many outputs as there are types)
+        node = prog.graph.add_unchecked(op, tuple(ins), attrs or NO_ATTRS, out_types, loc, meta)
         mine = node.meta.get("jax_eqn")
         if mine is not None and mine.owner is None:
             mine.owner = node.id  # a new node (not an equal one found by hash-consing)
         for r in regions:
             r.nodes.append((node, tuple(node.inputs)))
-        return tuple(node.outputs[: len(eqn.outvars)])
+        return node.outputs[: len(avals)]
 
-    def _bodies(self, value: Any, stack: Any, loc: SourceLoc | None) -> Any:
+    def _bodies(self, value: Any, stack: Any, loc: _Where) -> Any:
         if isinstance(value, tuple):
             return tuple(self._bodies(v, stack, loc) for v in value)
         jaxpr, consts = _compat.body_parts(value)

@@ -49,6 +49,12 @@ from .types import lower_attrs, numpy_dtype
 Impls = Mapping[Operator, Callable[..., Any]]
 
 
+# Re-emit an equation lifted as it was recorded (no abstract evaluation, no staging dispatch)
+# while its operands have the types they had; False binds every equation again, as JAX's
+# eval_jaxpr would (the reference the tests compare the HLO of both with).
+REEMIT = True
+
+
 class LoweringError(PyPMError):
     """A rewritten graph that cannot be turned back into a JAX program."""
 
@@ -220,24 +226,92 @@ def lower(prog: LiftedProgram, impls: Impls | None = None) -> Callable[..., list
     impls = KERNEL_IMPLS if impls is None else impls
     plan = _plan(prog)
     _check_lowerable(plan, impls)
+    steps = [_step(unit, impls) for unit in plan.units]
+    in_keys = [id(v) for v in prog.inputs]
+    hoisted = [(id(v), c) for v, c in prog.hoisted]
 
     def run(*args: Any) -> list[Any]:
-        if len(args) != len(prog.inputs):
-            raise LoweringError(f"expected {len(prog.inputs)} arguments, got {len(args)}")
-        env: dict[int, Any] = {}
-        for v, a in zip(prog.inputs, args, strict=True):
-            env[id(v)] = a
-        for v, c in prog.hoisted:
-            env[id(v)] = c
-        for unit in plan.units:
-            if unit[0] == "region":
-                _run_region(unit[1], unit[2], env)
+        if len(args) != len(in_keys):
+            raise LoweringError(f"expected {len(in_keys)} arguments, got {len(args)}")
+        env: dict[int, Any] = dict(zip(in_keys, args, strict=True))
+        for k, c in hoisted:
+            env[k] = c
+        emit = _compat.emitter() if REEMIT else None  # None unless a jaxpr is traced
+        check_vma = _CHECK_VMA.get()
+        for step in steps:
+            kind = step[0]
+            if kind is _EQN:
+                _, node, ins, outs, info, emittable = step
+                xs = [env[k] for k in ins]
+                if check_vma and len(xs) > 1:
+                    xs = _compat.vary_alike(_args(xs))
+                if emittable and emit is not None:
+                    ys = emit(
+                        info.primitive,
+                        xs,
+                        info.params,
+                        info.in_avals,
+                        info.avals,
+                        info.source_info,
+                        info.ctx,
+                    )
+                    if ys is not None:
+                        for k, y in zip(outs, ys, strict=True):
+                            env[k] = y
+                        continue
+                _bind_eqn(node, info, xs, env)
+            elif kind is _CONST:
+                env[step[1]] = step[2]
+            elif kind is _REGION:
+                _run_region(step[1], step[2], env)
             else:
-                _run_node(unit[1], env, impls)
+                _run_node(step[1], env, impls)
         outs = [_typed(env[id(v)]) for v in prog.graph.outputs]
         return [_match_aval(x, aval) for x, aval in zip(outs, prog.out_avals, strict=True)]
 
     return run
+
+
+# What running a unit of the plan takes, decided once per lowering (``_step``):
+_EQN = "eqn"  # (_EQN, node, input keys, output keys, its EqnInfo, whether it may be emitted)
+_CONST = "const"  # (_CONST, output key, the value)
+_REGION = "region"  # (_REGION, region, its inputs)
+_NODE = "node"  # (_NODE, node): anything else (_run_node decides)
+
+
+def _step(unit: tuple[Any, ...], impls: Impls) -> tuple[Any, ...]:
+    if unit[0] == "region":
+        return (_REGION, unit[1], unit[2])
+    node = unit[1]
+    op: Operator = node.op
+    if op is CONST:
+        return (_CONST, id(node.outputs[0]), _const(node))
+    info = eqn_info(node)
+    if op in impls or info is None or info.kind == "nested" or not info.avals:
+        return (_NODE, node)
+    emittable = (
+        info.kind == "plain"  # (not opaque: no effects)
+        and len(info.in_avals) == len(node.inputs)
+        and _compat.emittable(
+            info.primitive, info.params, info.source_info, info.in_avals, info.avals
+        )
+    )
+    ins = tuple([id(v) for v in node.inputs])
+    outs = tuple([id(v) for v in node.outputs])
+    return (_EQN, node, ins, outs, info, emittable)
+
+
+def _bind_eqn(node: Any, info: EqnInfo, args: list[Any], env: dict[int, Any]) -> None:
+    """Bind the equation a node was lifted from again (on ``args``, the current inputs)."""
+    out = _compat.bind(info.primitive, _args(args), info.params, info.source_info, info.ctx)
+    outs = list(out) if info.primitive.multiple_results else [out]
+    outs = [_match_aval(x, a) for x, a in zip(outs, info.avals, strict=True)]
+    if len(outs) != len(node.outputs):
+        raise LoweringError(
+            f"{_describe(node)} produced {len(outs)} outputs, not {len(node.outputs)}"
+        )
+    for v, x in zip(node.outputs, outs, strict=True):
+        env[id(v)] = x
 
 
 def _run_region(region: Region, ins: Sequence[Any], env: dict[int, Any]) -> None:

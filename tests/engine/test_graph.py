@@ -339,6 +339,59 @@ def test_metadata_reads_meta_without_making_it():
     assert copy.meta == {"module_path": "block_0"} and copy.meta is not top.node.meta
 
 
+def test_a_location_given_as_a_function_is_found_once_when_first_read():
+    g = Graph()
+    x = g.add_input("x", (4,), "f32")
+    here = SourceLoc("model.py", 3, "y = f(x)")
+    calls = []
+
+    def find():
+        calls.append(1)
+        return here
+
+    node = g.add_node(F1, [x], loc=find)
+    assert calls == []  # (a lifter locates no equation nobody asks about)
+    assert node.loc is here and node.outputs[0].loc is here and node.loc is here
+    assert calls == [1]
+    assert g.add_node(G2, [x, x], loc=lambda: None).loc is None
+    assert g.add_node(G2, [x, node.outputs[0]], loc=here).loc is here
+    assert "@ model.py:3" in str(g)
+
+
+def test_attribute_keys_are_freezes():
+    """Hash-consing keys attributes by ``terms.freeze`` (but for the sign of a zero); the
+    graph's fast path for the values a lifted model's params hold gives the same keys."""
+    import numpy as np
+
+    from pypm_jax.core import graph
+    from pypm_jax.core.terms import freeze
+
+    class Unhashable:
+        __hash__ = None  # type: ignore[assignment]
+
+    odd = Unhashable()
+    values = [
+        None, True, 3, 2.5, "s", (1, (2, 3), ()), ((1,), ((), ())), as_dtype("f32"),
+        np.dtype("float32"), np.float32(1.5), np.arange(3), [1, [2]], {"a": (1, 2)},
+        frozenset({1, 2}), odd, (odd, 1), Shape((2, 3)), F1,
+    ]  # fmt: skip
+    for v in values:
+        assert graph._freeze_value(v) == freeze(v), v
+    attrs = {"b": (1, 2), "a": None, "c": np.dtype("int8")}
+    assert graph._freeze_attrs(attrs) == freeze(attrs)
+
+
+def test_zeros_of_either_sign_are_not_one_constant():
+    g = Graph()
+    x = g.add_input("x", (4,), "f32")
+    assert g.add_const(-0.0) is not g.add_const(0.0)
+    assert g.add_const(-0.0) is g.add_const(-0.0) and g.add_const(0.0) is g.add_const(0.0)
+    assert g.add_const(complex(1, -0.0)) is not g.add_const(complex(1, 0.0))
+    assert g.add_node(G2, [x, g.add_const(-0.0)]) is not g.add_node(G2, [x, g.add_const(0.0)])
+    assert g.add_const(2.0) is g.add_const(2.0) and g.add_const(2.0) is not g.add_const(2)
+    assert g.add_node(F1, [x], attrs={"k": (0.0,)}) is not g.add_node(F1, [x], attrs={"k": (-0.0,)})
+
+
 def test_show_type():
     assert show_type(Shape((2, 3)), as_dtype("f32")) == "f32[2,3]"
     assert show_type(None, None) == "?[?]" and show_type(Shape(()), None) == "?[]"

@@ -119,6 +119,146 @@ def test_name_stacks():
         assert all("(" not in s for s in scopes), scopes
 
 
+def _emit_program(x, w):
+    """A program of the primitives lowering re-emits most (elementwise ops with weak-typed
+    literals, dot_general, reshape, reductions, transpose) under named scopes."""
+    with jax.named_scope("block"):
+        y = jnp.tanh(x @ w) * 0.5 + 1
+        with jax.named_scope("inner"):
+            z = jnp.reshape(y, (2, 6)).T
+        return jnp.sum(jnp.exp(z - jnp.max(z, axis=0)), axis=0) / 3
+
+
+def _retrace(closed, mode, outer_scope=None):
+    """Trace ``closed``'s equations again: each bound as lowering binds it, or, where
+    ``mode == "emit"`` and it qualifies, emitted as recorded."""
+    jaxpr = closed.jaxpr
+
+    def run(*args):
+        emit = _compat.emitter() if mode == "emit" else None
+        env = dict(zip(jaxpr.invars, args, strict=True))
+        read = [lambda v: _compat.literal_value(v) if isinstance(v, _compat.Literal) else env[v]]
+        emitted = 0
+        for eqn in jaxpr.eqns:
+            xs = [read[0](v) for v in eqn.invars]
+            in_avals = tuple(v.aval for v in eqn.invars)
+            out_avals = tuple(v.aval for v in eqn.outvars)
+            ys = None
+            if emit is not None and _compat.emittable(
+                eqn.primitive, eqn.params, eqn.source_info, in_avals, out_avals
+            ):
+                ys = emit(eqn.primitive, xs, eqn.params, in_avals, out_avals,
+                          eqn.source_info, eqn.ctx)  # fmt: skip
+                emitted += ys is not None
+            if ys is None:
+                out = _compat.bind(eqn.primitive, xs, eqn.params, eqn.source_info, eqn.ctx)
+                ys = out if eqn.primitive.multiple_results else [out]
+            env.update(zip(eqn.outvars, ys, strict=True))
+        counts.append(emitted)
+        return [env[v] for v in jaxpr.outvars]
+
+    counts: list[int] = []
+    fn = run
+    if outer_scope is not None:
+        from jax.experimental.xla_metadata import set_xla_metadata
+
+        def fn(*args):  # a caller's scope and XLA metadata, which binding joins with its own
+            with jax.named_scope(outer_scope), set_xla_metadata(caller="yes"):
+                return run(*args)
+
+    traced = jax.jit(fn).trace(*(jnp.zeros(a.shape, a.dtype) for a in closed.in_avals))
+    return traced, counts[0]
+
+
+def _eqn_records(jaxpr):
+    return [
+        (
+            str(e.primitive),
+            e.params,
+            [v.aval for v in e.invars],
+            [v.aval for v in e.outvars],
+            e.source_info.traceback,
+            e.source_info.name_stack,
+            e.ctx,
+            e.effects,
+        )
+        for e in jaxpr.eqns
+    ]
+
+
+@pytest.mark.parametrize("outer_scope", [None, "caller"])
+def test_emit_records_what_bind_records(outer_scope):
+    """Emitting an equation (the fast path of lowering) records exactly what binding it
+    records: primitive, params, types, traceback, name stack and context (under a caller's
+    scope and XLA metadata too), effects; and the lowered HLO, source locations included, is
+    the same.
+    This is what makes a JAX upgrade that changes a staging rule (PLAIN_STAGING) fail."""
+    x, w = jnp.ones((4, 3)), jnp.ones((3, 3))
+    closed = _eqns(_emit_program, x, w)
+    prims = {e.primitive.name for e in closed.jaxpr.eqns}
+    assert _compat.PLAIN_STAGING <= prims and {"dot_general", "tanh"} <= prims
+
+    bound, none = _retrace(closed, "bind", outer_scope)
+    emitted, n = _retrace(closed, "emit", outer_scope)
+    assert none == 0 and n >= len(closed.jaxpr.eqns) // 2, n  # most equations qualify
+    assert str(emitted.jaxpr) == str(bound.jaxpr)
+    assert _eqn_records(emitted.jaxpr.jaxpr) == _eqn_records(bound.jaxpr.jaxpr)
+    hlo = [t.lower().as_text(debug_info=True) for t in (bound, emitted)]
+    assert hlo[0] == hlo[1] and ("caller/block/inner" in hlo[0]) == (outer_scope is not None)
+    assert ('caller = "yes"' in hlo[0]) == (outer_scope is not None)
+
+
+def test_emit_leaves_out_what_binding_forwards():
+    """An equation a forwarding rule drops (an identity broadcast, which a transformation
+    may leave in a jaxpr though tracing never records one) is bound, not emitted: both
+    ways forward its operand. Other broadcasts are emitted (PLAIN_STAGING)."""
+    import jax.extend.core as jex
+
+    closed = _eqns(lambda x: jnp.broadcast_to(x, (2, 3)) * 2.0, jnp.ones(3))
+    jaxpr = closed.jaxpr
+    bcast = next(e for e in jaxpr.eqns if e.primitive.name == "broadcast_in_dim")
+    (x,) = jaxpr.invars
+    y = _compat.Var(x.aval)
+    params = dict(bcast.params, shape=(3,), broadcast_dimensions=(0,))
+    ident = jex.new_jaxpr_eqn([x], [y], bcast.primitive, params, set(), bcast.source_info,
+                              bcast.ctx)  # fmt: skip
+    assert not _compat.emittable(bcast.primitive, params, bcast.source_info, [x.aval], [y.aval])
+    assert _compat.emittable(
+        bcast.primitive, bcast.params, bcast.source_info, [x.aval], [bcast.outvars[0].aval]
+    )
+    edited = jaxpr.replace(eqns=[ident, *jaxpr.eqns], outvars=[*jaxpr.outvars, y])
+    closed = _compat.closed_jaxpr(edited, []) if hasattr(closed, "consts") else edited
+    bound, _ = _retrace(closed, "bind")
+    emitted, n = _retrace(closed, "emit")
+    assert n == 1  # the real broadcast (the mul reads a literal: bound)
+    assert str(emitted.jaxpr) == str(bound.jaxpr) and len(bound.jaxpr.eqns) == 2
+
+
+def test_emitter_declines_what_it_cannot_emit():
+    closed = _eqns(lambda x: jnp.sin(x), jnp.ones(3, jnp.float32))
+    (eqn,) = closed.jaxpr.eqns
+    prim, params, si = eqn.primitive, eqn.params, eqn.source_info
+    in_avals, out_avals = [eqn.invars[0].aval], [eqn.outvars[0].aval]
+    assert _compat.emitter() is None  # eager: nothing is traced
+    assert _compat.emittable(prim, params, si, in_avals, out_avals)
+    no_traceback = type(si)(None, si.name_stack)  # (binding would take the current one)
+    assert not _compat.emittable(prim, params, no_traceback, in_avals, out_avals)
+    call = _eqns(lambda x: jax.jit(jnp.sin)(x), jnp.ones(3)).jaxpr.eqns[0]
+    assert not _compat.emittable(call.primitive, call.params, call.source_info, in_avals, out_avals)
+    seen = []
+
+    def f(x, y):
+        emit = _compat.emitter()
+        seen.append(emit(prim, [y], params, in_avals, out_avals, si, eqn.ctx))  # f32[4]
+        seen.append(emit(prim, [np.ones(3, np.float32)], params, in_avals, out_avals, si, eqn.ctx))
+        (out,) = emit(prim, [x], params, in_avals, out_avals, si, eqn.ctx)
+        return out
+
+    traced = jax.jit(f).trace(jnp.ones(3, jnp.float32), jnp.ones(4, jnp.float32))
+    assert seen == [None, None]  # another type, not a tracer: bind them instead
+    assert [e.primitive.name for e in traced.jaxpr.eqns] == ["sin"]
+
+
 def test_constvars_and_extended_dtypes():
     w = np.arange(100.0, dtype=np.float32)
     closed = _eqns(lambda x: x + w, jnp.ones(100))

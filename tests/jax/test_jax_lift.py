@@ -154,6 +154,25 @@ def test_nodes_carry_the_users_source_line():
     assert by_op["tanh"].loc.line == line + 2 and "jnp.tanh" in by_op["tanh"].loc.text
 
 
+def test_source_lines_are_found_when_asked_for(monkeypatch):
+    """Lifting walks no traceback: a node's line is found when something reads it (a
+    report, an error), once, and is the line lifting would have found."""
+    from pypm_jax.jax import _compat
+
+    found = []
+    user_frame = _compat.user_frame
+    monkeypatch.setattr(_compat, "user_frame", lambda si: found.append(si) or user_frame(si))
+
+    def f(x):
+        return jnp.tanh(jnp.exp(x))
+
+    prog = lift(jax.make_jaxpr(f)(jnp.ones(3)))
+    assert found == []
+    tanh = next(n for n in prog.graph.nodes() if n.op.name == "tanh")
+    assert tanh.loc.line == f.__code__.co_firstlineno + 1 and tanh.loc is tanh.loc
+    assert len(found) == 1
+
+
 def test_inlined_library_calls_report_the_call_site():
     def f(x):
         return jax.nn.relu(x) + jnp.cumsum(x)
@@ -197,6 +216,45 @@ def test_hf_nodes_point_into_the_modeling_file():
     assert "FlaxBertModule/encoder/layer/0/attention/self/query" in paths
 
 
+def _lowered_both_ways(monkeypatch, prog, *args):
+    """The HLO (with source locations) of ``prog`` lowered with its equations re-emitted as
+    recorded (lowering's fast path) and with every one bound again (the reference)."""
+    import sys
+
+    texts = []
+    for reemit in (False, True):
+        monkeypatch.setattr(sys.modules["pypm_jax.jax.lower"], "REEMIT", reemit)
+        texts.append(jax.jit(lower(prog)).lower(*args).as_text(debug_info=True))
+    return texts
+
+
+def test_lowering_keeps_source_lines_and_module_paths(monkeypatch):
+    """Re-emitting the equations a rewrite left alone gives the HLO binding each again
+    gives, with each operation's source line and Flax module path in its metadata."""
+    apply, inputs, _ = linen_mha(False)
+    flat = jax.tree_util.tree_leaves(inputs)
+    prog = lift(jax.make_jaxpr(lambda *xs: apply(*jax.tree_util.tree_unflatten(
+        jax.tree_util.tree_structure(inputs), xs)))(*flat))  # fmt: skip
+    reference, fast = _lowered_both_ways(monkeypatch, prog, *flat)
+    assert fast == reference
+    assert CORPUS in fast and "Attn/attention/query/dot_general" in fast
+
+    def f(x):
+        with jax.named_scope("block"):
+            y = jnp.exp(x) / 8.0  # rewritten: a rule-built mul with this line
+            return jnp.tanh(y) + jnp.sin(x)
+
+    x = jnp.linspace(0.0, 1.0, 8)
+    prog, report, _ = _run(f, x, rules=[div8_to_mul])
+    assert [r.rule for r in report] == ["div8_to_mul"]
+    reference, fast = _lowered_both_ways(monkeypatch, prog, x)
+    assert fast == reference
+    line = f.__code__.co_firstlineno
+    for op in ("exp", "mul", "tanh", "sin"):  # (mul: built by the rule, with div's line)
+        assert f'/block/{op}"' in fast, op
+    assert f'"{HERE}":{line + 2}:' in fast and f'"{HERE}":{line + 3}:' in fast
+
+
 # ------------------------------------------------------------------------------ constants
 
 
@@ -220,6 +278,21 @@ def test_literals_and_splats_are_scalar_consts():
     )
     assert splat.outputs[0].shape == (4, 4) and type(splat.attrs["value"]) is float
     assert any(isinstance(v, np.ndarray) for v in values)  # a small non-splat array
+
+
+def test_literal_zeros_keep_their_sign():
+    """``x * -0.0`` and ``x * 0.0`` are two nodes (hash-consing keys a zero's sign), so the
+    lowered program divides by -0.0 where the model does."""
+
+    def f(x):
+        return 1.0 / (x * 0.0 + 1.0), 1.0 / (x * -0.0)
+
+    x = jnp.ones(2)
+    prog = lift(jax.make_jaxpr(f)(x))
+    zeros = [n.attrs["value"] for n in prog.graph.nodes() if n.op is CONST]
+    assert sorted(np.copysign(1.0, z) for z in zeros if z == 0.0) == [-1.0, 1.0]
+    for got, want in zip(lower(prog)(x), f(x), strict=True):
+        np.testing.assert_array_equal(got, want)  # (-inf, not inf)
 
 
 def test_large_constants_are_fed_as_inputs():
