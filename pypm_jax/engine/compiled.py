@@ -397,6 +397,20 @@ def from_summary(
             return CONST
         return ops[name]  # KeyError: an operator the pattern does not name
 
+    def alternatives(raw: Any, depth: int, limit: int) -> Iterator[tuple[Any, Any, Any]]:
+        """A shape's alternatives as (operator, arity, the kids as written), checked."""
+        if type(raw) is not list or not raw or depth > limit:
+            raise ValueError("not a shape")
+        for alt in raw:
+            if type(alt) is not list or len(alt) != 3:
+                raise ValueError("not a shape alternative")
+            name, n, kids = alt
+            if n is not None and (type(n) is not int or n < 0):
+                raise ValueError("not an arity")
+            if kids is not None and (type(kids) is not list or n is None or len(kids) != n):
+                raise ValueError("kids do not match the arity")
+            yield op_of(name), n, kids
+
     def shape(raw: Any, depth: int, limit: int = _SHAPE_DEPTH, refs: list | None = None) -> _Shape:
         if raw is None:
             return None
@@ -404,41 +418,21 @@ def from_summary(
             if not 0 <= raw < len(refs) or depth + refs[raw][1] > limit:
                 raise ValueError("not a shape")
             return refs[raw][0]
-        if type(raw) is not list or not raw or depth > limit:
-            raise ValueError("not a shape")
-        out = []
-        for alt in raw:
-            if type(alt) is not list or len(alt) != 3:
-                raise ValueError("not a shape alternative")
-            name, n, kids = alt
-            if n is not None and (type(n) is not int or n < 0):
-                raise ValueError("not an arity")
-            if kids is not None:
-                if type(kids) is not list or n is None or len(kids) != n:
-                    raise ValueError("kids do not match the arity")
-                kids = tuple(shape(k, depth + 1, limit, refs) for k in kids)
-            out.append((op_of(name), n, kids))
-        return out
+        return [
+            (op, n, None if kids is None else tuple(shape(k, depth + 1, limit, refs) for k in kids))
+            for op, n, kids in alternatives(raw, depth, limit)
+        ]
 
-    def test(raw: Any, depth: int) -> tuple | None:  # (shape's checks, made a test)
+    def test(raw: Any, depth: int) -> tuple | None:  # (a shape, read as its test)
         if raw is None:
             return None
-        if type(raw) is not list or not raw or depth > _SHAPE_DEPTH:
-            raise ValueError("not a shape")
-        out = []
-        for alt in raw:
-            if type(alt) is not list or len(alt) != 3:
-                raise ValueError("not a shape alternative")
-            name, n, kids = alt
-            if n is not None and (type(n) is not int or n < 0):
-                raise ValueError("not an arity")
-            pairs = None
-            if kids is not None:
-                if type(kids) is not list or n is None or len(kids) != n:
-                    raise ValueError("kids do not match the arity")
-                pairs = tuple((i, test(k, depth + 1)) for i, k in enumerate(kids) if k is not None)
-            out.append((op_of(name), n, pairs))
-        return tuple(out)
+        return tuple(
+            (op, n, None if kids is None else pairs_of(kids, depth))
+            for op, n, kids in alternatives(raw, depth, _SHAPE_DEPTH)
+        )
+
+    def pairs_of(kids: list, depth: int) -> tuple:
+        return tuple((i, test(k, depth + 1)) for i, k in enumerate(kids) if k is not None)
 
     def shared(raw: Any, limit: int) -> _Shape:
         if raw is None:

@@ -305,7 +305,11 @@ def _bind_eqn(node: Any, info: EqnInfo, args: list[Any], env: dict[int, Any]) ->
     """Bind the equation a node was lifted from again (on ``args``, the current inputs)."""
     out = _compat.bind(info.primitive, _args(args), info.params, info.source_info, info.ctx)
     outs = list(out) if info.primitive.multiple_results else [out]
-    outs = [_match_aval(x, a) for x, a in zip(outs, info.avals, strict=True)]
+    _store(node, [_match_aval(x, a) for x, a in zip(outs, info.avals, strict=True)], env)
+
+
+def _store(node: Any, outs: list[Any], env: dict[int, Any]) -> None:
+    """``outs``, one per output of ``node``, into ``env``."""
     if len(outs) != len(node.outputs):
         raise LoweringError(
             f"{_describe(node)} produced {len(outs)} outputs, not {len(node.outputs)}"
@@ -366,12 +370,7 @@ def _run_node(node: Any, env: dict[int, Any], impls: Impls) -> None:
         outs = list(out) if prim.multiple_results else [out]
     if info is not None:
         outs = [_match_aval(x, a) for x, a in zip(outs, info.avals, strict=True)]
-    if len(outs) != len(node.outputs):
-        raise LoweringError(
-            f"{_describe(node)} produced {len(outs)} outputs, not {len(node.outputs)}"
-        )
-    for v, x in zip(node.outputs, outs, strict=True):
-        env[id(v)] = x
+    _store(node, outs, env)
 
 
 class _Untyped:
