@@ -23,7 +23,6 @@ from __future__ import annotations
 __all__ = ["Graph", "NO_ATTRS", "Node", "Value", "node_type", "show_type"]
 
 import itertools
-import math
 from collections.abc import Callable, Container, Hashable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -58,8 +57,7 @@ def _shape(s: Any) -> Shape | None:
 
 
 def _type(spec: Any) -> TypeSpec:
-    shape, dtype = spec
-    return _shape(shape), as_dtype(dtype)
+    return node_type(*spec)
 
 
 def node_type(shape: Any, dtype: Any) -> TypeSpec:
@@ -111,7 +109,7 @@ _type_texts: dict[tuple[Any, Any], str] = {}  # (types repeat all over a model)
 
 def _freeze_attrs(attrs: Mapping[str, Any]) -> tuple:
     """``freeze(attrs)`` (the attributes' part of a hash-consing key), with the common
-    values (strings, numbers, None) frozen inline, and zeros of either sign kept apart."""
+    values (strings, integers, None) frozen inline."""
     if len(attrs) == 1:
         ((k, v),) = attrs.items()
         t = type(v)
@@ -131,18 +129,14 @@ def _freeze_attrs(attrs: Mapping[str, Any]) -> tuple:
 
 def _freeze_value(v: Any) -> Any:
     """``freeze(v)``; tuples and the objects that are no container (dtypes, shardings, enum
-    members: the params of a lifted model's equations) without its type tests. A float or
-    complex zero also keys its sign: ``x * -0.0`` is not ``x * 0.0`` (``1 / -0.0`` is -inf),
-    though -0.0 == 0.0."""
+    members: the params of a lifted model's equations) without its type tests."""
     t = type(v)
     if t is str or t is int or t is bool or v is None:
         return (t.__name__, v)
-    if t is float:
-        return ("float", v) if v else ("float", v, math.copysign(1.0, v))
+    if t is float or t is complex:
+        return freeze(v)  # (the sign of a zero kept)
     if t is tuple:
         return tuple([_freeze_value(x) for x in v])
-    if t is complex:
-        return ("complex", v, math.copysign(1.0, v.real), math.copysign(1.0, v.imag))
     plain = _PLAIN.get(t)
     if plain is None:
         if len(_PLAIN) > 4096:

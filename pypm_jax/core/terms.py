@@ -25,6 +25,7 @@ __all__ = [
     "const_equal",
 ]
 
+import math
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -179,7 +180,14 @@ UNDEFINED = _Undefined()
 
 
 def freeze(value: Any) -> Any:
-    """A hashable stand-in for an attribute value (lists → tuples, arrays → bytes)."""
+    """A hashable stand-in for an attribute value (lists → tuples, arrays → bytes). A float
+    or complex zero keeps its sign: ``x * -0.0`` is not ``x * 0.0`` (``1 / -0.0`` is -inf),
+    though -0.0 == 0.0."""
+    t = type(value)
+    if t is float:
+        return ("float", value) if value else ("float", value, math.copysign(1.0, value))
+    if t is complex:
+        return ("complex", value, math.copysign(1.0, value.real), math.copysign(1.0, value.imag))
     if isinstance(value, np.ndarray | np.generic):
         arr = np.asarray(value)
         return ("ndarray", arr.dtype.str, arr.shape, arr.tobytes())

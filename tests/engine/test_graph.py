@@ -359,8 +359,7 @@ def test_a_location_given_as_a_function_is_found_once_when_first_read():
 
 
 def test_attribute_keys_are_freezes():
-    """Hash-consing keys attributes by ``terms.freeze`` (but for the sign of a zero); the
-    graph's fast path for the values a lifted model's params hold gives the same keys."""
+    """Hash-consing keys attributes by ``terms.freeze``; the graph's fast path for the values a lifted model's params hold gives the same keys."""
     import numpy as np
 
     from pypm_jax.core import graph
@@ -390,6 +389,7 @@ def test_zeros_of_either_sign_are_not_one_constant():
     assert g.add_node(G2, [x, g.add_const(-0.0)]) is not g.add_node(G2, [x, g.add_const(0.0)])
     assert g.add_const(2.0) is g.add_const(2.0) and g.add_const(2.0) is not g.add_const(2)
     assert g.add_node(F1, [x], attrs={"k": (0.0,)}) is not g.add_node(F1, [x], attrs={"k": (-0.0,)})
+    assert const(-0.0) is not const(0.0) and const(-0.0) is const(-0.0)  # (terms: freeze)
 
 
 def test_show_type():
