@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["Matcher"]
+__all__ = ["ByInputs", "Matcher", "signature"]
 
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -12,6 +12,7 @@ from ..core.match import Match
 from ..core.terms import OpClass, Operator
 from .analysis import OpSpec, Roots, _meet, root_set
 from .compiled import CompiledPattern, compile_pattern, match_all
+from .precheck import _admits
 
 # ------------------------------------------------------------------------------ the index
 
@@ -70,6 +71,44 @@ class _Index(dict):
 
     def __contains__(self, op: object) -> bool:
         return self[op] is not self.wild  # type: ignore[index]
+
+
+class ByInputs(dict):
+    """The index one level further: a term's *signature* -> the candidates (from
+    ``table``, an operator's) whose pre-check (``CompiledPattern._test``) admits it, read
+    two levels deep (:func:`~pypm_jax.engine.precheck._admits`). The signature is a tuple:
+    the term's operator, then each input's operator and arity (:func:`signature`). A
+    candidate left out is one whose pre-check refuses every term with that signature; the
+    others keep their order. Worked out once per signature and index: a graph has few."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: dict[Operator, tuple[Candidate, ...]]):
+        super().__init__()
+        self.table = table
+
+    def __missing__(self, sig: tuple) -> tuple[Candidate, ...]:
+        op, kids = sig[0], sig[1:]
+        kept = []
+        for e in self.table[op]:
+            test = None if e[2] is None else getattr(e[2], "_test", None)
+            if test is None or _admits(test, op, kids):
+                kept.append(e)
+        found = self[sig] = tuple(kept)
+        return found
+
+
+def signature(value: Any) -> tuple:
+    """``value``'s key in :class:`ByInputs`: its operator, then each input's operator and
+    arity."""
+    ins = value.inputs
+    if len(ins) == 2:  # (the common cases spelt out: no generator, one tuple)
+        a, b = ins
+        return (value.op, a.op, len(a.inputs), b.op, len(b.inputs))
+    if len(ins) == 1:
+        a = ins[0]
+        return (value.op, a.op, len(a.inputs))
+    return (value.op, *[x for i in ins for x in (i.op, len(i.inputs))])
 
 
 class Matcher:

@@ -190,6 +190,30 @@ def _passes(test: tuple, t: Any) -> bool:
     return False
 
 
+def _admits(test: tuple, op: Any, kids: tuple) -> bool:
+    """Can a term pass ``test`` whose operator is ``op`` and whose inputs' (operator, arity)
+    pairs are ``kids`` (flat: operator, arity, operator, arity, ...)? ``_passes`` read two
+    levels deep, from what a term's signature (:class:`~pypm_jax.engine.index.ByInputs`)
+    holds: False only where ``_passes`` is False."""
+    for top, n, pairs in test:
+        if top is not None and top is not op:
+            continue
+        if n is not None and 2 * n != len(kids):
+            continue
+        if pairs is None:
+            return True
+        for i, k in pairs:
+            kop, kn = kids[2 * i], kids[2 * i + 1]
+            for o, m, _ in k:
+                if (o is None or o is kop) and (m is None or m == kn):
+                    break
+            else:
+                break
+        else:
+            return True
+    return False
+
+
 def _prefilter(body: Pattern) -> list | None:
     """A cheap structural test of the first few levels below a root that every match
     passes (None: no useful test). Used in front of the machine only."""

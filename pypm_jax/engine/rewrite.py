@@ -110,6 +110,7 @@ from ..semantics.subst import FreshNames, unfold
 from . import report as _report
 from .analysis import _ByIdentity, _expr_names, has_recursion, rule_roots
 from .fast import CompiledPattern, Matcher, MatchRun, compile_guard
+from .index import ByInputs, signature
 from .report import Built
 from .select import ENGINES, default_engine
 
@@ -543,6 +544,7 @@ class _Driver:
         sweep = majors[0]  # the sweep's next major
         next_check = _PROGRESS_STRIDE
         mrun, over = self.mrun, self.over_budget
+        by_inputs = ByInputs(cands_of)
         while True:
             if heap and heap[0][0] < sweep:
                 node = heapq.heappop(heap)[3]
@@ -569,6 +571,17 @@ class _Driver:
                 continue
             # the common case, inlined: a single-output node, the compiled patterns
             v = outs[0]
+            # (the candidates whose pre-checks admit the node's signature: ``signature``,
+            # inline)
+            ins = v.inputs
+            if len(ins) == 2:
+                a, b = ins
+                cands = by_inputs[(v.op, a.op, len(a.inputs), b.op, len(b.inputs))]
+            elif len(ins) == 1:
+                a = ins[0]
+                cands = by_inputs[(v.op, a.op, len(a.inputs))]
+            else:
+                cands = by_inputs[signature(v)]
             doomed: Any = None  # (made for the node's first armed rule: see ``doomed``)
             for ri, _, cp in cands:
                 if over and (ri, node.id) in over:

@@ -35,6 +35,7 @@ from pypm_jax.engine import machine as _trail
 from pypm_jax.engine import precheck as _precheck
 from pypm_jax.engine.compiled import from_summary, summary
 from pypm_jax.engine.fast import CompiledPattern, MatchRun
+from pypm_jax.engine.index import signature
 from pypm_jax.semantics import machine as _machine
 from pypm_testing.draws import BOOLS, ints, sampled
 from pypm_testing.engine import F1, F2, G2, H2, A, B, C, dags, pattern_defs, solution_key
@@ -324,3 +325,17 @@ def test_a_shapes_test_says_what_the_shape_says(shape, targets):
     for t in targets:
         assert _precheck._fits(shape, t) == _reads(shape, t)
         assert _precheck._passes(_precheck._test_of(shape), t) == _reads(shape, t)
+        # (what the index by signature reads: the shape's first two levels, so a term it
+        # refuses is one the pre-check refuses)
+        sig = signature(t)
+        assert _precheck._admits(test, sig[0], sig[1:]) == _reads(_cut(shape, 1), t)
+
+
+def _cut(shape: list | None, depth: int) -> list | None:
+    """``shape`` read ``depth`` levels below its root, no further."""
+    if shape is None:
+        return None
+    return [
+        (op, n, None if kids is None or depth == 0 else tuple(_cut(k, depth - 1) for k in kids))
+        for op, n, kids in shape
+    ]
