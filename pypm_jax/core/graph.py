@@ -384,12 +384,13 @@ class Graph:
 
     def memo(self, key: Hashable) -> dict[int, Any]:
         """A dict for a caller's facts about this graph's values that depend only on what
-        each value is computed from (its operator, attributes and inputs, transitively),
-        keyed by ``id(value)``: one per ``key`` (a kind of fact), kept while the graph does
-        not change that, emptied when it does (a value's inputs change, a node is removed
-        and its id may be reused, a rollback). A guard function that walks down from a
-        term keeps what it learnt here across the terms a rewrite pass asks about, rather
-        than walking again from each."""
+        each value is computed from (its operator, attributes and inputs, transitively) and
+        on which nodes read the values below it, keyed by ``id(value)``: one per ``key`` (a
+        kind of fact), kept while the graph does not change that, emptied when it does (a
+        value's inputs change, a node reading values is added, a node is removed and its id
+        may be reused, a rollback). A guard function that walks down from a term keeps what
+        it learnt here across the terms a rewrite pass asks about, rather than walking
+        again from each."""
         memos = self._memos
         if memos is None:
             memos = self._memos = {}
@@ -418,6 +419,8 @@ class Graph:
         meta: dict[str, Any] | None,
         key: Any,
     ) -> Node:
+        if inputs:
+            self._memos = None  # (values gain readers)
         node = object.__new__(Node)
         node.op, node.inputs, node.attrs = op, list(inputs), attrs
         node._loc, node._meta = loc, dict(meta) if meta else None

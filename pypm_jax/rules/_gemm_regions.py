@@ -177,6 +177,8 @@ def reads_gemm(term: Any) -> bool:
     blocked = _blocked_memo(term)
     if _from_literals(term, blocked):
         return False
+    if type(term) is Value and term.node.alive and _ends_false(term, blocked, _ends_memo(term), 0):
+        return False  # (what the walk below would find, remembered across starts)
     gemms: set[int] = set()
     operands: set[int] = set()
     stack, seen = [(term, 0)], set()
@@ -206,6 +208,58 @@ def reads_gemm(term: Any) -> bool:
                 seen.add(id(other))
         stack.extend((i, depth + 1) for i in ins if id(i) not in seen)
     return len(gemms) == 1 and len(operands) <= 2
+
+
+# How deep ``_ends_false`` looks (deeper: it does not know, and the walk decides).
+_ENDS_DEPTH = 256
+
+
+def _ends_memo(term: Value) -> dict[int, bool]:
+    return term.node.graph.memo(_ends_false)
+
+
+def _ends_false(t: Value, blocked: dict[int, bool], memo: dict[int, bool], depth: int) -> bool:
+    """Does :func:`reads_gemm`'s walk, once it reaches ``t``, surely return False? Where
+    ``t`` is a value it stops at with False (no operator, or neither a GEMM, a step nor a
+    literal), or a step it walks past (pointwise, not computed from literals, no GEMM) with
+    an input that does the same and that the walk cannot skip as the operand (no node
+    reads it beside a GEMM: ``_skippable``). Every value the walk reaches it pops, so it
+    meets that input and returns False (or returns False before). True only where the walk
+    is False; False says nothing. A graph value's readers are read, so ``memo`` is the
+    graph's (emptied when inputs or readers change); each value once, at most
+    ``_ENDS_DEPTH`` levels."""
+    known = memo.get(id(t))
+    if known is not None:
+        return known
+    if depth > _ENDS_DEPTH:
+        return False  # (not known: not remembered)
+    op = getattr(t, "op", None)
+    if op is None:
+        found = True
+    elif _is_gemm(t):
+        found = False
+    elif not _pointwise(t):
+        found = _number(t) is None
+    elif _from_literals(t, blocked):
+        found = False
+    else:
+        found = False
+        for i in reversed(t.inputs):  # (the walk's order: its stack pops the last first)
+            if not _skippable(i) and _ends_false(i, blocked, memo, depth + 1):
+                found = True
+                break
+    memo[id(t)] = found
+    return found
+
+
+def _skippable(t: Value) -> bool:
+    """Can :func:`reads_gemm`'s walk skip ``t`` as the operand? (A node reads it beside a
+    GEMM, ``g(t, gemm)`` or ``g(gemm, t)``: read wider than the walk's own rule.)"""
+    for p in t.readers:
+        ins = p.inputs
+        if len(ins) == 2 and ins[0] is not ins[1] and _is_gemm(ins[1] if ins[0] is t else ins[0]):
+            return True
+    return False
 
 
 def _operand_only(t: Any) -> bool:

@@ -641,18 +641,22 @@ def test_reader_records_follow_every_change(seed, n):
 
 
 def _below(v: Value, seen: dict[int, tuple]) -> tuple:
-    """What ``v`` is computed from, as a nested tuple (a fact ``Graph.memo`` may keep)."""
+    """What ``v`` is computed from and how many nodes read each value below it, as a nested
+    tuple (a fact ``Graph.memo`` may keep)."""
     known = seen.get(id(v))
     if known is None:
-        known = seen[id(v)] = (v.op.name, v.index, tuple(_below(i, seen) for i in v.inputs))
+        readers = len(v.node.graph.users(v))
+        below = tuple(_below(i, seen) for i in v.inputs)
+        known = seen[id(v)] = (v.op.name, v.index, readers, below)
     return known
 
 
 @settings(max_examples=80)
 @given(st.integers(0, 2**32), st.integers(1, 12), st.booleans())
 def test_a_memo_holds_only_facts_still_true(seed, n, record):
-    """Facts kept in ``Graph.memo`` about what values are computed from stay true through
-    every kind of change (and a rollback): the memo is emptied when they could change."""
+    """Facts kept in ``Graph.memo`` about what values are computed from (and who reads the
+    values below them) stay true through every kind of change (and a rollback): the memo is
+    emptied when they could change."""
     g = _wide_graph()
     rnd = random.Random(seed)
     if record:
@@ -678,9 +682,12 @@ def test_a_memo_is_kept_while_nothing_below_a_value_changes():
     memo = g.memo("below")
     memo[id(top)] = "fact"
     assert g.memo("below") is memo and g.memo("other") is not memo
-    g.add_node(F1, [top])  # a new reader changes nothing below any value
+    g.add_const(1.0)  # a node that reads nothing changes nothing below any value
     g.set_outputs([top, a])
     assert g.memo("below") is memo
+    g.add_node(F1, [top])  # top gains a reader (a fact may read who reads a value)
+    assert g.memo("below") == {}
+    g.memo("below")[id(top)] = "fact"
     g.set_input(top.node, 1, x)  # top's inputs change
     assert g.memo("below") == {}
     g.memo("below")[id(top)] = "fact"

@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pypm_jax as pm
+from pypm_jax.core.graph import Graph
 from pypm_jax.core.terms import term_attr
 from pypm_jax.engine import compiled as _compiled
 from pypm_jax.engine.fast import MatchRun, compile_pattern
@@ -35,6 +36,7 @@ from pypm_jax.rules.attention import ATTENTION_RULES, attention_bias
 from pypm_jax.rules.attention_region import attention_region
 from pypm_jax.rules.epilogue import PwRegion, gemm_epilogue_region
 from pypm_jax.rules.gemm import GEMM_RULES
+from pypm_jax.vocab import prims as P
 
 M, K, N, E = 8, 16, 16, 2
 
@@ -302,3 +304,54 @@ def test_attention_spellings_that_do_not_apply_stop_before_the_softmax(rule):
     assert (found, steps) == (0, 0)
     if not rule.name.startswith("attention_dpa"):  # (their root is another operator)
         assert _machine_steps(rule, out, deep=False)[1] >= 150
+
+
+# ``rules.reads_gemm`` remembers, in its graph's memo, the values its walk surely stops at
+# with False (``_ends_false``): it must answer as the walk alone does, on graphs of steps,
+# GEMMs, reductions, literals and inputs read by several nodes, and after the graph changes.
+_UNARY = (P.exp, P.neg)
+_BINARY = (P.add, P.mul, P.sub)
+_DENSE = {"dimension_numbers": (((1,), (0,)), ((), ())), "precision": None}
+
+
+def _walk_alone(v) -> bool:
+    with mock.patch.object(_gemm_regions, "_ends_false", lambda *a: False):
+        return reads_gemm(v)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_reads_gemm_remembers_only_what_its_walk_finds(data):
+    g = Graph()
+    x = g.add_input("x", (M, K), "f32")
+    w = g.add_input("w", (K, N), "f32")
+    values = [g.add_input("b", (M, N), "f32")]
+    for _ in range(data.draw(st.integers(1, 14), label="nodes")):
+        kind = data.draw(st.sampled_from(("unary", "binary", "gemm", "reduce", "literal")))
+        if kind == "gemm":
+            op, ins, attrs = P.dot_general, [x, w], _DENSE
+        elif kind == "literal":
+            values.append(g.add_const(data.draw(st.sampled_from((0.5, 2.0)))))
+            continue
+        elif kind == "reduce":  # (not a step: the walk stops there with False)
+            src = data.draw(st.sampled_from(values))
+            r = g.add_node(P.reduce_sum, [src], {"axes": (1,)}, out_types=[((M,), "f32")])
+            op, ins = P.broadcast_in_dim, [r.outputs[0]]
+            attrs = {"shape": (M, N), "broadcast_dimensions": (0,), "sharding": None}
+        elif kind == "unary":
+            op, ins, attrs = (
+                data.draw(st.sampled_from(_UNARY)),
+                [data.draw(st.sampled_from(values))],
+                {},
+            )
+        else:
+            op = data.draw(st.sampled_from(_BINARY))
+            ins, attrs = [data.draw(st.sampled_from(values)) for _ in range(2)], {}
+        values.append(g.add_node(op, ins, attrs, out_types=[((M, N), "f32")]).outputs[0])
+    for _ in range(data.draw(st.integers(1, 3), label="rounds")):
+        for v in data.draw(st.permutations(values)):  # (asked in any order: the memo fills)
+            if v.node.alive:
+                assert reads_gemm(v) == _walk_alone(v)
+        old, new = (data.draw(st.sampled_from(values)) for _ in range(2))
+        if old.node.alive and new.node.alive and old is not new and old.node.inputs:
+            g.replace_all_uses(old, new)  # (the memo is emptied: facts below may change)
