@@ -245,7 +245,7 @@ def _ends_false(t: Value, blocked: dict[int, bool], memo: dict[int, bool], depth
     else:
         found = False
         for i in reversed(t.inputs):  # (the walk's order: its stack pops the last first)
-            if not _skippable(i) and _ends_false(i, blocked, memo, depth + 1):
+            if _ends_false(i, blocked, memo, depth + 1) and not _skippable(i):
                 found = True
                 break
     memo[id(t)] = found
