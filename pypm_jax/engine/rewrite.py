@@ -2,7 +2,9 @@
 
 The driver visits nodes in topological order (inputs first). At a node it tries the rules
 in list order — only those whose pattern can be rooted at the node's operator and whose
-branches' guards allow it, found with one dict lookup — and for each rule the solutions of
+branches' guards allow it, found with one dict lookup, and (where there are more than two)
+whose pre-checks admit the node's signature, its inputs' operators and arities
+(:class:`~pypm_jax.engine.index.ByInputs`) — and for each rule the solutions of
 its pattern in the machine's order, and for each solution the rule's branches in order:
 the first branch whose guard holds fires.
 (The fast engine matches a rule of one guarded branch as its pattern with the guard joined
