@@ -386,6 +386,9 @@ class _Candidates(dict):
         return cands
 
 
+# The sweep narrows a node's candidates by its signature (``ByInputs``) where they are more
+# than this many: for one or two, making the key costs what it saves.
+_NARROW_ABOVE = 2
 _OUTSIDE_SEARCH = 64  # nodes ``outside`` visits at most
 # nodes ``unranked`` holds before they are checked (and let go): this many, or as many as the
 # graph has nodes (so that a pass that never asks holds no more than the graph, and checks none)
@@ -573,9 +576,9 @@ class _Driver:
                 continue
             # the common case, inlined: a single-output node, the compiled patterns
             v = outs[0]
-            if len(cands) > 2:
+            if len(cands) > _NARROW_ABOVE:
                 # the candidates whose pre-checks admit the node's signature (``signature``,
-                # inline; for one or two candidates, the key costs what it saves)
+                # inline)
                 ins = v.inputs
                 if len(ins) == 2:
                     a, b = ins

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from unittest import mock
 
 import pytest
 from hypothesis import given
@@ -31,6 +32,7 @@ from pypm_jax.core.calculus import (
 from pypm_jax.core.errors import PyPMError, RewriteLimitError, SourceLoc
 from pypm_jax.core.graph import Graph
 from pypm_jax.core.terms import Operator, const
+from pypm_jax.engine import rewrite as _rewrite
 from pypm_jax.engine.rewrite import RewriteRecord, guarded_pattern, rewrite, rewrite_terms
 from pypm_testing.engine import (
     F1,
@@ -43,6 +45,7 @@ from pypm_testing.engine import (
     B,
     dags,
     guards,
+    machine_backend,
     pattern_defs,
     same_type,
 )
@@ -279,6 +282,21 @@ def test_fast_and_reference_engines_rewrite_identically(rules_, pool, fallback):
     gs = [g for _, g in rules_]
     fast = _outcome(pool, pdefs, gs, "fast", fallback)
     assert fast == _outcome(pool, pdefs, gs, "reference", fallback)
+
+
+@given(
+    st.lists(st.tuples(pattern_defs(depth=2), guards(("x", "y"), ("F",))), min_size=1, max_size=4),
+    dags(max_nodes=8),
+    st.booleans(),
+)
+def test_candidates_narrowed_by_signature_rewrite_as_the_reference(rules_, pool, fallback):
+    # every pattern on the machine (which carries the pre-check the narrowing reads), every
+    # node's candidates narrowed: the same graph and report as the reference driver's
+    pdefs = [p for p, _ in rules_]
+    gs = [g for _, g in rules_]
+    with machine_backend(), mock.patch.object(_rewrite, "_NARROW_ABOVE", 0):
+        narrowed = _outcome(pool, pdefs, gs, "fast", fallback)
+    assert narrowed == _outcome(pool, pdefs, gs, "reference", fallback)
 
 
 def test_the_fast_driver_matches_the_guards_within_the_pattern():

@@ -37,25 +37,23 @@ from pypm_jax.core.errors import PyPMError
 from pypm_jax.core.graph import Graph
 from pypm_jax.core.terms import Operator
 from pypm_jax.engine import rewrite as _rewrite
-from pypm_jax.engine.compiled import CompiledPattern, _compiled
 from pypm_jax.engine.rewrite import rewrite
 from pypm_testing.draws import BOOLS, ints, sampled
-from pypm_testing.engine import F1, F2, G2, A, B, dags, guards, pattern_defs, same_type
+from pypm_testing.engine import (
+    F1,
+    F2,
+    G2,
+    A,
+    B,
+    dags,
+    guards,
+    machine_backend,
+    pattern_defs,
+    same_type,
+)
 
 X, Y = PVar("x"), PVar("y")
 FUSED = Operator("fused_p", 1, namespace="pruning_tests", infer=same_type)
-
-
-@contextlib.contextmanager
-def machine_backend(on: bool = True):
-    """Compile every pattern for the machine (which reads ``forbid``), not generated code."""
-    if not on:
-        yield
-        return
-    _compiled.clear()
-    with mock.patch.object(_compiled, "make", lambda p: CompiledPattern(p, backend="machine")):
-        yield
-    _compiled.clear()
 
 
 @contextlib.contextmanager

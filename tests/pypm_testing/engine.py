@@ -11,9 +11,12 @@ force fresh names at each unfolding).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 from hypothesis import strategies as st
 
@@ -319,3 +322,18 @@ def solution_key(theta: dict[str, Any], phi: dict[str, Any]) -> tuple:
         tuple(sorted((k, id(v)) for k, v in theta.items())),
         tuple(sorted((k, id(v)) for k, v in phi.items())),
     )
+
+
+@contextlib.contextmanager
+def machine_backend(on: bool = True) -> Iterator[None]:
+    """Compile every pattern for the machine (which reads ``forbid`` and carries the
+    pre-check), not generated code."""
+    from pypm_jax.engine.compiled import CompiledPattern, _compiled
+
+    if not on:
+        yield
+        return
+    _compiled.clear()
+    with mock.patch.object(_compiled, "make", lambda p: CompiledPattern(p, backend="machine")):
+        yield
+    _compiled.clear()
