@@ -45,6 +45,7 @@ from .machine import (
 from .precheck import (
     _DEEP_LIMIT,
     _SHAPE_DEPTH,
+    _admits,
     _deep_prefilter,
     _depth,
     _fits,
@@ -77,6 +78,7 @@ class CompiledPattern:
         self.source = ""
         self.backend = "machine"
         self.unique = False  # True: at most one solution, so first() is all there is
+        self._test = None  # (the machine's pre-check: generated code checks its own)
         body = pdef.body
         if backend != "machine" and not (isinstance(body, PMu) and _calls_self(body)):
             # (a pattern that is one recursive definition gains nothing from a wrapper)
@@ -114,6 +116,12 @@ class CompiledPattern:
             if pre is None:
                 return 0
         return pre.check(t, _EXACT if run is None else run)
+
+    def admits(self, op: Any, kids: tuple) -> bool:
+        """Can a term whose signature is ``op`` and ``kids`` (each input's operator and arity,
+        flat: :func:`~pypm_jax.engine.index.signature`) pass the pre-check in front of the
+        machine? False only where no such term has a match."""
+        return self._test is None or _admits(self._test, op, kids)
 
     def _machine_first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:
         held = self._checks(t, run)

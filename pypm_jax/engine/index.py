@@ -12,7 +12,6 @@ from ..core.match import Match
 from ..core.terms import OpClass, Operator
 from .analysis import OpSpec, Roots, _meet, root_set
 from .compiled import CompiledPattern, compile_pattern, match_all
-from .precheck import _admits
 
 # ------------------------------------------------------------------------------ the index
 
@@ -75,8 +74,8 @@ class _Index(dict):
 
 class ByInputs(dict):
     """The index one level further: a term's *signature* -> the candidates (from
-    ``table``, an operator's) whose pre-check (``CompiledPattern._test``) admits it, read
-    two levels deep (:func:`~pypm_jax.engine.precheck._admits`). The signature is a tuple:
+    ``table``, an operator's) whose pre-check admits it, read two levels deep
+    (:meth:`~pypm_jax.engine.compiled.CompiledPattern.admits`). The signature is a tuple:
     the term's operator, then each input's operator and arity (:func:`signature`). A
     candidate left out is one whose pre-check refuses every term with that signature; the
     others keep their order. Worked out once per signature and index: a graph has few."""
@@ -89,12 +88,9 @@ class ByInputs(dict):
 
     def __missing__(self, sig: tuple) -> tuple[Candidate, ...]:
         op, kids = sig[0], sig[1:]
-        kept = []
-        for e in self.table[op]:
-            test = None if e[2] is None else getattr(e[2], "_test", None)
-            if test is None or _admits(test, op, kids):
-                kept.append(e)
-        found = self[sig] = tuple(kept)
+        found = self[sig] = tuple(
+            e for e in self.table[op] if e[2] is None or e[2].admits(op, kids)
+        )
         return found
 
 

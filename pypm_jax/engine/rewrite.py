@@ -576,18 +576,8 @@ class _Driver:
                 continue
             # the common case, inlined: a single-output node, the compiled patterns
             v = outs[0]
-            if len(cands) > _NARROW_ABOVE:
-                # the candidates whose pre-checks admit the node's signature (``signature``,
-                # inline)
-                ins = v.inputs
-                if len(ins) == 2:
-                    a, b = ins
-                    cands = by_inputs[(v.op, a.op, len(a.inputs), b.op, len(b.inputs))]
-                elif len(ins) == 1:
-                    a = ins[0]
-                    cands = by_inputs[(v.op, a.op, len(a.inputs))]
-                else:
-                    cands = by_inputs[signature(v)]
+            if len(cands) > _NARROW_ABOVE:  # (those whose pre-checks admit its signature)
+                cands = by_inputs[signature(v)]
             doomed: Any = None  # (made for the node's first armed rule: see ``doomed``)
             for ri, _, cp in cands:
                 if over and (ri, node.id) in over:

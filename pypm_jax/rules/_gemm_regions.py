@@ -177,8 +177,9 @@ def reads_gemm(term: Any) -> bool:
     blocked = _blocked_memo(term)
     if _from_literals(term, blocked):
         return False
-    if type(term) is Value and term.node.alive and _ends_false(term, blocked, _ends_memo(term), 0):
-        return False  # (what the walk below would find, remembered across starts)
+    if type(term) is Value and term.node.alive:  # (what the walk below would find, remembered)
+        if _ends_false(term, blocked, term.node.graph.memo(_ends_false), 0):
+            return False
     gemms: set[int] = set()
     operands: set[int] = set()
     stack, seen = [(term, 0)], set()
@@ -212,10 +213,6 @@ def reads_gemm(term: Any) -> bool:
 
 # How deep ``_ends_false`` looks (deeper: it does not know, and the walk decides).
 _ENDS_DEPTH = 256
-
-
-def _ends_memo(term: Value) -> dict[int, bool]:
-    return term.node.graph.memo(_ends_false)
 
 
 def _ends_false(t: Value, blocked: dict[int, bool], memo: dict[int, bool], depth: int) -> bool:
