@@ -359,7 +359,8 @@ def test_a_location_given_as_a_function_is_found_once_when_first_read():
 
 
 def test_attribute_keys_are_freezes():
-    """Hash-consing keys attributes by ``terms.freeze``; the graph's fast path for the values a lifted model's params hold gives the same keys."""
+    """Hash-consing keys attributes by ``terms.freeze``; the graph's fast path for the values
+    a lifted model's params hold gives the same keys."""
     import numpy as np
 
     from pypm_jax.core import graph
