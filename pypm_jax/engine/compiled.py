@@ -175,22 +175,11 @@ def summary(cp: CompiledPattern) -> dict[str, Any] | None:
     if cp.backend != "machine":
         return None
 
-    def shape(sh: _Shape) -> Any:
-        if sh is None:
-            return None
-        return [
-            [
-                None if op is None else op.qualname,
-                n,
-                None if kids is None else [shape(k) for k in kids],
-            ]
-            for op, n, kids in sh
-        ]
-
+    pre = _shape_of_test(cp._test)
     data: dict[str, Any] = {
         "backend": "machine",
         "root_ops": None,
-        "shape": shape(_shape_of_test(cp._test)),
+        "shape": None if pre is None else _shared(pre),
     }
     if cp._deep is not None:
         data["deep"] = _shared(cp._deep)
@@ -431,17 +420,6 @@ def from_summary(
             for op, n, kids in alternatives(raw, depth, limit)
         ]
 
-    def test(raw: Any, depth: int) -> tuple | None:  # (a shape, read as its test)
-        if raw is None:
-            return None
-        return tuple(
-            (op, n, None if kids is None else pairs_of(kids, depth))
-            for op, n, kids in alternatives(raw, depth, _SHAPE_DEPTH)
-        )
-
-    def pairs_of(kids: list, depth: int) -> tuple:
-        return tuple((i, test(k, depth + 1)) for i, k in enumerate(kids) if k is not None)
-
     def shared(raw: Any, limit: int) -> _Shape:
         if raw is None:
             return None
@@ -478,7 +456,8 @@ def from_summary(
             )
         elif "root_classes" in data or "root_specs" in data:
             return None  # (classes and specs narrow a set of roots; "any root" has none)
-        pre = test(data.get("shape"), 0)
+        shaped = shared(data.get("shape"), _SHAPE_DEPTH)  # (read as its test: one per ref)
+        pre = None if shaped is None else _make_test(shaped)
         deep = shared(data.get("deep"), _DEEP_LIMIT)
         early: Any = _UNSET  # (no "early": worked out at the first match, as when compiled)
         if "early" in data:

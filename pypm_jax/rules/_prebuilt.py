@@ -65,7 +65,7 @@ from . import _prebuilt_digest
 
 log = logging.getLogger("pypm_jax.rules")
 
-DATA_FORMAT = "pypm-prebuilt-rules 2"  # 2: roots by arity, output count and name
+DATA_FORMAT = "pypm-prebuilt-rules 3"  # 3: pre-check shapes with shared sub-shapes
 RULES_DIR = os.path.dirname(os.path.abspath(__file__))
 DATA_PATH = os.path.join(RULES_DIR, "_prebuilt.pypm")
 DIGEST_FILE = "_prebuilt_digest.py"  # the pinned digest (not a rule source)
