@@ -150,15 +150,32 @@ def experts_gemm(term: Any) -> int | None:
     return None if e is None else e[4]
 
 
-def _is_gemm(t: Any) -> bool:
+def _is_gemm(t: Any, memo: dict[int, bool] | None = None) -> bool:
+    """Is ``t`` a GEMM a region grows on: a GEMM kernel node, a dense ``dot_general``, a
+    ``transpose`` of experts run densely? ``memo``: where the verdicts on ``dot_general``
+    and ``transpose`` values are kept (:func:`_gemm_memo`; the other operators decide at
+    once)."""
     op = t.op
     cls = op.op_class
     if cls is not None and cls.name == "gemm":
         return True
     name = op.name  # (what _dense_dot and _experts look at first)
-    if name == "dot_general":
-        return _dense_dot(t)
-    return name == "transpose" and _experts(t) is not None
+    if name != "dot_general" and name != "transpose":
+        return False
+    known = None if memo is None else memo.get(id(t))
+    if known is None:
+        known = _dense_dot(t) if name == "dot_general" else _experts(t) is not None
+        if memo is not None:
+            memo[id(t)] = known
+    return known
+
+
+def _gemm_memo(term: Any) -> dict[int, bool]:
+    """Where :func:`_is_gemm` keeps its verdicts: for a live graph value its graph's memo
+    (a value's own operator, attributes and inputs decide), else one walk's own."""
+    if type(term) is Value and term.node.alive:
+        return term.node.graph.memo(_is_gemm)
+    return {}
 
 
 def _pointwise(t: Any) -> bool:
@@ -177,8 +194,9 @@ def reads_gemm(term: Any) -> bool:
     blocked = _blocked_memo(term)
     if _from_literals(term, blocked):
         return False
+    gm = _gemm_memo(term)
     if type(term) is Value and term.node.alive:  # (what the walk below would find, remembered)
-        if _ends_false(term, blocked, term.node.graph.memo(_ends_false), 0):
+        if _ends_false(term, blocked, term.node.graph.memo(_ends_false), 0, gm):
             return False
     gemms: set[int] = set()
     operands: set[int] = set()
@@ -190,7 +208,7 @@ def reads_gemm(term: Any) -> bool:
         seen.add(id(t))
         if depth > MAX_STEPS or getattr(t, "op", None) is None:
             return False
-        if _is_gemm(t):
+        if _is_gemm(t, gm):
             gemms.add(id(t))
             continue
         if not _pointwise(t):
@@ -200,8 +218,12 @@ def reads_gemm(term: Any) -> bool:
         if _from_literals(t, blocked):
             continue
         ins = t.inputs
-        if len(ins) == 2 and ins[0] is not ins[1] and any(_is_gemm(i) for i in ins):
-            other = ins[1] if _is_gemm(ins[0]) else ins[0]
+        if (
+            len(ins) == 2
+            and ins[0] is not ins[1]
+            and (_is_gemm(ins[0], gm) or _is_gemm(ins[1], gm))
+        ):
+            other = ins[1] if _is_gemm(ins[0], gm) else ins[0]
             if not _from_literals(other, blocked):
                 # the operand candidate (or, in ``y * logistic(y)``, part of the region):
                 # not walked, so a permissive test; the pattern decides
@@ -215,7 +237,9 @@ def reads_gemm(term: Any) -> bool:
 _ENDS_DEPTH = 256
 
 
-def _ends_false(t: Value, blocked: dict[int, bool], memo: dict[int, bool], depth: int) -> bool:
+def _ends_false(
+    t: Value, blocked: dict[int, bool], memo: dict[int, bool], depth: int, gm: dict[int, bool]
+) -> bool:
     """Does :func:`reads_gemm`'s walk, once it reaches ``t``, surely return False? Where
     ``t`` is a value it stops at with False (no operator, or neither a GEMM, a step nor a
     literal), or a step it walks past (pointwise, not computed from literals, no GEMM) with
@@ -233,7 +257,7 @@ def _ends_false(t: Value, blocked: dict[int, bool], memo: dict[int, bool], depth
     op = getattr(t, "op", None)
     if op is None:
         found = True
-    elif _is_gemm(t):
+    elif _is_gemm(t, gm):
         found = False
     elif not _pointwise(t):
         found = _number(t) is None
@@ -242,19 +266,23 @@ def _ends_false(t: Value, blocked: dict[int, bool], memo: dict[int, bool], depth
     else:
         found = False
         for i in reversed(t.inputs):  # (the walk's order: its stack pops the last first)
-            if _ends_false(i, blocked, memo, depth + 1) and not _skippable(i):
+            if _ends_false(i, blocked, memo, depth + 1, gm) and not _skippable(i, gm):
                 found = True
                 break
     memo[id(t)] = found
     return found
 
 
-def _skippable(t: Value) -> bool:
+def _skippable(t: Value, gm: dict[int, bool]) -> bool:
     """Can :func:`reads_gemm`'s walk skip ``t`` as the operand? (A node reads it beside a
     GEMM, ``g(t, gemm)`` or ``g(gemm, t)``: read wider than the walk's own rule.)"""
     for p in t.readers:
         ins = p.inputs
-        if len(ins) == 2 and ins[0] is not ins[1] and _is_gemm(ins[1] if ins[0] is t else ins[0]):
+        if (
+            len(ins) == 2
+            and ins[0] is not ins[1]
+            and _is_gemm(ins[1] if ins[0] is t else ins[0], gm)
+        ):
             return True
     return False
 
