@@ -106,7 +106,6 @@ from ..core.errors import (
 from ..core.graph import NO_ATTRS, Graph, Node, Value, show_type
 from ..core.terms import CONST, LEAF, Term
 from ..lang.registry import collect_guard_failures
-from ..semantics import machine as _reference
 from ..semantics.guards import Undefined, bound_attr, bound_op_attr, eval_expr, guard_holds
 from ..semantics.subst import FreshNames, unfold
 from . import report as _report
@@ -1003,6 +1002,8 @@ class _Driver:
     def reference_solutions(self, pdef: Any, v: Value) -> Iterator[tuple]:
         """The reference machine's solutions, repeated parameters dropped, each with the
         terms it covered."""
+        from ..semantics import machine as _reference  # (engine="reference" only)
+
         for m, covered in _reference.match_all_covered(pdef, v):
             yield m.theta, m.phi, covered
 

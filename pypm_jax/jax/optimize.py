@@ -108,8 +108,12 @@ def rewrite_nested(target: Any, rules: Sequence[Any], **options: Any) -> Rewrite
         bodies = []
         for node in result.graph.nodes():
             for value in node.attrs.values():
-                items = value if isinstance(value, tuple) else (value,)
-                bodies.extend(b for b in items if isinstance(b, LiftedProgram))
+                if isinstance(value, LiftedProgram):
+                    bodies.append(value)
+                elif isinstance(value, tuple):
+                    for b in value:
+                        if isinstance(b, LiftedProgram):
+                            bodies.append(b)
         stack.extend(reversed(bodies))
     return RewriteResult(graph, OptimizeReport.of(records))
 
