@@ -32,7 +32,6 @@ from ..core.calculus import (
 from ..core.match import Match
 from ..core.terms import CONST, OpClass, Operator
 from .analysis import OpSpec, _ByIdentity, _calls_self, _Unsupported, root_set
-from .codegen import _generate
 from .machine import (
     _EARLY_DEPTH,
     _EXACT,
@@ -82,6 +81,8 @@ class CompiledPattern:
         body = pdef.body
         if backend != "machine" and not (isinstance(body, PMu) and _calls_self(body)):
             # (a pattern that is one recursive definition gains nothing from a wrapper)
+            from .codegen import _generate  # (loaded rules run on the machine: not imported)
+
             try:
                 self._first, self._all, self.source, self.unique = _generate(body)
                 self.backend = "generated"

@@ -43,7 +43,6 @@ from ..vocab.partitioning import partitioning_for
 from ..vocab.primitives import is_table_op
 from . import _compat
 from .lift import NESTED_PARAMS, EqnInfo, LiftedProgram, Region, eqn_info
-from .partition import partitioned
 from .types import lower_attrs, numpy_dtype
 
 Impls = Mapping[Operator, Callable[..., Any]]
@@ -427,6 +426,8 @@ def _kernel_call(node: Any, impl: Callable[..., Any], args: list[Any]) -> Any:
     spec = declare(*(np.shape(x) for x in flat), **node.attrs)
     if spec is None:
         return impl(*args, **node.attrs)
+    from .partition import partitioned  # (several devices only: ~2 ms of imports)
+
     packs = [len(a) if isinstance(a, tuple) else None for a in args]
 
     def call(*xs: Any, **kw: Any) -> Any:  # the flat operands, packs rebuilt
