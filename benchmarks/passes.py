@@ -115,7 +115,8 @@ def setup_pypm(args: argparse.Namespace) -> tuple[Row, Callable[[bool], None]]:
     import jax
     from bert_base import build
 
-    from pypm_jax.jax import default_rules, lift, rewrite_nested
+    from pypm_jax.jax import lift, rewrite_nested
+    from pypm_jax.rules import default_rules
 
     fn, inputs = build(args.layers, args.batch, args.seq)
     closed = jax.make_jaxpr(fn)(*inputs)
