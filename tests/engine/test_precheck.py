@@ -214,6 +214,15 @@ def test_a_summary_with_a_bad_shared_shape_is_refused():
     assert data["early"] is not None and set(data["early"]) == {"x"}
     for bad in ("early", ["x"], {"x": None}, {"x": [refs, 7]}, {1: data["early"]["x"]}):
         assert from_summary(PatternDef("P", pdef.params, body), {**data, "early": bad}) is None
+    # the pre-check's shape is written shared too (summary format 3)
+    assert data["shape"] is not None and len(data["shape"]) == 2
+    shape_refs, shape_root = data["shape"]
+    too_deep: list = [[F1.qualname, 1, None]]  # (an operator of the pattern, too deep)
+    for _ in range(_precheck._SHAPE_DEPTH + 1):
+        too_deep = [[F1.qualname, 1, [too_deep]]]
+    assert from_summary(pdef, {**data, "shape": [[], [[F1.qualname, 1, None]]]}) is not None
+    for bad in ([shape_refs, 7], [shape_refs], "shape", [[], too_deep], [[[7]], shape_root]):
+        assert from_summary(PatternDef("P", pdef.params, body), {**data, "shape": bad}) is None
 
 
 # ------------------------------------------------------------ look-ahead at alternates
