@@ -41,7 +41,15 @@ from ..core.calculus import (
 from ..core.errors import PatternDefinitionError
 from ..core.terms import Operator, const_equal
 from ..semantics.subst import unfold
-from .analysis import _ByIdentity, _draws_names, _error_free, _expr_names, _root_var, _tabling
+from .analysis import (
+    _TABLED,
+    _ByIdentity,
+    _draws_names,
+    _error_free,
+    _expr_names,
+    _root_var,
+    _tabling,
+)
 from .guard_code import _env_guard
 
 
@@ -802,7 +810,16 @@ def _machine(
                         params, dbody = d
                     entry = None
                     if a is not body:  # (the top of the match is not worth a table)
-                        info = _tabling(a.name, params, dbody)
+                        hit = _TABLED.get(id(dbody))  # (``_tabling``, remembered)
+                        if (
+                            hit is not None
+                            and hit[0] is dbody
+                            and hit[1] is params
+                            and hit[2] == a.name
+                        ):
+                            info = hit[3]
+                        else:
+                            info = _tabling(a.name, params, dbody)
                         if info[0] and (distinct or not info[1]):
                             key = _table_key(params, a.args, dbody, t, ctx[0], theta, phi)
                             if key is not None:
