@@ -150,11 +150,11 @@ def experts_gemm(term: Any) -> int | None:
     return None if e is None else e[4]
 
 
-def _is_gemm(t: Any, memo: dict[int, bool] | None = None) -> bool:
+def _is_gemm(t: Any, memo: dict[int, bool]) -> bool:
     """Is ``t`` a GEMM a region grows on: a GEMM kernel node, a dense ``dot_general``, a
     ``transpose`` of experts run densely? ``memo``: where the verdicts on ``dot_general``
-    and ``transpose`` values are kept (:func:`_gemm_memo`; the other operators decide at
-    once)."""
+    and ``transpose`` values are kept (``_memo(term, _is_gemm)``; the other operators
+    decide at once)."""
     op = t.op
     cls = op.op_class
     if cls is not None and cls.name == "gemm":
@@ -162,20 +162,10 @@ def _is_gemm(t: Any, memo: dict[int, bool] | None = None) -> bool:
     name = op.name  # (what _dense_dot and _experts look at first)
     if name != "dot_general" and name != "transpose":
         return False
-    known = None if memo is None else memo.get(id(t))
+    known = memo.get(id(t))
     if known is None:
-        known = _dense_dot(t) if name == "dot_general" else _experts(t) is not None
-        if memo is not None:
-            memo[id(t)] = known
+        known = memo[id(t)] = _dense_dot(t) if name == "dot_general" else _experts(t) is not None
     return known
-
-
-def _gemm_memo(term: Any) -> dict[int, bool]:
-    """Where :func:`_is_gemm` keeps its verdicts: for a live graph value its graph's memo
-    (a value's own operator, attributes and inputs decide), else one walk's own."""
-    if type(term) is Value and term.node.alive:
-        return term.node.graph.memo(_is_gemm)
-    return {}
 
 
 def _pointwise(t: Any) -> bool:
@@ -191,10 +181,10 @@ def reads_gemm(term: Any) -> bool:
     before the region pattern explores ``term``'s inputs with backtracking."""
     if getattr(term, "op", None) is None or not _pointwise(term):
         return False
-    blocked = _blocked_memo(term)
+    blocked = _memo(term, _blocked)
     if _from_literals(term, blocked):
         return False
-    gm = _gemm_memo(term)
+    gm = _memo(term, _is_gemm)
     if type(term) is Value and term.node.alive:  # (what the walk below would find, remembered)
         if _ends_false(term, blocked, term.node.graph.memo(_ends_false), 0, gm):
             return False
@@ -330,7 +320,7 @@ def beyond_linear(term: Any) -> bool:
     if shape is None:
         return True
     out_shape = tuple(shape)
-    blocked = _blocked_memo(term)
+    blocked = _memo(term, _blocked)
     stack, seen = [term], set()
     while stack:
         t = stack.pop()
@@ -395,21 +385,22 @@ def _number(term: Any) -> Any:
 def computed_from_literals(term: Any) -> bool:
     """Is ``term`` computed from literals alone (``0.5``, ``float32(sqrt(32.0))``, a
     broadcast ``0.0``), so that a region computes it in its steps?"""
-    return _from_literals(term, _blocked_memo(term))
+    return _from_literals(term, _memo(term, _blocked))
 
 
-def _blocked_memo(term: Any) -> dict[int, bool]:
-    """Where :func:`_blocked` remembers what it found: for a live graph value its graph's
-    memo (what a value is computed from decides it, so it holds until the graph changes,
-    across the region pattern's starts in a rewrite pass), else one walk's own."""
+def _memo(term: Any, key: Any) -> dict[int, Any]:
+    """Where a walk from ``term`` remembers the facts ``key`` (:func:`_blocked`,
+    :func:`_is_gemm`) finds: for a live graph value its graph's memo (what a value is
+    computed from decides them, so they hold until the graph changes, across the region
+    pattern's starts in a rewrite pass), else one walk's own."""
     if type(term) is Value and term.node.alive:
-        return term.node.graph.memo(_blocked)
+        return term.node.graph.memo(key)
     return {}
 
 
 def _from_literals(term: Any, blocked: dict[int, bool]) -> bool:
     """:func:`computed_from_literals`, ``blocked`` remembering :func:`_blocked` across the
-    calls of walks over a graph that does not change meanwhile (:func:`_blocked_memo`)."""
+    calls of walks over a graph that does not change meanwhile (:func:`_memo`)."""
     return not _blocked(term, blocked, 0) and _Walk((), None, ("acc",), {}).ref(term) is not None
 
 
