@@ -61,6 +61,8 @@ def _undef() -> Any:
 
 
 def _attr(t: Any, name: str) -> Any:
+    if t is None:  # (an unbound variable: ``x.term`` would otherwise read as None)
+        raise _Undef
     v = term_attr(t, name)
     if v is UNDEFINED:
         raise _Undef

@@ -30,6 +30,7 @@ from pypm_jax.core.calculus import (
     ENot,
     EOpAttr,
     EOr,
+    ETuple,
     Expr,
     PAlt,
     PApp,
@@ -137,7 +138,7 @@ def guards(draw: Any, names: tuple[str, ...], op_names: tuple[str, ...]) -> Expr
 
     def atom() -> Expr:
         v = draw(sampled(names))
-        kind = draw(ints(0, 10))
+        kind = draw(ints(0, 11))
         if kind == 0:
             return ECmp("==", EAttr(v, "rank"), EConst(draw(ints(0, 2))))
         if kind == 1:
@@ -154,6 +155,8 @@ def guards(draw: Any, names: tuple[str, ...], op_names: tuple[str, ...]) -> Expr
             return EConst(True)
         if kind == 7:
             return EConst(1.5)  # not a truth value: undefined
+        if kind == 11:  # the bound term itself, as guard functions take it (undefined unbound)
+            return ECmp("==", ECall(GUARD_FNS["len"], (ETuple((EAttr(v, "term"),)),)), EConst(1))
         # op classes and operators (what the root index reads; F1, G2 have no class)
         cls = EConst(OpClass(draw(_CLASSES)))
         if kind == 8:
