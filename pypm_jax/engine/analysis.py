@@ -17,6 +17,7 @@ __all__ = [
     "has_recursion",
     "root_operators",
     "root_set",
+    "rule_anchor",
     "rule_roots",
     "show_roots",
 ]
@@ -673,6 +674,140 @@ def _rule_roots(rule: RuleDef) -> Roots | None:
 
 
 rule_roots = _ByIdentity(_rule_roots)  # once per rule object
+
+
+# ---------------------------------------------------------------------------- anchors
+#
+# A rule's *anchor*: a variable every branch guard reads (so a match fires, or is refused by
+# single use where a branch guard holds, only where it is bound) and the operators of the
+# applications that bind it (every place the pattern binds it is an operand of one). A match
+# covers those applications' terms and, as it reaches each term it binds from the root
+# through the inputs of terms it covers, a path of covered terms from the root down to
+# them. The rewrite driver reads it where covered values are doomed (``MatchRun.anchor``).
+
+
+def _guard_needs(e: Expr) -> frozenset[str]:
+    """The term variables that are bound wherever ``e`` holds: reading an unbound one is
+    undefined (docs/SEMANTICS.md, item 4), and a guard that holds read every item of an
+    ``and``, the first item of an ``or`` and the item that holds, and every operand of
+    anything else."""
+    if type(e) is EAttr:
+        return frozenset((e.var,)) if isinstance(e.var, str) else frozenset()
+    if type(e) is EOr:
+        if not e.items:
+            return frozenset()
+        each = [_guard_needs(i) for i in e.items]
+        return each[0] | frozenset.intersection(*each)
+    found: frozenset[str] = frozenset()
+    for c in expr_children(e):
+        found |= _guard_needs(c)
+    return found
+
+
+class _NotKnown(Exception):
+    """The anchor analysis cannot tell (a binding it does not read, its budget spent)."""
+
+
+def _binders(body: Pattern, var: str) -> Roots:
+    """The roots of the applications that bind ``var`` (a variable of the top-level body
+    ``body``) wherever a match of ``body`` binds it: each binding is an operand of such an
+    application. Raises :class:`_NotKnown` where ``var`` can be bound otherwise (the
+    matched term itself, the term a constraint reads) or the walk does not know.
+
+    Definitions are entered with their parameters standing for the caller's arguments; a
+    name a body does not bind (no parameter, no ∃) is the global one, and outside every
+    definition an ∃ binds the global name too (``_exists_ctx``). A definition entered
+    again in the same context (the names standing for ``var``, the application above, the
+    definitions in scope) adds nothing: its bindings are those its first entry found,
+    whether that walk is over (they are in ``found``) or under way, the entry above it in a
+    recursion (the union over finite derivations)."""
+    budget = [_ANCHOR_BUDGET]
+    found: set[Operator | OpClass | OpSpec] = set()
+    seen: set[tuple] = set()  # definitions entered, with what stands for ``var`` there
+
+    def walk(p: Pattern, names: frozenset[str], parent: Roots | None,
+             narrow: Roots | None, scope: dict | None) -> None:  # fmt: skip
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _NotKnown
+        cls = type(p)
+        if cls is PVar:
+            if p.name in names:
+                if parent is None:
+                    raise _NotKnown  # bound as a matched term or a constraint's term
+                found.update(parent)
+        elif cls is PApp or cls is PFunVar:
+            if cls is PApp:
+                roots: Roots | None = frozenset((p.op,))
+            else:
+                roots = frozenset((OpSpec(len(p.args), p.n_out, p.index, pure=True),))
+            roots = _meet(roots, narrow)
+            for a in p.args:
+                walk(a, names, roots, None, scope)
+        elif cls is PAlt:
+            walk(p.left, names, parent, narrow, scope)
+            walk(p.right, names, parent, narrow, scope)
+        elif cls is PGuard:
+            here = _guard_roots(p.guard, _root_var(p.pat), _root_fun_var(p.pat))
+            walk(p.pat, names, parent, _meet(narrow, here), scope)
+        elif cls is PExists:  # (outside every definition θ is global: ∃x is that x)
+            walk(p.body, names if scope is None else names - {p.var}, parent, narrow, scope)
+        elif cls is PConstr:
+            walk(p.pat, names, parent, narrow, scope)
+            walk(p.constraint, names, None, None, scope)
+        elif cls is PMu or cls is PCall:
+            if any(not isinstance(a, str) for a in p.args):
+                raise _NotKnown  # (an operator argument)
+            if cls is PMu:
+                params, dbody = p.params, p.body
+                scope = {**(scope or {}), p.name: (params, dbody)}
+            else:
+                entry = None if scope is None else scope.get(p.name)
+                if entry is None:
+                    raise _NotKnown
+                params, dbody = entry
+            own = {x.name for x in params}
+            inner = frozenset(x.name for x, a in zip(params, p.args, strict=True) if a in names)
+            if var not in own:  # (a name the body does not bind is the global one)
+                inner |= {var}
+            key = (id(dbody), inner, parent, narrow, frozenset(
+                (n, id(d[1])) for n, d in scope.items()))  # fmt: skip
+            if inner and key not in seen:
+                seen.add(key)
+                walk(dbody, inner, parent, narrow, scope)
+        # (PConst binds nothing)
+
+    walk(body, frozenset((var,)), None, None, None)
+    return frozenset(found)
+
+
+_ANCHOR_BUDGET = 4000
+
+
+def _rule_anchor(rule: RuleDef) -> tuple[str, Roots] | None:
+    """``rule``'s anchor (see above): ``(var, roots)``, or None. Read only where matching
+    the pattern cannot raise (a search skipped must be one that would not have raised)."""
+    if not rule.branches:
+        return None
+    needed = frozenset.intersection(*(_guard_needs(b.guard) for b in rule.branches))
+    if not needed:
+        return None
+    body = rule.pattern.body
+    try:
+        if not _error_free(body):
+            return None
+        for param in rule.pattern.params:
+            if param.kind == "term" and param.name in needed:
+                try:
+                    return param.name, _binders(body, param.name)
+                except _NotKnown:
+                    continue
+    except RecursionError:
+        return None
+    return None
+
+
+rule_anchor = _ByIdentity(_rule_anchor)  # once per rule object
 
 
 def _error_free(body: Pattern) -> bool:

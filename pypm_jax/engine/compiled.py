@@ -128,6 +128,10 @@ class CompiledPattern:
         held = self._checks(t, run)
         if held is None:
             return None
+        if run is not None and run.anchor is not None:
+            anchor, run.anchor = run.anchor, None
+            if not anchor(t):
+                return None
         for sol in _trail_machine(self.pdef.body, t, run=run, held=held):
             return sol
         return None
@@ -136,6 +140,10 @@ class CompiledPattern:
         held = self._checks(t, run)
         if held is None:
             return iter(())
+        if run is not None and run.anchor is not None:
+            anchor, run.anchor = run.anchor, None
+            if not anchor(t):
+                return iter(())
         return _trail_machine(self.pdef.body, t, run=run, held=held)
 
     def first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:

@@ -21,7 +21,8 @@ else they cover: those covering a *doomed* value, one that something outside eve
 the root reads (a graph output, or a node the root does not read, directly or not, found
 with ranks that grow along every edge) and that is neither computed from literals nor
 ``shareable``. The matcher skips the search below such a value (``MatchRun.forbid``, honoured
-by the iterative machine). What fires, and which roots a refusal blocks, stay those of the
+by the iterative machine), and does not start where the rule's anchor lies only below such
+values (``anchored``). What fires, and which roots a refusal blocks, stay those of the
 full search: a solution that would fire once something was left out sends the rule's search
 round again in full; a search that left something out of a root nothing blocked is decided by
 the full search before the graph next changes, unless that change removes the root. The
@@ -109,7 +110,7 @@ from ..lang.registry import collect_guard_failures
 from ..semantics.guards import Undefined, bound_attr, bound_op_attr, eval_expr, guard_holds
 from ..semantics.subst import FreshNames, unfold
 from . import report as _report
-from .analysis import _ByIdentity, _expr_names, has_recursion, rule_roots
+from .analysis import _ByIdentity, _expr_names, admits, has_recursion, rule_anchor, rule_roots
 from .fast import CompiledPattern, Matcher, MatchRun, compile_guard
 from .index import ByInputs, signature
 from .report import Built
@@ -389,6 +390,7 @@ class _Candidates(dict):
 # than this many: for one or two, making the key costs what it saves.
 _NARROW_ABOVE = 2
 _OUTSIDE_SEARCH = 64  # nodes ``outside`` visits at most
+_ANCHOR_SEARCH = 256  # values ``anchored`` visits at most
 # nodes ``unranked`` holds before they are checked (and let go): this many, or as many as the
 # graph has nodes (so that a pass that never asks holds no more than the graph, and checks none)
 _UNRANKED_LIMIT = 4096
@@ -467,6 +469,8 @@ class _Driver:
         # single use has refused one of their matches (a search that leaves nothing out pays
         # for the predicate and gains nothing)
         self.armed = [False] * len(rules)
+        # per armed rule: where its search may reach a term its anchor binds (``anchored``)
+        self.anchor_of: list[Callable[[Value], bool] | None] = [None] * len(rules)
         self.rule_index = {id(r): i for i, r in enumerate(rules)}
         # roots where such a search left something out and nothing blocked them: whether the
         # full search would have is decided before the graph next changes (``decide``)
@@ -543,7 +547,7 @@ class _Driver:
         heap, queued = self.heap, self.queued
         n_order = len(order)
         slow, is_read, try_rule = not self.fast, g.is_read, self.try_rule
-        resumable, armed = self.resumable, self.armed
+        resumable, armed, anchor_of = self.resumable, self.armed, self.anchor_of
         visits = pos = 0
         sweep = majors[0]  # the sweep's next major
         next_check = _PROGRESS_STRIDE
@@ -586,6 +590,8 @@ class _Driver:
                     if doomed is None:
                         doomed = (is_read(v) and self.doomed(v)) or False
                     mrun.forbid = doomed or None
+                    if doomed:
+                        mrun.anchor = anchor_of[ri]
                 try:
                     if resumable[ri]:  # (the machine: its first solution, and the rest)
                         rest = cp._all(v, mrun)
@@ -594,11 +600,12 @@ class _Driver:
                         rest = None
                         first = cp._first(v, mrun)
                 except MatchBudgetError as exc:
-                    mrun.forbid = None
+                    mrun.forbid = mrun.anchor = None
                     self.give_up(ri, v, exc)
                     if doomed and doomed.hits[0]:
                         self.left_out(ri, node, doomed)
                     continue
+                mrun.anchor = None  # (the machine clears it; generated code does not read it)
                 if first is not None:
                     if not is_read(v):
                         break  # nothing reads it: nothing to rewrite (asked only now, as
@@ -610,6 +617,46 @@ class _Driver:
                 if doomed and doomed.hits[0]:
                     self.left_out(ri, node, doomed)
         self.visits = visits
+
+    def arm(self, ri: int) -> None:
+        """Rule ``ri``'s searches leave doomed matches out from now on (``armed``); where
+        the rule has an anchor (:func:`~pypm_jax.engine.analysis.rule_anchor`), they start
+        only where :meth:`anchored` says a match may be kept."""
+        self.armed[ri] = True
+        if self.anchor_of[ri] is None:
+            anchor = rule_anchor(self.rules[ri])
+            if anchor is not None:
+                roots = anchor[1]
+                self.anchor_of[ri] = lambda t: self.anchored(t, roots)
+
+    def anchored(self, root: Value, roots: Any) -> bool:
+        """May a search at ``root`` that leaves doomed matches out (``mrun.forbid``) keep a
+        match? The rule's anchor variable is bound in every match that fires or that single
+        use refuses with a branch guard holding, as an operand of an application of
+        ``roots``; a match covers that application's term and a path of terms from the root
+        down to it, none doomed in a match that is kept. False (the search is not run, as
+        if it left a match out: ``left_out``) where no term of ``roots`` is reached from the
+        root through values that are not doomed; True where one is, or past
+        ``_ANCHOR_SEARCH`` values (not known)."""
+        doomed = self.mrun.forbid
+        if doomed is None:
+            return True
+        hits = doomed.hits
+        before = hits[0]  # (the walk's own questions count as nothing left out)
+        stack, seen = [root], {id(root)}
+        while stack:
+            node = stack.pop().node
+            ins = node.inputs
+            if admits(roots, node.op, len(ins)) or len(seen) > _ANCHOR_SEARCH:
+                hits[0] = before
+                return True
+            for i in ins:
+                if id(i) not in seen:
+                    seen.add(id(i))
+                    if not doomed(i):
+                        stack.append(i)
+        hits[0] = before + 1  # (the search would leave a match out, or find none)
+        return False
 
     def left_out(self, ri: int, node: Node, doomed: Any) -> None:
         """Rule ``ri``'s search at ``node`` left out doomed matches and fired nothing: unless
@@ -1127,7 +1174,7 @@ class _Driver:
             self.blocked[rid] = rnode
             i = self.rule_index.get(id(rule))
             if i is not None and self.fast and _reads_params(rule):
-                self.armed[i] = True
+                self.arm(i)
             return False
         records = self.records
         if len(records) >= self.limit:

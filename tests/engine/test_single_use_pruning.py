@@ -4,6 +4,9 @@ cover a *doomed* value (read outside every match there), and rewrites as the ful
 The driver (``_Driver.doomed``, ``MatchRun.forbid``) must fire exactly what the full search
 fires: these tests compare it with the full search and with the reference engine on random
 rules and graphs, run both on generated code and on the machine (which honours ``forbid``).
+A rule with an *anchor* (a variable its guards read, bound only as an operand of some
+operators: ``rule_anchor``) does not start the machine where no such operator is reached
+from the root without crossing a doomed value (``_Driver.anchored``).
 """
 
 from __future__ import annotations
@@ -16,16 +19,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pypm_jax.core.calculus import (
+    EAnd,
     EAttr,
     ECall,
+    ECmp,
     EConst,
+    EOr,
     GuardFn,
     PAlt,
     PApp,
     Param,
     PatternDef,
+    PCall,
+    PConstr,
     PExists,
     PGuard,
+    PMu,
     PVar,
     RApp,
     RConst,
@@ -36,7 +45,9 @@ from pypm_jax.core.calculus import (
 from pypm_jax.core.errors import PyPMError
 from pypm_jax.core.graph import Graph
 from pypm_jax.core.terms import Operator
+from pypm_jax.engine import compiled as _compiled_module
 from pypm_jax.engine import rewrite as _rewrite
+from pypm_jax.engine.analysis import _binders, _guard_needs, _NotKnown, admits, rule_anchor
 from pypm_jax.engine.rewrite import rewrite
 from pypm_testing.draws import BOOLS, ints, sampled
 from pypm_testing.engine import (
@@ -154,6 +165,132 @@ def test_a_reader_ranked_before_the_root_is_outside_when_the_root_does_not_read_
     assert not only.doomed(top)(top.inputs[0])
     with full_search():
         assert _outcome([out], rules) == _outcome([out], rules, engine="reference")
+
+
+# ---------------------------------------------------------------------------- anchors
+
+HOLDS = GuardFn("holds", lambda term: True)
+READS_X = ECall(HOLDS, (EAttr("x", "term"),))  # (holds wherever x is bound)
+
+
+def test_what_a_guard_that_holds_has_read():
+    x, y, z = (EAttr(v, "rank") for v in "xyz")
+    assert _guard_needs(EAnd((ECmp("==", x, EConst(1)), y))) == {"x", "y"}
+    # an ``or`` that holds read its first item and the one that holds
+    assert _guard_needs(EOr((x, EAnd((y, z)), z))) == {"x"}
+    assert _guard_needs(EOr((EAnd((x, z)), EAnd((y, z)), z))) == {"x", "z"}
+    assert _guard_needs(ECall(HOLDS, (EAttr("y", "term"),))) == {"y"}
+    assert _guard_needs(EConst(True)) == frozenset()
+
+
+def test_the_operators_that_bind_a_variable():
+    body = PAlt(PApp(F1, (PApp(G2, (X, Y)),)), PExists("e", PApp(F2, (PApp(G2, (Y, X)),))))
+    assert _binders(body, "x") == {G2}
+    # through a definition's parameters, and its recursion
+    down = PAlt(PApp(F1, (PVar("p"),)), PApp(F2, (PCall("Down", ("p",)),)))
+    mu = PMu("Down", (Param("p"),), ("x",), down)
+    assert _binders(mu, "x") == {F1}
+    # bound as the matched term itself, or as the term a constraint reads: not known
+    for unknown in (PAlt(PApp(F1, (X,)), X), PConstr(PApp(F1, (Y,)), "y", X)):
+        try:
+            _binders(unknown, "x")
+        except _NotKnown:
+            continue
+        raise AssertionError(f"{unknown} binds x where no operator says")
+
+
+def test_the_region_rules_anchor_is_the_gemm():
+    from pypm_jax.lang.frontend import as_rule_def
+    from pypm_jax.rules import default_rules
+    from pypm_jax.rules._kernels import GemmRegion
+    from pypm_jax.vocab import primitives as P
+
+    (rule,) = [r for r in default_rules() if r.name == "gemm_epilogue_region"]
+    var, roots = rule_anchor(as_rule_def(rule))
+    assert var == "x"
+    assert admits(roots, P.dot_general, 2) and admits(roots, GemmRegion, 3)
+    assert not admits(roots, P.mul, 2) and not admits(roots, P.erfc, 1)
+
+
+def test_a_search_that_cannot_reach_its_anchor_is_not_started():
+    # d = g2(a, b) is read by two chains; each chain's match covers d, which the other
+    # chain reads: refused at the first root (the rule arms), then at the second root the
+    # anchor (x, bound only under g2) lies below d, which is doomed there: no machine
+    d = G2(A, B)
+    first, second = F1(F1(d)), F1(F2(d))
+    pdef = PatternDef("chain", (Param("x"), Param("y")), PAlt(
+        PApp(F1, (PApp(F1, (PApp(G2, (X, Y)),)),)),
+        PApp(F1, (PApp(F2, (PApp(G2, (X, Y)),)),))))  # fmt: skip
+    rules = [single("chain", pdef, RApp(FUSED, (RVar("x"),)), guard=READS_X)]
+    starts = []
+    machine = _compiled_module._trail_machine
+
+    def counted(body, t, **kw):
+        starts.append(t)
+        return machine(body, t, **kw)
+
+    with machine_backend(), mock.patch.object(_compiled_module, "_trail_machine", counted):
+        pruned = _outcome([first, second], rules)
+        anchored = len(starts)
+        with mock.patch.object(_rewrite._Driver, "anchored", lambda self, root, roots: True):
+            assert _outcome([first, second], rules) == pruned
+        assert len(starts) == 2 * anchored + 1  # the second root's search, unanchored
+    assert anchored == 1
+    with machine_backend(), full_search():
+        assert pruned == _outcome([first, second], rules)
+    assert pruned == _outcome([first, second], rules, engine="reference")
+    assert pruned[1] == []  # single use refuses both
+
+
+@st.composite
+def chains(draw) -> PatternDef:
+    """Two or three ways of matching a unary root: chains of f1 and f2 (each link one of
+    them or either) down to ``g2`` of variables (x only there: the rules' anchor is g2) or
+    down to a variable."""
+    body = None
+    for _ in range(draw(ints(2, 3))):
+        if draw(ints(0, 3)) == 0:
+            p = PVar("e")
+        else:
+            p = PApp(G2, (PVar(draw(_VARS)), PVar(draw(_VARS))))
+        for _ in range(draw(ints(1, 3))):
+            k = draw(ints(0, 2))  # f1, f2 or either
+            p = PApp((F1, F2)[k], (p,)) if k < 2 else PAlt(PApp(F1, (p,)), PApp(F2, (p,)))
+        alt = PExists("e", p)
+        body = alt if body is None else PAlt(body, alt)
+    return PatternDef("chain", (Param("x"), Param("y")), body)
+
+
+@st.composite
+def chain_dags(draw) -> list:
+    """The outputs of a graph of chains: f1 and f2 links over ``g2`` nodes (of a, b or
+    each other) that several chains share (a chain's match covers a base that other chains
+    read: single use refuses it, and the next chain's anchor lies below a doomed value),
+    and over each other's links; some of the bases are outputs too."""
+    bases: list = []
+    for _ in range(draw(ints(1, 3))):
+        pick = sampled([A, B, *bases])
+        bases.append(G2(draw(pick), draw(pick)))
+    tops: list = []
+    for _ in range(draw(ints(2, 5))):
+        t = draw(sampled(bases + tops))
+        for _ in range(draw(ints(1, 3))):
+            t = (F1, F2)[draw(ints(0, 1))](t)
+        tops.append(t)
+    return tops + draw(st.lists(sampled(bases), max_size=1))
+
+
+@given(st.lists(chains(), min_size=1, max_size=3), chain_dags())
+def test_anchored_searches_rewrite_as_the_full_search(pdefs, outs):
+    """Single-use rules whose guards read x, which only g2 binds, over shared chains: where
+    the driver starts no machine, the full search fires nothing there either."""
+    rules = [
+        single(f"r{i}", p, RApp(FUSED, (RVar("x"),)) if i % 2 else RConst(2.0), READS_X)
+        for i, p in enumerate(pdefs)
+    ]
+    pruned, full = pruned_and_full(outs, rules, True)
+    assert pruned == full
+    assert pruned == _outcome(outs, rules, engine="reference")
 
 
 # ---------------------------------------------------------------------------- properties
