@@ -179,15 +179,18 @@ def reads_gemm(term: Any) -> bool:
     dense ``dot_general`` or a GEMM kernel node), literals and at most one operand applied
     to the GEMM directly? A linear walk (each value once, at most :data:`MAX_STEPS` deep)
     before the region pattern explores ``term``'s inputs with backtracking."""
-    if getattr(term, "op", None) is None or not _pointwise(term):
-        return False
-    blocked = _memo(term, _blocked)
+    op = getattr(term, "op", None)
+    if op is None or not is_table_op(op) or op.name not in PRIMS and op.name != "broadcast_in_dim":
+        return False  # (not ``_pointwise``)
+    if type(term) is Value and term.node.alive:  # (what the walk below would find, remembered)
+        graph = term.node.graph
+        blocked, gm = graph.memo(_blocked), graph.memo(_is_gemm)
+        if _ends_false(term, blocked, graph.memo(_ends_false), 0, gm):
+            return False  # (asked first: False wherever the walk is, computed from literals or not)
+    else:
+        blocked, gm = {}, {}
     if _from_literals(term, blocked):
         return False
-    gm = _memo(term, _is_gemm)
-    if type(term) is Value and term.node.alive:  # (what the walk below would find, remembered)
-        if _ends_false(term, blocked, term.node.graph.memo(_ends_false), 0, gm):
-            return False
     gemms: set[int] = set()
     operands: set[int] = set()
     stack, seen = [(term, 0)], set()
