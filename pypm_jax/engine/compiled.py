@@ -128,9 +128,9 @@ class CompiledPattern:
         held = self._checks(t, run)
         if held is None:
             return None
-        if run is not None and run.anchor is not None:
-            anchor, run.anchor = run.anchor, None
-            if not anchor(t):
+        if run is not None and run.on_start is not None:
+            start, run.on_start = run.on_start, None
+            if not start(t):
                 return None
         for sol in _trail_machine(self.pdef.body, t, run=run, held=held):
             return sol
@@ -140,9 +140,9 @@ class CompiledPattern:
         held = self._checks(t, run)
         if held is None:
             return iter(())
-        if run is not None and run.anchor is not None:
-            anchor, run.anchor = run.anchor, None
-            if not anchor(t):
+        if run is not None and run.on_start is not None:
+            start, run.on_start = run.on_start, None
+            if not start(t):
                 return iter(())
         return _trail_machine(self.pdef.body, t, run=run, held=held)
 

@@ -109,13 +109,14 @@ class MatchRun:
     it when it starts and after each solution it yields. The rewrite driver sets it where
     every solution covering such a term is one it refuses (single use).
 
-    ``anchor``: None, or a predicate on the root term that the machine asks (and clears)
-    when it starts, after the pre-checks: False says that no solution the caller would
-    keep exists there, so the machine does not run. The rewrite driver sets it beside
-    ``forbid`` (:meth:`pypm_jax.engine.rewrite._Driver.anchored`).
+    ``on_start``: None, or a callable on the root term that the machine calls (and clears)
+    when it starts, after the pre-checks, before it reads ``forbid``: it may set
+    ``forbid``, and False says that no solution the caller would keep exists there, so the
+    machine does not run. The rewrite driver sets it for a search that leaves doomed
+    matches out (:meth:`pypm_jax.engine.rewrite._Driver.start`).
     """
 
-    __slots__ = ("steps", "budget", "distinct", "every", "on_check", "forbid", "anchor")
+    __slots__ = ("steps", "budget", "distinct", "every", "on_check", "forbid", "on_start")
 
     def __init__(
         self,
@@ -131,7 +132,7 @@ class MatchRun:
         self.every = every
         self.on_check = on_check
         self.forbid: Callable[[Any], bool] | None = None
-        self.anchor: Callable[[Any], bool] | None = None
+        self.on_start: Callable[[Any], bool] | None = None
 
     def limit(self) -> int | float:
         """The step count at which the machine next calls :meth:`check`."""

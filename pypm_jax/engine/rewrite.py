@@ -21,11 +21,12 @@ else they cover: those covering a *doomed* value, one that something outside eve
 the root reads (a graph output, or a node the root does not read, directly or not, found
 with ranks that grow along every edge) and that is neither computed from literals nor
 ``shareable``. The matcher skips the search below such a value (``MatchRun.forbid``, honoured
-by the iterative machine), and does not start where the rule's anchor lies only below such
-values (``anchored``). What fires, and which roots a refusal blocks, stay those of the
-full search: a solution that would fire once something was left out sends the rule's search
-round again in full; a search that left something out of a root nothing blocked is decided by
-the full search before the graph next changes, unless that change removes the root. The
+by the iterative machine, made as that machine starts), and does not start where the rule's
+anchor lies only below such values (``anchored``). What fires, and which roots a refusal
+blocks, stay those of the full search: a solution that would fire once something was left
+out sends the rule's search round again in full; a search that left something out of a root
+nothing blocked is decided by the full search before the graph next changes, unless that
+change removes the root. The
 match budget counts the steps of the search the driver runs, so leaving matches out can keep
 within the budget a search that the full one would exceed, and the guards of left-out matches
 are not evaluated (a guard function that raises only there is not reported).
@@ -469,8 +470,9 @@ class _Driver:
         # single use has refused one of their matches (a search that leaves nothing out pays
         # for the predicate and gains nothing)
         self.armed = [False] * len(rules)
-        # per armed rule: where its search may reach a term its anchor binds (``anchored``)
-        self.anchor_of: list[Callable[[Value], bool] | None] = [None] * len(rules)
+        # per armed rule: what its machine does when it starts (``start``)
+        self.start_of: list[Callable[[Value], bool] | None] = [None] * len(rules)
+        self.here: Any = None  # the sweep's node's ``doomed`` (None: not made yet)
         self.rule_index = {id(r): i for i, r in enumerate(rules)}
         # roots where such a search left something out and nothing blocked them: whether the
         # full search would have is decided before the graph next changes (``decide``)
@@ -547,7 +549,7 @@ class _Driver:
         heap, queued = self.heap, self.queued
         n_order = len(order)
         slow, is_read, try_rule = not self.fast, g.is_read, self.try_rule
-        resumable, armed, anchor_of = self.resumable, self.armed, self.anchor_of
+        resumable, armed, start_of = self.resumable, self.armed, self.start_of
         visits = pos = 0
         sweep = majors[0]  # the sweep's next major
         next_check = _PROGRESS_STRIDE
@@ -581,17 +583,13 @@ class _Driver:
             v = outs[0]
             if len(cands) > _NARROW_ABOVE:  # (those whose pre-checks admit its signature)
                 cands = by_inputs[signature(v)]
-            doomed: Any = None  # (made for the node's first armed rule: see ``doomed``)
+            self.here = None  # (``doomed`` at v: made when an armed rule's machine starts)
             for ri, _, cp in cands:
                 if over and (ri, node.id) in over:
                     continue
                 mrun.steps = 0
                 if armed[ri]:
-                    if doomed is None:
-                        doomed = (is_read(v) and self.doomed(v)) or False
-                    mrun.forbid = doomed or None
-                    if doomed:
-                        mrun.anchor = anchor_of[ri]
+                    mrun.on_start = start_of[ri]
                 try:
                     if resumable[ri]:  # (the machine: its first solution, and the rest)
                         rest = cp._all(v, mrun)
@@ -600,12 +598,13 @@ class _Driver:
                         rest = None
                         first = cp._first(v, mrun)
                 except MatchBudgetError as exc:
-                    mrun.forbid = mrun.anchor = None
+                    mrun.forbid = mrun.on_start = None
                     self.give_up(ri, v, exc)
+                    doomed = self.here
                     if doomed and doomed.hits[0]:
                         self.left_out(ri, node, doomed)
                     continue
-                mrun.anchor = None  # (the machine clears it; generated code does not read it)
+                mrun.on_start = None  # (the machine clears it; generated code does not read it)
                 if first is not None:
                     if not is_read(v):
                         break  # nothing reads it: nothing to rewrite (asked only now, as
@@ -614,20 +613,34 @@ class _Driver:
                         mrun.forbid = None
                         break
                 mrun.forbid = None
+                doomed = self.here
                 if doomed and doomed.hits[0]:
                     self.left_out(ri, node, doomed)
         self.visits = visits
 
     def arm(self, ri: int) -> None:
-        """Rule ``ri``'s searches leave doomed matches out from now on (``armed``); where
-        the rule has an anchor (:func:`~pypm_jax.engine.analysis.rule_anchor`), they start
-        only where :meth:`anchored` says a match may be kept."""
+        """Rule ``ri``'s searches leave doomed matches out from now on (``armed``): its
+        machine, where it starts, calls :meth:`start` with the rule's anchor
+        (:func:`~pypm_jax.engine.analysis.rule_anchor`)."""
         self.armed[ri] = True
-        if self.anchor_of[ri] is None:
+        if self.start_of[ri] is None:
             anchor = rule_anchor(self.rules[ri])
-            if anchor is not None:
-                roots = anchor[1]
-                self.anchor_of[ri] = lambda t: self.anchored(t, roots)
+            roots = None if anchor is None else anchor[1]
+            self.start_of[ri] = lambda t: self.start(t, roots)
+
+    def start(self, root: Value, roots: Any) -> bool:
+        """What an armed rule's machine does as it starts at ``root``, the sweep's value:
+        leave out the matches that cover a value doomed there (``mrun.forbid``; the
+        predicate is made once per node, at the first such start, and kept in ``here``);
+        False where the rule's anchor (``roots``) says that no match is kept there
+        (:meth:`anchored`)."""
+        doomed = self.here
+        if doomed is None:
+            doomed = self.here = (self.g.is_read(root) and self.doomed(root)) or False
+        if not doomed:
+            return True
+        self.mrun.forbid = doomed
+        return roots is None or self.anchored(root, roots)
 
     def anchored(self, root: Value, roots: Any) -> bool:
         """May a search at ``root`` that leaves doomed matches out (``mrun.forbid``) keep a
