@@ -15,7 +15,7 @@ import contextlib
 import functools
 from unittest import mock
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pypm_jax.core.calculus import (
@@ -49,6 +49,7 @@ from pypm_jax.engine import compiled as _compiled_module
 from pypm_jax.engine import rewrite as _rewrite
 from pypm_jax.engine.analysis import _binders, _guard_needs, _NotKnown, admits, rule_anchor
 from pypm_jax.engine.rewrite import rewrite
+from pypm_testing import budget
 from pypm_testing.draws import BOOLS, ints, sampled
 from pypm_testing.engine import (
     F1,
@@ -280,6 +281,7 @@ def chain_dags(draw) -> list:
     return tops + draw(st.lists(sampled(bases), max_size=1))
 
 
+@settings(max_examples=budget.examples(ci=600, dev=100, fast=20))  # (a third skip: ~200)
 @given(st.lists(chains(), min_size=1, max_size=3), chain_dags())
 def test_anchored_searches_rewrite_as_the_full_search(pdefs, outs):
     """Single-use rules whose guards read x, which only g2 binds, over shared chains: where
