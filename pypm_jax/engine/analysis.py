@@ -4,7 +4,8 @@ Which definitions are recursive, closed, or bind which parameters on every solut
 (``_def_facts``, ``_definitely_bound``); how large generated code for a pattern would be
 (``_paths``); the operators a match can be rooted at (``root_set``, :class:`OpSpec`); whether
 matching a pattern can raise (``_error_free``); which recursive calls the machine may
-table (``_tabling``). Walks are loops over :func:`pypm_jax.core.calculus.children`
+table (``_tabling``); a rule's anchor, the variable its guards need and the operators that
+bind it (``rule_anchor``). Walks are loops over :func:`pypm_jax.core.calculus.children`
 wherever a construct's children are all that matters.
 """
 
@@ -683,7 +684,8 @@ rule_roots = _ByIdentity(_rule_roots)  # once per rule object
 # applications that bind it (every place the pattern binds it is an operand of one). A match
 # covers those applications' terms and, as it reaches each term it binds from the root
 # through the inputs of terms it covers, a path of covered terms from the root down to
-# them. The rewrite driver reads it where covered values are doomed (``MatchRun.anchor``).
+# them. The rewrite driver reads it where covered values are doomed
+# (:meth:`pypm_jax.engine.rewrite._Driver.anchored`).
 
 
 def _guard_needs(e: Expr) -> frozenset[str]:
