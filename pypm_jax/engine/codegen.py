@@ -60,7 +60,7 @@ from .analysis import (
     _Unsupported,
 )
 from .guard_code import _RUNTIME as _GUARD_RUNTIME
-from .guard_code import _GuardCodegen, _Known
+from .guard_code import _SHARED_KEY, _GuardCodegen, _Known
 from .machine import MatchRun, _early_shapes, _trail_machine
 from .precheck import _deep_prefilter, _fits, _passes, _prefilter, _test_of
 
@@ -235,7 +235,7 @@ class _Codegen(_GuardCodegen):
         self.emit([("m", body, "t0")], _State(), 1, fail, 0)
         if self.mode == "all":
             self.line(1, "yield  # unreachable; makes this a generator even with no solution")
-        return "\n".join(self.helpers + self.lines) + "\n"
+        return "\n".join(self.lines) + "\n"  # (its guard helpers: ``_generate``)
 
     def emit(self, k: list[tuple], st: _State, ind: int, fail: str, depth: int) -> None:
         """Emit code for continuation ``k`` (a stack, head last) on the current path."""
@@ -546,7 +546,7 @@ class _Codegen(_GuardCodegen):
         q = self.unfold_fresh(mu, 1)
         self.emit([("m", q, "t0")], st, 1, "return", 0)
         self.line(1, "yield  # unreachable; makes this a generator even with no solution")
-        return "\n".join(self.helpers + self.lines) + "\n"
+        return "\n".join(self.lines) + "\n"  # (its guard helpers: ``_generate``)
 
     def _unpack(self, args: tuple[Pattern, ...], k: list[tuple], ind: int) -> None:
         locs = [self.local("t") for _ in args]
@@ -842,6 +842,7 @@ def _generate(body: Pattern) -> tuple[Callable, Callable, str, bool]:
     source = src_first + "\n" + src_all
     if subs is not None:
         source = "\n".join(subs.sources) + "\n" + source
+    source = "\n".join(ns[_SHARED_KEY][2]) + "\n" + source  # (the guard helpers, once)
     try:
         code = compile(source, "<pypm-fast>", "exec")
     except (SyntaxError, RecursionError, MemoryError) as exc:

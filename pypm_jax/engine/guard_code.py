@@ -118,8 +118,14 @@ class _GuardCodegen:
         self.dynamic = dynamic  # variables may hold None (unbound) at run time
         self.ns = ns
         self.counter = counter
-        self.helpers: list[str] = []
-        self._consts: dict[int, str] = {}
+        # shared by the code generators of one namespace (a pattern's functions): each
+        # constant has one name there, and each guard helper is written once (by its text,
+        # its variables named in the order it reads them), whichever function calls it;
+        # ``helpers`` holds their definitions, which go in front of every function's code
+        self._consts: dict[int, str]
+        self._guards: dict[str, tuple[str, tuple[str, ...]]]
+        self.helpers: list[str]
+        self._consts, self._guards, self.helpers = ns.setdefault(_SHARED_KEY, ({}, {}, []))
 
     def local(self, prefix: str) -> str:
         return f"{prefix}{next(self.counter)}"
@@ -187,15 +193,22 @@ class _GuardCodegen:
 
     def guard(self, g: Expr, st: _Known) -> str:
         """A call to a generated function deciding ⟦g[θ, φ]⟧ = True on this path."""
+        canon = _Known()  # (the helper's parameters, named in the order the guard reads them)
+        actual: dict[str, str] = {}
+        canon.tvars = _Canonical(st.tvars, actual)  # type: ignore[assignment]
+        canon.ovars = _Canonical(st.ovars, actual)  # type: ignore[assignment]
         refs: dict[str, None] = {}
-        src = self.expr(g, st, refs)
-        name = self.local("_g")
-        params = ", ".join(refs)
-        self.helpers.append(
-            f"def {name}({params}):\n    try:\n        return _T({src})\n"
-            "    except Exception:\n        return False\n"
-        )
-        return f"{name}({params})"
+        src = self.expr(g, canon, refs)
+        hit = self._guards.get(src)
+        if hit is None:
+            name = self.local("_g")
+            hit = self._guards[src] = (name, tuple(refs))
+            self.helpers.append(
+                f"def {name}({', '.join(refs)}):\n    try:\n        return _T({src})\n"
+                "    except Exception:\n        return False\n"
+            )
+        name, params = hit
+        return f"{name}({', '.join(actual[p] for p in params)})"
 
     def expr(self, e: Expr, st: _Known, refs: dict[str, None]) -> str:
         """Python source with the semantics of ``_guards.eval_expr`` (undefined = raise)."""
@@ -247,6 +260,31 @@ class _GuardCodegen:
             case ETuple(items):
                 return "(" + "".join(f"{rec(i, st, refs)}, " for i in items) + ")"
         raise _Unsupported(f"not an expression: {e!r}")
+
+
+_SHARED_KEY = "__pypm_codegen__"  # (a namespace's entry for what its generators share)
+
+
+class _Canonical:
+    """A variable's Python local, as ``_Known`` maps it, renamed ``a0``, ``a1``, ... in the
+    order asked for (``actual``: each new name's local), so that one guard read at several
+    places of a pattern, under other locals or other fresh names, is one helper's text."""
+
+    __slots__ = ("known", "actual", "names")
+
+    def __init__(self, known: dict[str, str], actual: dict[str, str]):
+        self.known, self.actual = known, actual
+        self.names: dict[str, str] = {}
+
+    def get(self, var: str, default: Any = None) -> Any:
+        local = self.known.get(var)
+        if local is None:
+            return default
+        name = self.names.get(var)
+        if name is None:
+            name = self.names[var] = f"a{len(self.actual)}"
+            self.actual[name] = local
+        return name
 
 
 def _simple_const(value: Any) -> bool:
