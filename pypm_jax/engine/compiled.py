@@ -101,22 +101,24 @@ class CompiledPattern:
             self._first = self._machine_first
 
     def _checks(self, t: Any, run: MatchRun | None) -> int | None:
-        """What runs before the machine at ``t``: the structural pre-checks, then the guards
-        before its first choice (:func:`~pypm_jax.engine.machine._pre_guards`). None: no
-        match at ``t``; else how many of those guards the machine takes as held."""
+        """What runs before the machine at ``t``: the structural pre-checks, the guards
+        before its first choice (:func:`~pypm_jax.engine.machine._pre_guards`), then the
+        run's ``on_start`` (cleared). None: no match at ``t`` (or none the caller keeps);
+        else how many of those guards the machine takes as held."""
         test = self._test
         if test is not None and not _passes(test, t):
             return None
         if self._deep is not None and not _fits(self._deep, t):
             return None
         pre = self._pre
-        if pre is None:
-            return 0
         if pre is _UNSET:
             pre = self._pre = _pre_guards(self.pdef.body)
-            if pre is None:
-                return 0
-        return pre.check(t, _EXACT if run is None else run)
+        held = 0 if pre is None else pre.check(t, _EXACT if run is None else run)
+        if held is not None and run is not None and run.on_start is not None:
+            start, run.on_start = run.on_start, None
+            if not start(t):
+                return None
+        return held
 
     def admits(self, op: Any, kids: tuple) -> bool:
         """Can a term whose signature is ``op`` and ``kids`` (each input's operator and arity,
@@ -128,10 +130,6 @@ class CompiledPattern:
         held = self._checks(t, run)
         if held is None:
             return None
-        if run is not None and run.on_start is not None:
-            start, run.on_start = run.on_start, None
-            if not start(t):
-                return None
         for sol in _trail_machine(self.pdef.body, t, run=run, held=held):
             return sol
         return None
@@ -140,10 +138,6 @@ class CompiledPattern:
         held = self._checks(t, run)
         if held is None:
             return iter(())
-        if run is not None and run.on_start is not None:
-            start, run.on_start = run.on_start, None
-            if not start(t):
-                return iter(())
         return _trail_machine(self.pdef.body, t, run=run, held=held)
 
     def first(self, t: Any, run: MatchRun | None = None) -> RawSolution | None:

@@ -640,20 +640,17 @@ class _Driver:
         if not doomed:
             return True
         self.mrun.forbid = doomed
-        return roots is None or self.anchored(root, roots)
+        return roots is None or self.anchored(root, roots, doomed)
 
-    def anchored(self, root: Value, roots: Any) -> bool:
-        """May a search at ``root`` that leaves doomed matches out (``mrun.forbid``) keep a
-        match? The rule's anchor variable is bound in every match that fires or that single
-        use refuses with a branch guard holding, as an operand of an application of
-        ``roots``; a match covers that application's term and a path of terms from the root
-        down to it, none doomed in a match that is kept. False (the search is not run, as
+    def anchored(self, root: Value, roots: Any, doomed: Any) -> bool:
+        """May a search at ``root`` that leaves out the matches covering a value ``doomed``
+        holds for keep a match? The rule's anchor variable is bound in every match that
+        fires or that single use refuses with a branch guard holding, as an operand of an
+        application of ``roots``; a match covers that application's term and a path of terms
+        from the root down to it, none doomed in a match that is kept. False (the search is not run, as
         if it left a match out: ``left_out``) where no term of ``roots`` is reached from the
         root through values that are not doomed; True where one is, or past
         ``_ANCHOR_SEARCH`` values (not known)."""
-        doomed = self.mrun.forbid
-        if doomed is None:
-            return True
         hits = doomed.hits
         before = hits[0]  # (the walk's own questions count as nothing left out)
         stack, seen = [root], {id(root)}

@@ -179,9 +179,8 @@ def reads_gemm(term: Any) -> bool:
     dense ``dot_general`` or a GEMM kernel node), literals and at most one operand applied
     to the GEMM directly? A linear walk (each value once, at most :data:`MAX_STEPS` deep)
     before the region pattern explores ``term``'s inputs with backtracking."""
-    op = getattr(term, "op", None)
-    if op is None or not is_table_op(op) or op.name not in PRIMS and op.name != "broadcast_in_dim":
-        return False  # (not ``_pointwise``)
+    if getattr(term, "op", None) is None or not _pointwise(term):
+        return False
     if type(term) is Value and term.node.alive:  # (what the walk below would find, remembered)
         graph = term.node.graph
         blocked, gm = graph.memo(_blocked), graph.memo(_is_gemm)

@@ -233,7 +233,7 @@ def test_a_search_that_cannot_reach_its_anchor_is_not_started():
     with machine_backend(), mock.patch.object(_compiled_module, "_trail_machine", counted):
         pruned = _outcome([first, second], rules)
         anchored = len(starts)
-        with mock.patch.object(_rewrite._Driver, "anchored", lambda self, root, roots: True):
+        with mock.patch.object(_rewrite._Driver, "anchored", lambda self, *_: True):
             assert _outcome([first, second], rules) == pruned
         assert len(starts) == 2 * anchored + 1  # the second root's search, unanchored
     assert anchored == 1
