@@ -1015,7 +1015,9 @@ class Graph:
     def begin(self) -> None:
         """Record every change from now on, so that :meth:`rollback` can undo them.
 
-        Costs nothing up front but a copy of the node order at the first removal; per
+        Costs nothing up front but a copy of the node order at the first removal, and the
+        purge of the hash-consing table's stale entries where the changes made before left
+        many (a commit leaves them: a graph rewritten once never pays for it); per
         change, one tuple in a log (what undoing it needs: the node's old inputs, where it
         was in a reader list) -- and a copy of a value's readers, once, where a value has
         too many to list (a dict of readers). Changes are recorded one run at a time: a
@@ -1024,6 +1026,7 @@ class Graph:
         """
         if self._journal is not None:
             raise PyPMError("changes to this graph are already being recorded")
+        self._purge()
         self._journal = _Journal(self)
         self._log = self._journal.log
 
@@ -1032,7 +1035,6 @@ class Graph:
         if self._journal is None:
             raise PyPMError("nothing to commit: no change was being recorded")
         self._journal = self._log = None
-        self._purge()
 
     def rollback(self) -> None:
         """Restore the graph as it was at :meth:`begin` and stop recording: the nodes made

@@ -1363,9 +1363,11 @@ class _Driver:
                 self.push(idle.pop(v.node.id), pos)
 
     def requeue(self, touched: list[Node], pos: int) -> None:
-        """Revisit nodes whose inputs changed and their users as deep as patterns look."""
+        """Revisit nodes whose inputs changed and their users as deep as patterns look
+        (a node no rule can start at is not queued: the walk goes on through it)."""
         last = self.last_level
         queued, rank_of, mark0, heap = self.queued, self.rank_of, self.mark0, self.heap
+        cands_of = self.cands
         # an original node at or after the sweep's position: the sweep will get there, and
         # to its users after it (``pending``, inline)
         sweep = self.majors[pos]
@@ -1385,11 +1387,13 @@ class _Driver:
                     major = nid if rank_of is None else rank_of[nid]
                     if major >= sweep:
                         continue
-                    heapq.heappush(heap, (major, 0, nid, n))
-                else:
+                    if cands_of[n.op]:
+                        heapq.heappush(heap, (major, 0, nid, n))
+                        queued.add(nid)
+                elif cands_of[n.op]:
                     rank = self.new_rank.get(nid) or (self.major(n), 0)
                     heapq.heappush(heap, (rank[0], rank[1], nid, n))
-                queued.add(nid)
+                    queued.add(nid)
                 if level < last:
                     for v in n.outputs:
                         nxt.extend(v.readers)  # (each reader once: ``seen`` drops repeats)
@@ -1567,10 +1571,15 @@ _results = _ByIdentity(lambda rule: tuple(_compile_result(rule, b.result) for b 
 
 def _deferred_result(rule: RuleDef, i: int) -> Callable[..., Any]:
     """Branch ``i``'s result of ``rule`` (:func:`_compile_result`), compiled when first built:
-    most rules never fire in a given program."""
+    most rules never fire in a given program; kept once compiled (a driver's rules live
+    as long as it does)."""
+    compiled: Callable[..., Any] | None = None
 
     def build(g: Graph, theta: dict, phi: dict, root: Value, cx: list) -> Any:
-        return _results(rule)[i](g, theta, phi, root, cx)
+        nonlocal compiled
+        if compiled is None:
+            compiled = _results(rule)[i]
+        return compiled(g, theta, phi, root, cx)
 
     return build
 
