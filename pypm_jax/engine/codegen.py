@@ -62,7 +62,7 @@ from .analysis import (
 from .guard_code import _RUNTIME as _GUARD_RUNTIME
 from .guard_code import _SHARED_KEY, _GuardCodegen, _Known
 from .machine import MatchRun, _early_shapes, _trail_machine
-from .precheck import _deep_prefilter, _fits, _passes, _prefilter, _test_of
+from .precheck import _check_of, _deep_prefilter, _prefilter, _test_of
 
 # Python refuses more than 20 statically nested blocks in one function; each alternate on a
 # generated path opens one. Patterns deeper than this run on the iterative machine.
@@ -96,7 +96,7 @@ def _sub(
     return _trail_machine(PMu(mu.name, mu.params, args, mu.body), t, theta, phi, cell, run)
 
 
-_RUNTIME = {**_GUARD_RUNTIME, "_sub": _sub, "_fits": _fits, "_passes": _passes}
+_RUNTIME = {**_GUARD_RUNTIME, "_sub": _sub}
 
 
 # ------------------------------------------------------------------- compile-time names
@@ -221,7 +221,8 @@ class _Codegen(_GuardCodegen):
                 self.line(1, f"if not ({self.shape_test(pre, 't0')}): {fail}")
             deep = _deep_prefilter(body)
             if deep is not None:  # (and the deep one: a call, its paths are many and long)
-                self.line(1, f"if not _fits({self.const(deep)}, t0): {fail}")
+                check = self.const(_check_of(_test_of(deep)))
+                self.line(1, f"if not {check}(t0): {fail}")
             shapes = _early_shapes(body)
             if shapes:
                 self.checks = {var: self.const(shape) for var, shape in shapes.items()}
@@ -408,12 +409,13 @@ class _Codegen(_GuardCodegen):
         self.line(ind, fail)
 
     def shape_test(self, shape: list, t: str, budget: list[int] | None = None) -> str:
-        """Python deciding ``_fits(shape, t)`` inline (a call of it past a size)."""
+        """Python deciding ``_fits(shape, t)`` inline (past a size, a call of its test's
+        function, ``_check_of``)."""
         if budget is None:
             budget = [64]
         budget[0] -= len(shape)
         if budget[0] < 0:
-            return f"_passes({self.const(_test_of(shape))}, {t})"
+            return f"{self.const(_check_of(_test_of(shape)))}({t})"
         alts = []
         for op, n, kids in shape:
             conds = []

@@ -45,14 +45,14 @@ from .precheck import (
     _DEEP_LIMIT,
     _SHAPE_DEPTH,
     _admits,
+    _check_of,
     _deep_prefilter,
     _depth,
-    _fits,
     _make_test,
-    _passes,
     _prefilter,
     _Shape,
     _shape_of_test,
+    _test_of,
 )
 
 
@@ -68,7 +68,7 @@ class CompiledPattern:
 
     __slots__ = (
         "pdef", "backend", "source", "root_ops", "unique", "_first", "_all", "_test", "_deep",
-        "_pre",
+        "_pre", "_pass", "_fit",
     )  # fmt: skip
 
     def __init__(self, pdef: PatternDef, *, backend: str | None = None):
@@ -77,7 +77,8 @@ class CompiledPattern:
         self.source = ""
         self.backend = "machine"
         self.unique = False  # True: at most one solution, so first() is all there is
-        self._test = None  # (the machine's pre-check: generated code checks its own)
+        # (the machine's pre-checks: generated code has its own)
+        self._test = self._pass = self._deep = self._fit = None
         body = pdef.body
         if backend != "machine" and not (isinstance(body, PMu) and _calls_self(body)):
             # (a pattern that is one recursive definition gains nothing from a wrapper)
@@ -95,7 +96,9 @@ class CompiledPattern:
         if self.backend == "machine":
             shape = _prefilter(body)
             self._test = None if shape is None else _make_test(shape)  # (the pre-check)
+            self._pass = None if shape is None else _check_of(self._test)  # (run as this)
             self._deep = _deep_prefilter(body)
+            self._fit = None if self._deep is None else _check_of(_test_of(self._deep))
             self._pre = _UNSET
             self._all = self._machine_all
             self._first = self._machine_first
@@ -105,10 +108,11 @@ class CompiledPattern:
         before its first choice (:func:`~pypm_jax.engine.machine._pre_guards`), then the
         run's ``on_start`` (cleared). None: no match at ``t`` (or none the caller keeps);
         else how many of those guards the machine takes as held."""
-        test = self._test
-        if test is not None and not _passes(test, t):
+        test = self._pass  # (``_passes`` of ``_test``)
+        if test is not None and not test(t):
             return None
-        if self._deep is not None and not _fits(self._deep, t):
+        fit = self._fit  # (``_fits`` of ``_deep``)
+        if fit is not None and not fit(t):
             return None
         pre = self._pre
         if pre is _UNSET:
@@ -485,7 +489,9 @@ def from_summary(
     cp.backend = "machine"
     cp.unique = False
     cp._test = pre
+    cp._pass = None if pre is None else _check_of(pre)
     cp._deep = deep
+    cp._fit = None if deep is None else _check_of(_test_of(deep))
     cp._pre = _UNSET
     cp._all = cp._machine_all
     cp._first = cp._machine_first

@@ -454,12 +454,12 @@ _early_shapes = _ByIdentity(_find_early_shapes)
 
 
 def _make_early_checks(body: Pattern) -> dict[str, Callable[[Any], bool]] | None:
-    from .precheck import _passes, _test_of
+    from .precheck import _check_of, _test_of
 
     shapes = _early_shapes(body)
     if shapes is None:
         return None
-    return {var: functools.partial(_passes, _test_of(shape)) for var, shape in shapes.items()}
+    return {var: _check_of(_test_of(shape)) for var, shape in shapes.items()}
 
 
 _early = _ByIdentity(_make_early_checks)
@@ -474,7 +474,7 @@ _ALT_BUDGET = 400
 
 
 def _make_alt_checks(alt: PAlt) -> tuple:
-    from .precheck import _passes, _shape, _test_of
+    from .precheck import _check_of, _shape, _test_of
 
     checks = []
     for side in (alt.left, alt.right):
@@ -482,7 +482,7 @@ def _make_alt_checks(alt: PAlt) -> tuple:
             shape = _shape(side, _ALT_DEPTH, [_ALT_BUDGET], None, [1], _TOP_CTX)
         except RecursionError:
             shape = None
-        checks.append(None if shape is None else functools.partial(_passes, _test_of(shape)))
+        checks.append(None if shape is None else _check_of(_test_of(shape)))
     return tuple(checks)
 
 

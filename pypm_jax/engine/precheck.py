@@ -14,6 +14,7 @@ the logits is matched once per spelling of it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..core.calculus import (
@@ -188,6 +189,104 @@ def _passes(test: tuple, t: Any) -> bool:
         else:
             return True
     return False
+
+
+def _make_check(test: tuple, memo: dict[int, Callable[[Any], bool]] | None = None) -> Callable:
+    """A function of a term saying what ``_passes(test, ·)`` says, made of closures: the
+    alternatives are grouped by operator (one dict look-up picks those a term's operator
+    can pass, the wildcards among them), and each reads only the arity and inputs it
+    checks. ``_passes`` reads the test anew at every term; the pre-checks run at most of a
+    pass's starts. (No code is generated: making one costs microseconds.)"""
+    if memo is None:
+        memo = {}  # (a sub-test shared within the test: one function)
+    found = memo.get(id(test))
+    if found is not None:
+        return found
+    by_op: dict[int, list[Callable]] = {}
+    ops: dict[int, Any] = {}  # (kept: ``by_op`` is keyed by identity, as ``_passes`` reads)
+    wild: list[Callable] = []
+    for op, n, pairs in test:
+        if op is None and n is None and pairs is None:
+            memo[id(test)] = _anything
+            return _anything
+        alt = _alternative(n, pairs, memo)
+        if op is None:
+            wild.append(alt)
+        else:
+            ops[id(op)] = op
+            by_op.setdefault(id(op), []).append(alt)
+    keep = tuple(ops.values())  # (kept alive in the function: ``by_op`` is keyed by id)
+    if not wild and all(len(alts) == 1 for alts in by_op.values()):
+        if len(keep) == 1:  # (one alternative: the common case below the root)
+            check = _one(keep[0], by_op[id(keep[0])][0])
+        else:
+            get = {k: alts[0] for k, alts in by_op.items()}.get
+
+            def check(t: Any, _ops: tuple = keep) -> bool:
+                alt = get(id(t.op))
+                return alt is not None and alt(t.inputs)
+
+    else:
+        table = {k: tuple(alts + wild) for k, alts in by_op.items()}
+        rest = tuple(wild) or None
+        get = table.get
+
+        def check(t: Any, _ops: tuple = keep) -> bool:
+            alts = get(id(t.op), rest)
+            if alts is None:
+                return False
+            ins = t.inputs
+            for alt in alts:
+                if alt(ins):
+                    return True
+            return False
+
+    memo[id(test)] = check
+    return check
+
+
+def _anything(t: Any) -> bool:
+    return True
+
+
+def _one(op: Any, alt: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """A test of one alternative, ``op`` with ``alt`` of its inputs."""
+    return lambda t: t.op is op and alt(t.inputs)
+
+
+def _alternative(n: int | None, pairs: tuple | None, memo: dict) -> Callable[[Any], bool]:
+    """One alternative of a test, of a term's inputs: its arity and the inputs it reads."""
+    if pairs is None:
+        if n is None:
+            return _anything
+        return lambda ins: len(ins) == n
+    kids = tuple((i, _make_check(k, memo)) for i, k in pairs)
+    if n is None:  # (a summary's kids have an arity; read as ``_passes`` would, still)
+
+        def any_arity(ins: Any) -> bool:
+            return all(k(ins[i]) for i, k in kids)
+
+        return any_arity
+    if len(kids) == 1:
+        ((i, k),) = kids
+        return lambda ins: len(ins) == n and k(ins[i])
+    if len(kids) == 2:
+        (i, k), (j, h) = kids
+        return lambda ins: len(ins) == n and k(ins[i]) and h(ins[j])
+
+    def reads(ins: Any) -> bool:
+        if len(ins) != n:
+            return False
+        for i, k in kids:
+            if not k(ins[i]):
+                return False
+        return True
+
+    return reads
+
+
+# a test's function (``_make_check``), made once per test
+_check_of = _ByIdentity(_make_check)
 
 
 def _admits(test: tuple, op: Any, kids: tuple) -> bool:

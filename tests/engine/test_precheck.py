@@ -334,6 +334,8 @@ def test_a_shapes_test_says_what_the_shape_says(shape, targets):
     for t in targets:
         assert _precheck._fits(shape, t) == _reads(shape, t)
         assert _precheck._passes(_precheck._test_of(shape), t) == _reads(shape, t)
+        # (the function the pre-checks run: closures grouped by operator)
+        assert _precheck._check_of(test)(t) == _reads(shape, t)
         # (what the index by signature reads: the shape's first two levels, so a term it
         # refuses is one the pre-check refuses)
         sig = signature(t)
