@@ -50,7 +50,7 @@ from .analysis import (
     _root_var,
     _tabling,
 )
-from .guard_code import _env_guard
+from .guard_code import _compiled_guards, _env_guard
 
 
 class Observer(Protocol):
@@ -514,9 +514,12 @@ _PREFIX_STEPS = 64
 
 class _PreGuards:
     """The guards the machine evaluates on the root alone before its first choice (see
-    above): ``items`` holds per guard (its compiled form on θ, φ and the environment, that
-    environment, the names bound to the root then), in evaluation order; ``steps`` is the
-    machine's step count once the last of them is evaluated."""
+    above): ``items`` holds per guard (its compiled form, the names it reads), in
+    evaluation order; ``steps`` is the machine's step count once the last of them is
+    evaluated. Each name a guard reads is, through its μ-body's environment, a variable
+    bound to the root then (``_find_pre_guards`` stops at any other guard), so its θ is
+    the root under each of its names and its φ is empty: what ``_env_guard(g)`` would
+    give it, read through that environment, without building the views."""
 
     __slots__ = ("items", "steps")
 
@@ -531,8 +534,8 @@ class _PreGuards:
         raises)."""
         if run.budget is not None and run.steps + self.steps >= run.budget:
             return 0
-        for holds, env, names in self.items:
-            if not holds(dict.fromkeys(names, t), {}, env):
+        for holds, names in self.items:
+            if not holds(dict.fromkeys(names, t), {}):
                 return None
         return len(self.items)
 
@@ -588,7 +591,7 @@ def _find_pre_guards(body: Pattern) -> _PreGuards | None:
             env = ctx[0]
             if not all(env.get(n, n) in bound for n in names):
                 break  # (reads an operator, or a variable not bound to the root)
-            found.append((_env_guard(a), env, tuple(bound)))
+            found.append((_compiled_guards(a), tuple(sorted(names))))
             last = steps
         elif tag == _CHECK:
             name, kind = a

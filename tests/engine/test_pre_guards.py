@@ -122,7 +122,8 @@ REGIONISH = PatternDef(
 def test_the_pre_guards_are_the_root_constraints_guards_in_order():
     pre = _find_pre_guards(REGIONISH.body)
     assert pre is not None and len(pre.items) == 2
-    assert [names for _, _, names in pre.items] == [("r",), ("r",)]
+    # (each reads the μ-body's v, which its environment makes the root r)
+    assert [names for _, names in pre.items] == [("v",), ("v",)]
     # a guard reading another variable, or one after a choice, is not a pre-guard
     other = PGuard(PConstr(PVar("r"), "r", PApp(F1, (PVar("y"),))), ECmp("==", EAttr("y", "rank"),
                    EConst(2)))  # fmt: skip
