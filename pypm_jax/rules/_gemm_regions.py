@@ -170,7 +170,19 @@ def _is_gemm(t: Any, memo: dict[int, bool]) -> bool:
 
 def _pointwise(t: Any) -> bool:
     op = t.op
-    return is_table_op(op) and (op.name in PRIMS or op.name == "broadcast_in_dim")
+    known = _POINTWISE.get(id(op))
+    if known is not None and known[0] is op:
+        return known[1]
+    found = is_table_op(op) and (op.name in PRIMS or op.name == "broadcast_in_dim")
+    if len(_POINTWISE) >= 4096:
+        _POINTWISE.clear()
+    _POINTWISE[id(op)] = (op, found)
+    return found
+
+
+# id(operator) -> (the operator, is it a region's step: ``_pointwise``); it holds the key
+# object, so its id is not reused while its entry lives (a few hundred operators in all)
+_POINTWISE: dict[int, tuple[Any, bool]] = {}
 
 
 @guard_fn("rules.reads_gemm")
@@ -431,7 +443,12 @@ def _blocked(term: Any, memo: dict[int, bool], depth: int) -> bool:
     elif op.name == "copy":
         found = not _plain_params(term) or _blocked(term.inputs[0], memo, depth + 1)
     else:
-        found = any(_blocked(t, memo, depth + 1) for t in term.inputs) or not _plain_params(term)
+        for t in term.inputs:  # (a loop, not any(): this runs at every step of every walk)
+            if _blocked(t, memo, depth + 1):
+                found = True
+                break
+        else:
+            found = not _plain_params(term)
     memo[id(term)] = found
     return found
 

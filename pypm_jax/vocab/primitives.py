@@ -369,10 +369,12 @@ def is_table_op(op: Operator) -> bool:
     """Is ``op`` one of this module's operators -- a table entry, a variant of one or an
     opaque operator -- by identity? Only these stand for the JAX primitive of their name; an
     operator that merely carries such a name (a loaded ``jaxEVIL.log``) does not."""
-    spec = SPECS.get(op.name)
+    name = op.name
+    spec = SPECS.get(name)
     if spec is not None and spec.op is op:
         return True
-    return any(_VARIANTS.get((op.name, op.n_out, opaque)) is op for opaque in (False, True))
+    get, n_out = _VARIANTS.get, op.n_out
+    return get((name, n_out, False)) is op or get((name, n_out, True)) is op
 
 
 def spec_for(prim_name: str) -> PrimSpec | None:
