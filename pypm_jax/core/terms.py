@@ -179,6 +179,11 @@ class _Undefined:
 UNDEFINED = _Undefined()
 
 
+# the element types of a list or tuple that ``freeze`` keeps as they are, with their types
+# beside them (no other frozen form is a tuple beginning with a string)
+_SCALARS = frozenset({int, str, bool, type(None)})
+
+
 def freeze(value: Any) -> Any:
     """A hashable stand-in for an attribute value (lists → tuples, arrays → bytes). A float
     or complex zero keeps its sign: ``x * -0.0`` is not ``x * 0.0`` (``1 / -0.0`` is -inf),
@@ -192,7 +197,13 @@ def freeze(value: Any) -> Any:
         arr = np.asarray(value)
         return ("ndarray", arr.dtype.str, arr.shape, arr.tobytes())
     if isinstance(value, list | tuple):
-        return tuple(freeze(v) for v in value)
+        types = tuple(map(type, value))
+        if _SCALARS.issuperset(types):  # (shapes, axes, permutations: frozen in one go)
+            return ("scalars", types, tuple(value))
+        return tuple(
+            (t.__name__, v) if t in _SCALARS else freeze(v)
+            for t, v in zip(types, value, strict=True)
+        )
     if isinstance(value, Mapping):
         return tuple(sorted((k, freeze(v)) for k, v in value.items()))
     if isinstance(value, set | frozenset):

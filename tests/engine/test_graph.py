@@ -379,6 +379,14 @@ def test_attribute_keys_are_freezes():
         assert graph._freeze_value(v) == freeze(v), v
     attrs = {"b": (1, 2), "a": None, "c": np.dtype("int8")}
     assert graph._freeze_attrs(attrs) == freeze(attrs)
+    # a list or tuple of ints, strings, bools and None is frozen in one go: still as many
+    # keys as values that differ in a type or a value, a list and a tuple alike
+    differ = [(1, 2), (1.0, 2), (True, 2), (1, "2"), (None, 2), (1, 2, 3), ((1,), 2), (-0.0, 2),
+              (0.0, 2), (), ((),), (None,), ("scalars", (int,), (1,))]  # fmt: skip
+    keys = [freeze(v) for v in differ]
+    assert len(set(keys)) == len(differ)
+    assert [graph._freeze_value(v) for v in differ] == keys
+    assert freeze([1, 2]) == freeze((1, 2)) == freeze(Shape((1, 2)))
 
 
 def test_zeros_of_either_sign_are_not_one_constant():
