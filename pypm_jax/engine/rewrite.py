@@ -112,7 +112,9 @@ from ..semantics.guards import Undefined, bound_attr, bound_op_attr, eval_expr, 
 from ..semantics.subst import FreshNames, unfold
 from . import report as _report
 from .analysis import _ByIdentity, _expr_names, admits, has_recursion, rule_anchor, rule_roots
+from .compiled import _compiled
 from .fast import CompiledPattern, Matcher, MatchRun, compile_guard
+from .guard_code import _compiled_guards
 from .index import ByInputs, signature
 from .report import Built
 from .select import ENGINES, default_engine
@@ -401,6 +403,101 @@ def _interpreted_guard(g: Any) -> Any:
     return lambda theta, phi: guard_holds(g, theta, phi)
 
 
+class _Prepared:
+    """What a run needs of its rules that no graph changes, made once per rule list and
+    engine (:func:`_prepared`): the root index and the index by signature (each filled as
+    the operators and signatures it is asked about come), whether each compiled pattern
+    checks its rule's one guard, how deep the patterns look, the branches' guards and
+    result builders, the parameters, the compiled patterns and whether each resumes."""
+
+    __slots__ = (
+        "rules", "pdefs", "cands", "by_inputs", "checked", "reach", "branches", "params",
+        "resumable", "compiled", "pending",
+    )  # fmt: skip
+
+    def __init__(self, rules: tuple[RuleDef, ...], fast: bool):
+        self.rules = rules  # (held: the cache is keyed by their ids)
+        # (the fast engine matches the rules' guards with their patterns; the reference
+        # machine runs the paper's algorithm on the bare patterns)
+        pdefs = self.pdefs = [guarded_pattern(r) if fast else r.pattern for r in rules]
+        # (a rule is tried only where its pattern's root and one of its branches' guards
+        # admit the node's operator)
+        matcher = Matcher(pdefs, compiled=fast, narrow=[rule_roots(r) for r in rules])
+        self.cands = _Candidates(matcher.table, matcher.wildcards)  # op -> candidates
+        self.by_inputs = ByInputs(self.cands)
+        # per rule: does its compiled pattern check the guard of its one branch already?
+        self.checked = [p is not r.pattern for p, r in zip(pdefs, rules, strict=True)]
+        reaches = [_reach_of(r.pattern) for r in rules]
+        self.reach = None if None in reaches else max(reaches, default=0)
+        guard = compile_guard if fast else _interpreted_guard
+        # per rule: its (branch, guard, result builder) triples, in order
+        self.branches = [
+            tuple((b, guard(b.guard), _deferred_result(r, i)) for i, b in enumerate(r.branches))
+            for r in rules
+        ]
+        self.params = [[(p.name, p.kind == "op") for p in r.pattern.params] for r in rules]
+        self.resumable = [fast and cp.backend == "machine" for cp in matcher.compiled]
+        self.compiled = matcher.compiled
+        # the branches whose guard is compiled at its first evaluation (``compile_guard``):
+        # each run made afterwards gets the compiled guard itself (``refresh``)
+        self.pending = [
+            (ri, bi)
+            for ri, row in enumerate(self.branches)
+            for bi, (b, holds, _) in enumerate(row)
+            if fast and not _guard_compiled(b.guard, holds)
+        ]
+
+    def refresh(self) -> None:
+        """Put in ``branches`` the guards compiled since (the pending ones' look-ups)."""
+        still = []
+        for ri, bi in self.pending:
+            b, holds, build = self.branches[ri][bi]
+            hit = _compiled_guards.entries.get(id(b.guard))
+            if hit is not None and hit[0] is b.guard:
+                row = list(self.branches[ri])
+                row[bi] = (b, hit[1], build)
+                self.branches[ri] = tuple(row)
+            else:
+                still.append((ri, bi))
+        self.pending = still
+
+    def current(self) -> bool:
+        """Is each compiled pattern still the one ``compile_pattern`` gives (its cache may
+        have been emptied since, or the backend chosen otherwise)?"""
+        entries = _compiled.entries
+        for p, cp in zip(self.pdefs, self.compiled, strict=True):
+            hit = entries.get(id(p))
+            if cp is not None and (hit is None or hit[1] is not cp):
+                return False
+        return True
+
+
+# (engine, the rules' ids) -> what runs of those rules share; a few rule lists in a process
+_PREPARED: dict[tuple[bool, tuple[int, ...]], _Prepared] = {}
+_PREPARED_LIMIT = 16
+_SIGNATURES_LIMIT = 1 << 16  # signatures one entry's index keeps before it starts afresh
+
+
+def _prepared(rules: tuple[RuleDef, ...], fast: bool) -> _Prepared:
+    """:class:`_Prepared` for ``rules``, made once per rule list: ``pm.optimize`` rewrites
+    every signature it traces with the same rules, and the tables fill as they are read."""
+    key = (fast, tuple(map(id, rules)))
+    found = _PREPARED.get(key)
+    if found is None or len(found.by_inputs) > _SIGNATURES_LIMIT or not found.current():
+        if len(_PREPARED) >= _PREPARED_LIMIT:
+            _PREPARED.clear()
+        found = _PREPARED[key] = _Prepared(rules, fast)
+    elif found.pending:
+        found.refresh()
+    return found
+
+
+def _guard_compiled(g: Any, holds: Any) -> bool:
+    """Is ``holds`` (``compile_guard(g)``) the guard's compiled function already?"""
+    hit = _compiled_guards.entries.get(id(g))
+    return hit is not None and hit[0] is g and hit[1] is holds
+
+
 class _Driver:
     """One rewriting run: the sweep, the revisit queue and the report."""
 
@@ -422,19 +519,12 @@ class _Driver:
         self.rules = rules
         self.fast = engine == "fast"
         self.engine = engine
-        # (the fast engine matches the rules' guards with their patterns; the reference
-        # machine runs the paper's algorithm on the bare patterns)
-        pdefs = [guarded_pattern(r) if self.fast else r.pattern for r in rules]
-        # (a rule is tried only where its pattern's root and one of its branches' guards
-        # admit the node's operator)
-        matcher = Matcher(pdefs, compiled=self.fast, narrow=[rule_roots(r) for r in rules])
-        self.cands = _Candidates(matcher.table, matcher.wildcards)  # op -> candidates
-        # per rule: does its compiled pattern check the guard of its one branch already?
-        self.checked = [p is not r.pattern for p, r in zip(pdefs, rules, strict=True)]
-        reaches = [_reach_of(r.pattern) for r in rules]
-        self.reach = None if None in reaches else max(reaches, default=0)
-        # after a rewrite, the deepest level of users (0: the changed nodes themselves)
-        # whose users are revisited too
+        # what the run needs of its rules alone: made once per rule list (``_prepared``)
+        prep = _prepared(rules, self.fast)
+        self.cands = prep.cands  # op -> candidates
+        self.by_inputs = prep.by_inputs  # a node's signature -> the candidates it may pass
+        self.checked = prep.checked
+        self.reach = prep.reach
         self.last_level = _AFTER_ALL if self.reach is None else self.reach - 1
         self.limit = limit
         # per rewrite: (rule, root node, covered node ids, new nodes alive once it fired,
@@ -448,13 +538,8 @@ class _Driver:
         self.new_rank: dict[int, tuple[int, int]] = {}  # node made by this run -> rank
         self.queued: set[int] = set()
         self.changed = False  # did the latest rewrite that fired change the graph?
-        guard = compile_guard if self.fast else _interpreted_guard
-        # per rule: its (branch, guard, result builder) triples, in order
-        self.branches = [
-            tuple((b, guard(b.guard), _deferred_result(r, i)) for i, b in enumerate(r.branches))
-            for r in rules
-        ]
-        self.params = [[(p.name, p.kind == "op") for p in r.pattern.params] for r in rules]
+        self.branches = prep.branches
+        self.params = prep.params
         # the fast matcher's steps per (rule, node), with the budget and progress callback
         self.mrun = MatchRun(
             match_budget, distinct=True, every=_PROGRESS_STEPS, on_check=self.progress
@@ -462,8 +547,8 @@ class _Driver:
         self.over_budget: set[tuple[int, int]] = set()  # (rule, node id) given up
         # per rule: does its matcher go on from its first solution to the rest (the machine
         # runs one enumeration; generated code finds the first solution more cheaply alone)
-        self.resumable = [self.fast and cp.backend == "machine" for cp in matcher.compiled]
-        self.compiled = matcher.compiled
+        self.resumable = prep.resumable
+        self.compiled = prep.compiled
         # per rule: does its search leave out doomed matches (``doomed``) from now on? Single-
         # use rules whose guards read parameters only (``_reads_params``: a left-out match's
         # guard is that of the match with its parameters the search goes on to, if any), once
@@ -554,7 +639,7 @@ class _Driver:
         sweep = majors[0]  # the sweep's next major
         next_check = _PROGRESS_STRIDE
         mrun, over = self.mrun, self.over_budget
-        by_inputs = ByInputs(cands_of)
+        by_inputs = self.by_inputs
         while True:
             if heap and heap[0][0] < sweep:
                 node = heapq.heappop(heap)[3]
