@@ -288,6 +288,30 @@ def test_fast_and_reference_engines_rewrite_identically(rules_, pool, fallback):
         assert _outcome(pool, pdefs, gs, "fast", fallback) == reference
 
 
+def test_a_rule_list_is_prepared_once_and_follows_the_compile_cache():
+    # what runs of one rule list share is made once; a branch guard compiled at its first
+    # evaluation is the compiled one in the next run; patterns compiled again (another
+    # backend) make it again, so a run always matches with what compile_pattern gives
+    fresh = EConst(True)  # (a guard no other test has compiled)
+    two = rule(
+        "two",
+        F1_X,
+        RuleBranch(rank_is("x", 7), RVar("x")),
+        RuleBranch(fresh, RApp(F2, (RVar("x"),))),
+    )
+    rules = (two,)
+    prep = _rewrite._prepared(rules, True)
+    assert prep is _rewrite._prepared(rules, True) and prep.pending == [(0, 0), (0, 1)]
+    rewrite(Graph([G2(F1(A), B)]), rules)  # (both guards evaluated, so compiled)
+    assert _rewrite._prepared(rules, True) is prep and prep.pending == []
+    for b, holds, _ in prep.branches[0]:
+        assert holds is _rewrite._compiled_guards(b.guard)
+    with machine_backend():
+        again = _rewrite._prepared(rules, True)
+        assert again is not prep and {cp.backend for cp in again.compiled} == {"machine"}
+    assert _rewrite._prepared(rules, False) is not _rewrite._prepared(rules, True)
+
+
 def test_the_fast_driver_matches_the_guards_within_the_pattern():
     # a rule of one guarded branch is matched as its pattern under the guard (so a match
     # the rule does not take is given up inside the matcher); a rule with several branches
