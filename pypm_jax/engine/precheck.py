@@ -116,9 +116,8 @@ def _shape(
 
 
 def _fits(shape: list, t: Any) -> bool:
-    """Does ``t`` have the shape ``shape``? (Read as it is: for a shape read at a few
-    starts, such as the deep pre-check's, big and reached only past the first; the others
-    are read through their tests, ``_passes``.)"""
+    """Does ``t`` have the shape ``shape``? The shape read as it is: what its test's
+    function (``_check_of(_test_of(shape))``, which the pre-checks run) says."""
     top = t.op
     for op, n, kids in shape:
         if op is not None and top is not op:
@@ -138,8 +137,8 @@ def _fits(shape: list, t: Any) -> bool:
 
 # A shape's test: what ``_passes`` reads, the shape made into a tuple of its alternatives
 # (op or None, arity or None, kids), kids being None or the pairs (input index, test) of the
-# inputs the shape looks at. (``_passes`` runs at most of a pass's starts, so it loops over
-# what it must look at only.)
+# inputs the shape looks at; a summary writes it back as its shape. The pre-checks run its
+# function (``_make_check``), which says what ``_passes`` says.
 def _make_test(shape: list, memo: dict[int, tuple] | None = None) -> tuple:
     if memo is None:
         memo = {}  # (a sub-shape shared within the shape: one test)
@@ -202,8 +201,8 @@ def _make_check(test: tuple, memo: dict[int, Callable[[Any], bool]] | None = Non
     found = memo.get(id(test))
     if found is not None:
         return found
-    by_op: dict[int, list[Callable]] = {}
-    ops: dict[int, Any] = {}  # (kept: ``by_op`` is keyed by identity, as ``_passes`` reads)
+    by_op: dict[int, list[Callable]] = {}  # (by identity, as ``_passes`` compares)
+    ops: dict[int, Any] = {}
     wild: list[Callable] = []
     for op, n, pairs in test:
         if op is None and n is None and pairs is None:
@@ -215,7 +214,7 @@ def _make_check(test: tuple, memo: dict[int, Callable[[Any], bool]] | None = Non
         else:
             ops[id(op)] = op
             by_op.setdefault(id(op), []).append(alt)
-    keep = tuple(ops.values())  # (kept alive in the function: ``by_op`` is keyed by id)
+    keep = tuple(ops.values())  # (the functions keep the operators their keys are ids of)
     if not wild and all(len(alts) == 1 for alts in by_op.values()):
         if len(keep) == 1:  # (one alternative: the common case below the root)
             check = _one(keep[0], by_op[id(keep[0])][0])
@@ -261,21 +260,15 @@ def _alternative(n: int | None, pairs: tuple | None, memo: dict) -> Callable[[An
             return _anything
         return lambda ins: len(ins) == n
     kids = tuple((i, _make_check(k, memo)) for i, k in pairs)
-    if n is None:  # (a summary's kids have an arity; read as ``_passes`` would, still)
-
-        def any_arity(ins: Any) -> bool:
-            return all(k(ins[i]) for i, k in kids)
-
-        return any_arity
-    if len(kids) == 1:
+    if n is not None and len(kids) == 1:
         ((i, k),) = kids
         return lambda ins: len(ins) == n and k(ins[i])
-    if len(kids) == 2:
+    if n is not None and len(kids) == 2:
         (i, k), (j, h) = kids
         return lambda ins: len(ins) == n and k(ins[i]) and h(ins[j])
 
     def reads(ins: Any) -> bool:
-        if len(ins) != n:
+        if n is not None and len(ins) != n:  # (kids come with an arity: as ``_passes``)
             return False
         for i, k in kids:
             if not k(ins[i]):
