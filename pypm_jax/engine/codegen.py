@@ -99,6 +99,20 @@ def _sub(
 _RUNTIME = {**_GUARD_RUNTIME, "_sub": _sub}
 
 
+def _made_when_called(shape: list) -> Callable[[Any], bool]:
+    """The function of ``shape``'s test (``_check_of``), made at its first call: generated
+    code names it, and most of a pattern's code never runs in a given program."""
+    check: Callable[[Any], bool] | None = None
+
+    def call(t: Any) -> bool:
+        nonlocal check
+        if check is None:
+            check = _check_of(_test_of(shape))
+        return check(t)
+
+    return call
+
+
 # ------------------------------------------------------------------- compile-time names
 
 
@@ -221,7 +235,7 @@ class _Codegen(_GuardCodegen):
                 self.line(1, f"if not ({self.shape_test(pre, 't0')}): {fail}")
             deep = _deep_prefilter(body)
             if deep is not None:  # (and the deep one: a call, its paths are many and long)
-                check = self.const(_check_of(_test_of(deep)))
+                check = self.const(_made_when_called(deep))
                 self.line(1, f"if not {check}(t0): {fail}")
             shapes = _early_shapes(body)
             if shapes:
@@ -415,7 +429,7 @@ class _Codegen(_GuardCodegen):
             budget = [64]
         budget[0] -= len(shape)
         if budget[0] < 0:
-            return f"{self.const(_check_of(_test_of(shape)))}({t})"
+            return f"{self.const(_made_when_called(shape))}({t})"
         alts = []
         for op, n, kids in shape:
             conds = []
