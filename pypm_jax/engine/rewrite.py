@@ -525,6 +525,8 @@ class _Driver:
         self.by_inputs = prep.by_inputs  # a node's signature -> the candidates it may pass
         self.checked = prep.checked
         self.reach = prep.reach
+        # after a rewrite, the deepest level of users (0: the changed nodes themselves)
+        # whose users are revisited too
         self.last_level = _AFTER_ALL if self.reach is None else self.reach - 1
         self.limit = limit
         # per rewrite: (rule, root node, covered node ids, new nodes alive once it fired,
@@ -1656,8 +1658,8 @@ _results = _ByIdentity(lambda rule: tuple(_compile_result(rule, b.result) for b 
 
 def _deferred_result(rule: RuleDef, i: int) -> Callable[..., Any]:
     """Branch ``i``'s result of ``rule`` (:func:`_compile_result`), compiled when first built:
-    most rules never fire in a given program; kept once compiled (a driver's rules live
-    as long as it does)."""
+    most rules never fire in a given program; kept once compiled, for the runs of the
+    rule list that holds it (:func:`_prepared`)."""
     compiled: Callable[..., Any] | None = None
 
     def build(g: Graph, theta: dict, phi: dict, root: Value, cx: list) -> Any:
