@@ -180,7 +180,9 @@ UNDEFINED = _Undefined()
 
 
 # the element types of a list or tuple that ``freeze`` keeps as they are, with their types
-# beside them (no other frozen form is a tuple beginning with a string)
+# beside them: ("scalars", types, values), a form no other value freezes to (a scalar's is
+# (its type's name, it) or a float's or complex's with signs, a list's otherwise begins
+# with a frozen element, never a string)
 _SCALARS = frozenset({int, str, bool, type(None)})
 
 
