@@ -254,22 +254,48 @@ def _one(op: Any, alt: Callable[[Any], bool]) -> Callable[[Any], bool]:
 
 
 def _alternative(n: int | None, pairs: tuple | None, memo: dict) -> Callable[[Any], bool]:
-    """One alternative of a test, of a term's inputs: its arity and the inputs it reads."""
+    """One alternative of a test, of a term's inputs: its arity and the inputs it reads.
+    The inputs' functions are made when the alternative first gets past the arity: most
+    of a deep test is never reached (a term's operator refuses it above)."""
     if pairs is None:
         if n is None:
             return _anything
         return lambda ins: len(ins) == n
-    kids = tuple((i, _make_check(k, memo)) for i, k in pairs)
-    if n is not None and len(kids) == 1:
-        ((i, k),) = kids
-        return lambda ins: len(ins) == n and k(ins[i])
-    if n is not None and len(kids) == 2:
-        (i, k), (j, h) = kids
-        return lambda ins: len(ins) == n and k(ins[i]) and h(ins[j])
+    if n is not None and len(pairs) == 1:
+        ((i, test),) = pairs
+        k: Callable[[Any], bool] | None = None
+
+        def one_input(ins: Any) -> bool:
+            nonlocal k
+            if len(ins) != n:
+                return False
+            if k is None:
+                k = _make_check(test, memo)
+            return k(ins[i])
+
+        return one_input
+    if n is not None and len(pairs) == 2:
+        (i, test_i), (j, test_j) = pairs
+        ki: Callable[[Any], bool] | None = None
+        kj: Callable[[Any], bool] | None = None
+
+        def two_inputs(ins: Any) -> bool:
+            nonlocal ki, kj
+            if len(ins) != n:
+                return False
+            if ki is None:
+                ki, kj = _make_check(test_i, memo), _make_check(test_j, memo)
+            return ki(ins[i]) and kj(ins[j])  # type: ignore[misc]
+
+        return two_inputs
+    kids: tuple | None = None
 
     def reads(ins: Any) -> bool:
+        nonlocal kids
         if n is not None and len(ins) != n:  # (kids come with an arity: as ``_passes``)
             return False
+        if kids is None:
+            kids = tuple((i, _make_check(k, memo)) for i, k in pairs)
         for i, k in kids:
             if not k(ins[i]):
                 return False
