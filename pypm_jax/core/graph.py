@@ -31,7 +31,7 @@ import numpy as np
 
 from .dtypes import DType, as_dtype
 from .errors import PyPMError, SourceLoc
-from .terms import _SCALARS, CONST, LEAF, Operator, Shape, Term, freeze, make_term
+from .terms import CONST, LEAF, Operator, Shape, Term, freeze, frozen_scalars, make_term
 
 TypeSpec = tuple[Shape | None, DType | None]
 # A node's source location, or a function finding it when it is first asked for (Node.loc)
@@ -136,10 +136,8 @@ def _freeze_value(v: Any) -> Any:
     if t is float or t is complex:
         return freeze(v)  # (the sign of a zero kept)
     if t is tuple:
-        types = tuple(map(type, v))
-        if _SCALARS.issuperset(types):  # (as ``freeze`` does)
-            return ("scalars", types, v)
-        return tuple([_freeze_value(x) for x in v])
+        found = frozen_scalars(v)
+        return tuple([_freeze_value(x) for x in v]) if found is None else found
     plain = _PLAIN.get(t)
     if plain is None:
         if len(_PLAIN) > 4096:

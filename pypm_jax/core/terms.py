@@ -186,6 +186,15 @@ UNDEFINED = _Undefined()
 _SCALARS = frozenset({int, str, bool, type(None)})
 
 
+def frozen_scalars(values: tuple | list) -> tuple | None:
+    """``freeze(values)`` where every element is an int, a string, a bool or None (the
+    common attribute: a shape, axes, a permutation), else None."""
+    types = tuple(map(type, values))
+    if _SCALARS.issuperset(types):
+        return ("scalars", types, tuple(values))
+    return None
+
+
 def freeze(value: Any) -> Any:
     """A hashable stand-in for an attribute value (lists → tuples, arrays → bytes). A float
     or complex zero keeps its sign: ``x * -0.0`` is not ``x * 0.0`` (``1 / -0.0`` is -inf),
@@ -199,13 +208,10 @@ def freeze(value: Any) -> Any:
         arr = np.asarray(value)
         return ("ndarray", arr.dtype.str, arr.shape, arr.tobytes())
     if isinstance(value, list | tuple):
-        types = tuple(map(type, value))
-        if _SCALARS.issuperset(types):  # (shapes, axes, permutations: frozen in one go)
-            return ("scalars", types, tuple(value))
-        return tuple(
-            (t.__name__, v) if t in _SCALARS else freeze(v)
-            for t, v in zip(types, value, strict=True)
-        )
+        found = frozen_scalars(value)
+        if found is not None:
+            return found
+        return tuple((type(v).__name__, v) if type(v) in _SCALARS else freeze(v) for v in value)
     if isinstance(value, Mapping):
         return tuple(sorted((k, freeze(v)) for k, v in value.items()))
     if isinstance(value, set | frozenset):

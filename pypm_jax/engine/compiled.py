@@ -96,9 +96,9 @@ class CompiledPattern:
         if self.backend == "machine":
             shape = _prefilter(body)
             self._test = None if shape is None else _make_test(shape)  # (the pre-check)
-            self._pass = _lazy_check(self, "_pass", self._test)  # (run as this)
+            self._pass = None if shape is None else _check_of(self._test)  # (run as this)
             self._deep = _deep_prefilter(body)
-            self._fit = _lazy_check(self, "_fit", shape=self._deep)
+            self._fit = _lazy_fit(self)
             self._pre = _UNSET
             self._all = self._machine_all
             self._first = self._machine_first
@@ -168,18 +168,17 @@ _CONST_NAME = CONST.qualname
 _UNSET: Any = object()  # ``CompiledPattern._pre`` not worked out yet (it is at the first match)
 
 
-def _lazy_check(
-    cp: CompiledPattern, slot: str, test: tuple | None = None, shape: list | None = None
-) -> Callable | None:
-    """None for no test (and no ``shape``, whose test it is then); else a function that
-    makes the test's function (``_check_of``) when first called, puts it in ``cp``'s
-    ``slot`` and runs it: most loaded patterns are never tried in a process."""
-    if test is None and shape is None:
+def _lazy_fit(cp: CompiledPattern) -> Callable | None:
+    """None for no deep pre-check; else a function that makes the function of its shape's
+    test (``_check_of``; making the test reads the whole shape) when first called, puts it
+    in ``cp._fit`` and runs it: most loaded patterns are never tried in a process. (The
+    pre-check's function is made at once: it makes its inputs' where first reached.)"""
+    shape = cp._deep
+    if shape is None:
         return None
 
     def first(t: Any) -> bool:
-        check = _check_of(test if shape is None else _test_of(shape))
-        setattr(cp, slot, check)
+        check = cp._fit = _check_of(_test_of(shape))
         return check(t)
 
     return first
@@ -506,9 +505,9 @@ def from_summary(
     cp.backend = "machine"
     cp.unique = False
     cp._test = pre
-    cp._pass = _lazy_check(cp, "_pass", pre)
+    cp._pass = None if pre is None else _check_of(pre)
     cp._deep = deep
-    cp._fit = _lazy_check(cp, "_fit", shape=deep)
+    cp._fit = _lazy_fit(cp)
     cp._pre = _UNSET
     cp._all = cp._machine_all
     cp._first = cp._machine_first
